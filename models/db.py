@@ -1,0 +1,83 @@
+"""Engine and session setup for PostgreSQL and the embedded SQLite default."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from models.errors import DatabaseError
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    # WAL lets the status command read while the embedded runner writes; the busy
+    # timeout turns short lock waits into waits instead of "database is locked".
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
+
+
+def make_engine(url: str, *, pool_size: int = 5) -> Engine:
+    """Build an engine with the settings each dialect needs for many short transactions."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(url, pool_size=pool_size, pool_pre_ping=True, max_overflow=pool_size)
+
+
+class Database:
+    """An engine plus a session factory; one per process, passed down explicitly."""
+
+    def __init__(self, url: str, *, pool_size: int = 5) -> None:
+        self.url = url
+        self.engine = make_engine(url, pool_size=pool_size)
+        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A session that commits on success and rolls back on any error."""
+        with self.sessions() as session:
+            try:
+                yield session
+                session.commit()
+            except BaseException:
+                session.rollback()
+                raise
+
+    def check(self) -> None:
+        """Fail with a clear message when the database is unreachable or not migrated."""
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1 FROM problem_sets LIMIT 1"))
+        except OperationalError as exc:
+            msg = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+            if "no such table" in msg or "does not exist" in msg:
+                raise DatabaseError(
+                    f"database {self.safe_url} is not migrated: run 'stepq db upgrade'"
+                ) from None
+            raise DatabaseError(f"cannot reach database {self.safe_url}: {msg}") from None
+        except Exception as exc:  # ProgrammingError on PG for a missing table
+            if "does not exist" in str(exc):
+                raise DatabaseError(
+                    f"database {self.safe_url} is not migrated: run 'stepq db upgrade'"
+                ) from None
+            raise
+
+    @property
+    def safe_url(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True)
+
+    def dispose(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,56 @@
+"""The one exception tree for errors a user should see as a message, not a traceback.
+
+It lives in the lowest layer because every layer raises these; ``stepq.errors``
+re-exports it for the CLI, which turns each into a one-line message and an exit code.
+"""
+
+from __future__ import annotations
+
+
+class StepqError(Exception):
+    """Base of every user-facing error; ``exit_code`` is what the CLI exits with."""
+
+    exit_code = 1
+
+
+class ConfigError(StepqError):
+    """A setting or option is missing or malformed."""
+
+    exit_code = 2
+
+
+class InputError(StepqError):
+    """A user-supplied file is malformed; names the file, line and field."""
+
+    exit_code = 3
+
+    def __init__(self, path: str, line: int | None, field: str | None, reason: str) -> None:
+        self.path = path
+        self.line = line
+        self.field = field
+        self.reason = reason
+        where = path if line is None else f"{path}:{line}"
+        what = f"field '{field}': " if field else ""
+        super().__init__(f"{where}: {what}{reason}")
+
+
+class NotFoundError(StepqError):
+    """A named object (problem set, work item) does not exist."""
+
+    exit_code = 4
+
+
+class DatabaseError(StepqError):
+    """The database cannot be reached or is not migrated."""
+
+    exit_code = 5
+
+
+class BrokerError(StepqError):
+    """The message broker cannot be reached."""
+
+    exit_code = 6
+
+
+class LeaseLost(StepqError):
+    """Another process took over work this process held; stop writing for it."""

@@ -1,0 +1,51 @@
+"""Problem sets (with their annotation config) and problems."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String, Text, UniqueConstraint, func
+from sqlalchemy.orm import Mapped, mapped_column
+
+from models.base import Base
+
+
+class ProblemSet(Base):
+    """A named batch of problems and how to annotate it.
+
+    The annotation config lives on the set so that workers anywhere read the same
+    settings from the database instead of from their own command lines.
+    """
+
+    __tablename__ = "problem_sets"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    rollouts_per_prefix: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    label_rule: Mapped[str] = mapped_column(String(100), default="abs-q", server_default="abs-q")
+    budget_policy: Mapped[str] = mapped_column(
+        String(40), default="exhaustive", server_default="exhaustive"
+    )
+    backend: Mapped[str] = mapped_column(String(40), default="synthetic", server_default="synthetic")
+    backend_config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    sampling: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    seed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Problem(Base):
+    """Question text plus reference answer; ``external_id`` makes re-ingestion a no-op."""
+
+    __tablename__ = "problems"
+    __table_args__ = (UniqueConstraint("problem_set_id", "external_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    problem_set_id: Mapped[int] = mapped_column(
+        ForeignKey("problem_sets.id", ondelete="CASCADE"), index=True
+    )
+    external_id: Mapped[str] = mapped_column(String(200))
+    question: Mapped[str] = mapped_column(Text)
+    reference_answer: Mapped[str] = mapped_column(Text)
+    meta: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

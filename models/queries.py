@@ -1,0 +1,414 @@
+"""Every query the system runs against its tables, in one place.
+
+Tasks, the dispatcher and the CLI call these; none of them builds SQL of its own.  All
+writes are idempotent: inserts ignore conflicts on the natural unique keys, and state
+changes are conditional updates whose row count says whether this process won.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import and_, delete, func, or_, select, text, update
+from sqlalchemy.orm import Session
+
+from models.base import epoch
+from models.errors import NotFoundError
+from models.problems import Problem, ProblemSet
+from models.rollouts import ChunkLabel, QValue, Rollout
+from models.trajectories import Chunk, Trajectory
+from models.work import DONE, FAILED, PENDING, QUEUED, RUNNING, Lock, RolloutWork, Worker
+
+
+def _insert(session: Session, model: Any) -> Any:
+    if session.get_bind().dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(model)
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert(model)
+
+
+def insert_ignore(session: Session, model: Any, rows: Sequence[dict[str, Any]]) -> int:
+    """Insert rows, skipping those that hit a unique key; returns how many were new."""
+    if not rows:
+        return 0
+    result = session.execute(_insert(session, model).values(list(rows)).on_conflict_do_nothing())
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+# --- problem sets -------------------------------------------------------------------
+
+
+def get_set(session: Session, name: str) -> ProblemSet:
+    found = session.scalar(select(ProblemSet).where(ProblemSet.name == name))
+    if found is None:
+        raise NotFoundError(f"no problem set named '{name}' (see 'stepq status')")
+    return found
+
+
+def ensure_set(session: Session, name: str, **config: Any) -> ProblemSet:
+    """Return the set, creating it with ``config`` when it does not exist yet."""
+    insert_ignore(session, ProblemSet, [{"name": name, "backend_config": {}, "sampling": {}, **config}])
+    return get_set(session, name)
+
+
+def list_sets(session: Session) -> list[ProblemSet]:
+    return list(session.scalars(select(ProblemSet).order_by(ProblemSet.id)))
+
+
+def existing_problem_ids(session: Session, set_id: int, external_ids: Iterable[str]) -> dict[str, int]:
+    ids = list(external_ids)
+    found: dict[str, int] = {}
+    for start in range(0, len(ids), 500):
+        part = ids[start : start + 500]
+        rows = session.execute(
+            select(Problem.external_id, Problem.id).where(
+                Problem.problem_set_id == set_id, Problem.external_id.in_(part)
+            )
+        )
+        found.update({ext: pid for ext, pid in rows})
+    return found
+
+
+def add_trajectory(
+    session: Session, traj: dict[str, Any], chunks: Sequence[dict[str, Any]]
+) -> int | None:
+    """Insert a trajectory and its chunks unless (problem, source_key) exists; returns its id."""
+    new = insert_ignore(session, Trajectory, [traj])
+    if not new:
+        return None
+    tid = session.scalar(
+        select(Trajectory.id).where(
+            Trajectory.problem_id == traj["problem_id"], Trajectory.source_key == traj["source_key"]
+        )
+    )
+    assert tid is not None
+    insert_ignore(session, Chunk, [{**c, "trajectory_id": tid} for c in chunks])
+    return tid
+
+
+def trajectory_chunks(session: Session, trajectory_id: int) -> list[Chunk]:
+    return list(session.scalars(select(Chunk).where(Chunk.trajectory_id == trajectory_id).order_by(Chunk.idx)))
+
+
+# --- planning and the work lifecycle -------------------------------------------------
+
+
+def plan_work(session: Session, set_id: int | None = None) -> int:
+    """Make sure every trajectory of an annotated set has work for its set's current M.
+
+    New trajectories get a pending item; items planned for a smaller M are reopened.
+    Returns how many items were created or reopened.
+    """
+    sets = select(ProblemSet.id, ProblemSet.rollouts_per_prefix).where(ProblemSet.rollouts_per_prefix > 0)
+    if set_id is not None:
+        sets = sets.where(ProblemSet.id == set_id)
+    changed = 0
+    for sid, m in session.execute(sets).all():
+        in_set = select(Trajectory.id).join(Problem, Problem.id == Trajectory.problem_id).where(
+            Problem.problem_set_id == sid
+        )
+        missing = in_set.where(~select(RolloutWork.id).where(RolloutWork.trajectory_id == Trajectory.id).exists())
+        rows = [
+            {"trajectory_id": tid, "target_m": m, "state": PENDING, "attempts": 0, "enqueue_count": 0}
+            for tid in session.scalars(missing)
+        ]
+        for start in range(0, len(rows), 1000):
+            changed += insert_ignore(session, RolloutWork, rows[start : start + 1000])
+        reopened = session.execute(
+            update(RolloutWork)
+            .where(RolloutWork.trajectory_id.in_(in_set), RolloutWork.target_m < m)
+            .values(target_m=m, state=PENDING, lease_owner=None, lease_expires_at=None, attempts=0)
+            .execution_options(synchronize_session=False)
+        )
+        changed += int(reopened.rowcount or 0)  # type: ignore[attr-defined]
+    return changed
+
+
+def pending_work_ids(session: Session, limit: int) -> list[int]:
+    return list(
+        session.scalars(
+            select(RolloutWork.id).where(RolloutWork.state == PENDING).order_by(RolloutWork.id).limit(limit)
+        )
+    )
+
+
+def mark_queued(session: Session, work_id: int, now: float) -> bool:
+    """pending -> queued; False when another dispatcher got there first."""
+    result = session.execute(
+        update(RolloutWork)
+        .where(RolloutWork.id == work_id, RolloutWork.state == PENDING)
+        .values(state=QUEUED, enqueued_at=now, enqueue_count=RolloutWork.enqueue_count + 1)
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def unmark_queued(session: Session, work_id: int) -> None:
+    session.execute(
+        update(RolloutWork).where(RolloutWork.id == work_id, RolloutWork.state == QUEUED).values(state=PENDING)
+    )
+
+
+def reschedule_expired(session: Session, now: float, max_attempts: int) -> tuple[int, int]:
+    """Running items whose lease ran out go back to pending (or failed past max attempts)."""
+    expired = and_(RolloutWork.state == RUNNING, RolloutWork.lease_expires_at < now)
+    failed = session.execute(
+        update(RolloutWork)
+        .where(expired, RolloutWork.attempts >= max_attempts)
+        .values(state=FAILED, lease_owner=None, last_error="lease expired too many times")
+    )
+    back = session.execute(
+        update(RolloutWork).where(expired).values(state=PENDING, lease_owner=None, lease_expires_at=None)
+    )
+    return int(back.rowcount or 0), int(failed.rowcount or 0)  # type: ignore[attr-defined]
+
+
+def requeue_stale(session: Session, older_than: float) -> int:
+    """Queued items whose message may be lost (queued before ``older_than``) go back to pending."""
+    result = session.execute(
+        update(RolloutWork)
+        .where(RolloutWork.state == QUEUED, RolloutWork.enqueued_at < older_than)
+        .values(state=PENDING)
+    )
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+def claim_work(session: Session, work_id: int, owner: str, ttl: float) -> RolloutWork | None:
+    """Take the lease on a work item, or None when it is done or another worker holds it."""
+    now = epoch()
+    result = session.execute(
+        update(RolloutWork)
+        .where(
+            RolloutWork.id == work_id,
+            or_(
+                RolloutWork.state.in_([PENDING, QUEUED]),
+                and_(RolloutWork.state == RUNNING, RolloutWork.lease_expires_at < now),
+            ),
+        )
+        .values(
+            state=RUNNING, lease_owner=owner, lease_expires_at=now + ttl, attempts=RolloutWork.attempts + 1
+        )
+    )
+    if not result.rowcount:  # type: ignore[attr-defined]
+        return None
+    return session.get(RolloutWork, work_id, populate_existing=True)
+
+
+def renew_lease(session: Session, work_id: int, owner: str, ttl: float) -> bool:
+    result = session.execute(
+        update(RolloutWork)
+        .where(RolloutWork.id == work_id, RolloutWork.lease_owner == owner, RolloutWork.state == RUNNING)
+        .values(lease_expires_at=epoch() + ttl)
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def finish_work(session: Session, work_id: int, owner: str, *, error: str | None = None) -> bool:
+    values: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None, "finished_at": epoch()}
+    if error is None:
+        values.update(state=DONE, last_error=None)
+    else:
+        values.update(state=FAILED, last_error=error[:2000])
+    result = session.execute(
+        update(RolloutWork)
+        .where(RolloutWork.id == work_id, RolloutWork.lease_owner == owner, RolloutWork.state == RUNNING)
+        .values(**values)
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def fail_or_retry(session: Session, work_id: int, owner: str, error: str, max_attempts: int) -> str:
+    """After an error: back to pending for another try, or failed once attempts run out."""
+    item = session.get(RolloutWork, work_id, populate_existing=True)
+    if item is None or item.lease_owner != owner:
+        return "lost"
+    state = FAILED if item.attempts >= max_attempts else PENDING
+    item.state, item.last_error = state, error[:2000]
+    item.lease_owner, item.lease_expires_at = None, None
+    return "failed" if state == FAILED else "retry"
+
+
+def release_work(session: Session, work_id: int, owner: str) -> None:
+    """Give a lease back early (graceful shutdown) so the dispatcher reschedules at once."""
+    session.execute(
+        update(RolloutWork)
+        .where(RolloutWork.id == work_id, RolloutWork.lease_owner == owner)
+        .values(state=PENDING, lease_owner=None, lease_expires_at=None)
+    )
+
+
+def retry_failed(session: Session, set_id: int | None = None) -> int:
+    stmt = update(RolloutWork).where(RolloutWork.state == FAILED)
+    if set_id is not None:
+        stmt = stmt.where(RolloutWork.trajectory_id.in_(_set_trajectories(set_id)))
+    result = session.execute(
+        stmt.values(state=PENDING, attempts=0, last_error=None).execution_options(synchronize_session=False)
+    )
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+def work_counts(session: Session) -> dict[str, int]:
+    rows = session.execute(select(RolloutWork.state, func.count()).group_by(RolloutWork.state))
+    return {state: int(n) for state, n in rows}
+
+
+def _set_trajectories(set_id: int) -> Any:
+    return select(Trajectory.id).join(Problem, Problem.id == Trajectory.problem_id).where(
+        Problem.problem_set_id == set_id
+    )
+
+
+# --- rollouts, Q-values, labels --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkContext:
+    """Everything a task needs to know about one trajectory, read in one go."""
+
+    trajectory: Trajectory
+    problem: Problem
+    problem_set: ProblemSet
+    chunks: list[Chunk]
+    samples_done: dict[int, set[int]]
+
+
+def load_work_context(session: Session, trajectory_id: int) -> WorkContext:
+    traj = session.get(Trajectory, trajectory_id)
+    if traj is None:
+        raise NotFoundError(f"trajectory {trajectory_id} does not exist")
+    problem = session.get(Problem, traj.problem_id)
+    assert problem is not None
+    pset = session.get(ProblemSet, problem.problem_set_id)
+    assert pset is not None
+    done: dict[int, set[int]] = {}
+    for k, s in session.execute(
+        select(Rollout.prefix_len, Rollout.sample_idx).where(Rollout.trajectory_id == trajectory_id)
+    ):
+        done.setdefault(k, set()).add(s)
+    return WorkContext(traj, problem, pset, trajectory_chunks(session, trajectory_id), done)
+
+
+def q_stats(session: Session, trajectory_id: int, max_sample: int | None = None) -> dict[int, tuple[int, int]]:
+    """prefix -> (samples, successes) straight from the rollout rows."""
+    stmt = select(Rollout.prefix_len, func.count(), func.coalesce(func.sum(Rollout.reward), 0)).where(
+        Rollout.trajectory_id == trajectory_id
+    )
+    if max_sample is not None:
+        stmt = stmt.where(Rollout.sample_idx < max_sample)
+    rows = session.execute(stmt.group_by(Rollout.prefix_len))
+    return {int(k): (int(n), int(c)) for k, n, c in rows}
+
+
+def upsert_q_values(session: Session, rows: Sequence[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    stmt = _insert(session, QValue).values(list(rows))
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["trajectory_id", "prefix_len"],
+        set_={k: stmt.excluded[k] for k in ("n_samples", "n_correct", "q", "source")},
+    )
+    session.execute(stmt)
+
+
+def q_values(session: Session, trajectory_id: int) -> dict[int, QValue]:
+    rows = session.scalars(select(QValue).where(QValue.trajectory_id == trajectory_id))
+    return {q.prefix_len: q for q in rows}
+
+
+def upsert_labels(session: Session, rows: Sequence[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    stmt = _insert(session, ChunkLabel).values(list(rows))
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["chunk_id", "rule"],
+        set_={k: stmt.excluded[k] for k in ("positive", "q_before", "q_after")},
+    )
+    session.execute(stmt)
+
+
+def set_trajectory_ids(session: Session, set_id: int) -> list[int]:
+    return list(session.scalars(_set_trajectories(set_id).order_by(Trajectory.id)))
+
+
+def delete_labels(session: Session, set_id: int, rule: str) -> int:
+    chunk_ids = select(Chunk.id).where(Chunk.trajectory_id.in_(_set_trajectories(set_id)))
+    result = session.execute(
+        delete(ChunkLabel)
+        .where(ChunkLabel.rule == rule, ChunkLabel.chunk_id.in_(chunk_ids))
+        .execution_options(synchronize_session=False)
+    )
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+# --- locks and workers --------------------------------------------------------------
+
+
+def acquire_lock(session: Session, name: str, owner: str, ttl: float) -> bool:
+    """Take or renew a named lease; True when ``owner`` holds it afterwards."""
+    now = epoch()
+    insert_ignore(session, Lock, [{"name": name, "owner": owner, "expires_at": now + ttl}])
+    session.execute(
+        update(Lock)
+        .where(Lock.name == name, or_(Lock.owner == owner, Lock.expires_at < now))
+        .values(owner=owner, expires_at=now + ttl)
+    )
+    return session.scalar(select(Lock.owner).where(Lock.name == name)) == owner
+
+
+def release_lock(session: Session, name: str, owner: str) -> None:
+    session.execute(delete(Lock).where(Lock.name == name, Lock.owner == owner))
+
+
+def heartbeat(session: Session, name: str, *, hostname: str, pid: int, backend: str,
+              rollouts: int = 0, tokens: int = 0) -> None:
+    insert_ignore(
+        session,
+        Worker,
+        [{"name": name, "hostname": hostname, "pid": pid, "backend": backend,
+          "last_heartbeat": epoch(), "rollouts_done": 0, "tokens_done": 0}],
+    )
+    session.execute(
+        update(Worker)
+        .where(Worker.name == name)
+        .values(
+            last_heartbeat=epoch(),
+            rollouts_done=Worker.rollouts_done + rollouts,
+            tokens_done=Worker.tokens_done + tokens,
+        )
+    )
+
+
+def active_workers(session: Session, since: float) -> list[dict[str, Any]]:
+    rows = session.scalars(select(Worker).where(Worker.last_heartbeat >= since).order_by(Worker.name))
+    return [{"name": w.name, "backend": w.backend, "rollouts": w.rollouts_done, "tokens": w.tokens_done} for w in rows]
+
+
+# --- progress ------------------------------------------------------------------------
+
+
+def progress(session: Session) -> list[dict[str, Any]]:
+    """One row per problem set from the ``annotation_progress`` view."""
+    rows = session.execute(text("SELECT * FROM annotation_progress ORDER BY problem_set"))
+    return [dict(r._mapping) for r in rows]
+
+
+def recent_rollouts_by_set(session: Session, since_epoch: float) -> dict[str, int]:
+    """Rollouts written since a moment, per set: the rate behind ``stepq status``."""
+    from datetime import UTC, datetime
+
+    since = datetime.fromtimestamp(since_epoch, UTC)
+    if session.get_bind().dialect.name == "sqlite":
+        since = since.replace(tzinfo=None)
+    rows = session.execute(
+        select(ProblemSet.name, func.count(Rollout.id))
+        .join(Problem, Problem.problem_set_id == ProblemSet.id)
+        .join(Trajectory, Trajectory.problem_id == Problem.id)
+        .join(Rollout, Rollout.trajectory_id == Trajectory.id)
+        .where(Rollout.created_at >= since)
+        .group_by(ProblemSet.name)
+    )
+    return {name: int(n) for name, n in rows}

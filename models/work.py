@@ -1,0 +1,68 @@
+"""Scheduling state: one work item per trajectory with a database lease, named locks,
+and the workers that hold leases."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import DateTime, Float, ForeignKey, Index, Integer, String, Text, func
+from sqlalchemy.orm import Mapped, mapped_column
+
+from models.base import Base
+
+PENDING = "pending"
+QUEUED = "queued"
+RUNNING = "running"
+DONE = "done"
+FAILED = "failed"
+STATES = (PENDING, QUEUED, RUNNING, DONE, FAILED)
+
+
+class RolloutWork(Base):
+    """The rollouts a trajectory still needs, as one schedulable unit.
+
+    The broker only carries ``id``; everything else (what is missing, who holds it, until
+    when) is here, so losing the broker loses no work.  Lease times are epoch seconds.
+    """
+
+    __tablename__ = "rollout_work"
+    __table_args__ = (Index("ix_rollout_work_state", "state"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trajectory_id: Mapped[int] = mapped_column(
+        ForeignKey("trajectories.id", ondelete="CASCADE"), unique=True
+    )
+    target_m: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(20), default=PENDING)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    enqueue_count: Mapped[int] = mapped_column(Integer, default=0)
+    enqueued_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    lease_owner: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class Lock(Base):
+    """A named lease (e.g. ``dispatcher``) so only one process acts at a time."""
+
+    __tablename__ = "locks"
+
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(200))
+    expires_at: Mapped[float] = mapped_column(Float)
+
+
+class Worker(Base):
+    """A worker process: heartbeat and running totals, for operators."""
+
+    __tablename__ = "workers"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column(Integer)
+    backend: Mapped[str] = mapped_column(String(200))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    last_heartbeat: Mapped[float] = mapped_column(Float)
+    rollouts_done: Mapped[int] = mapped_column(Integer, default=0)
+    tokens_done: Mapped[int] = mapped_column(Integer, default=0)

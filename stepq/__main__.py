@@ -1,0 +1,3 @@
+from stepq.cli import main
+
+main()

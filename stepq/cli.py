@@ -1,0 +1,267 @@
+"""The ``stepq`` command line: thin commands over the models and workers packages."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from models import Database, queries
+from models.errors import BrokerError, DatabaseError, StepqError
+from stepq.settings import Settings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def friendly(fn: F) -> F:
+    """Turn user-facing errors into one line on stderr and a non-zero exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from kombu.exceptions import OperationalError as KombuOperationalError
+        from sqlalchemy.exc import OperationalError
+
+        try:
+            return fn(*args, **kwargs)
+        except StepqError as exc:
+            click.echo(f"stepq: error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except OperationalError as exc:
+            first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+            err = DatabaseError(f"database error: {first}")
+            click.echo(f"stepq: error: {err}", err=True)
+            sys.exit(err.exit_code)
+        except KombuOperationalError as exc:
+            err2 = BrokerError(f"cannot reach the broker: {exc}")
+            click.echo(f"stepq: error: {err2}", err=True)
+            sys.exit(err2.exit_code)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _settings() -> Settings:
+    return Settings.from_env()
+
+
+def _db(settings: Settings, *, migrate: bool = False) -> Database:
+    if migrate:
+        from migrations import upgrade
+
+        upgrade(settings.database_url)
+    db = Database(settings.database_url)
+    db.check()
+    return db
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@click.group()
+@click.version_option(package_name="stepq")
+def main() -> None:
+    """stepq: Monte Carlo step labels for chains of thought, as a resumable job queue."""
+
+
+@main.group()
+def db() -> None:
+    """Database schema commands."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True)
+@friendly
+def db_upgrade(revision: str) -> None:
+    """Migrate the database named by STEPQ_DATABASE_URL to the latest schema."""
+    from migrations import current, upgrade
+
+    settings = _settings()
+    try:
+        upgrade(settings.database_url, revision)
+    except Exception as exc:
+        if "OperationalError" in type(exc).__name__:
+            raise DatabaseError(f"cannot migrate {settings.database_url}: {str(exc).splitlines()[0]}") from None
+        raise
+    click.echo(f"database at revision {current(settings.database_url)}")
+
+
+@main.command()
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--set", "set_name", required=True, help="Problem set to add the records to.")
+@click.option("--question", default=None, help="Question field (default: problem, question or prompt).")
+@click.option("--answer", default="answer", show_default=True, help="Reference answer field; '-' for none.")
+@click.option("--answer-format", type=click.Choice(["auto", "plain", "gsm8k"]), default="auto", show_default=True,
+              help="gsm8k: the final answer follows '####'; auto detects it.")
+@click.option("--id", "id_field", default=None, help="Id field (default: unique_id, id or idx; else a content hash).")
+@click.option("--steps", default=None, help="Field with a list of solution steps: ingest them as a trajectory.")
+@click.option("--outcome", default=None, help="Boolean field: the trajectory's outcome (else graded).")
+@click.option("--first-error", default=None, help="Field: 0-based index of the first wrong step, -1 if none.")
+@friendly
+def ingest(file: Path, set_name: str, question: str | None, answer: str, answer_format: str, id_field: str | None,
+           steps: str | None, outcome: str | None, first_error: str | None) -> None:
+    """Add problems (and given trajectories) from a JSONL file or a JSON array."""
+    from workers.ingest import FieldMap, ingest_file
+
+    settings = _settings()
+    database = _db(settings, migrate=settings.embedded)
+    fields = FieldMap(question=question, answer=None if answer == "-" else answer, id=id_field, steps=steps,
+                      outcome=outcome, first_error=first_error, answer_format=answer_format)
+    report = ingest_file(database, file, set_name, fields)
+    click.echo(f"{file}: {report.records} records, {report.new_problems} new problems, "
+               f"{report.new_trajectories} new trajectories in set '{set_name}'")
+
+
+@main.command()
+@click.option("--set", "set_name", required=True)
+@click.option("--problems", type=click.IntRange(min=1), required=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--trajectories-per-problem", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--error-rate", type=click.FloatRange(0, 1), default=0.1, show_default=True)
+@click.option("--recovery-rate", type=click.FloatRange(0, 1), default=0.001, show_default=True)
+@click.option("--latency-s", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Simulated generation time per rollout.")
+@friendly
+def synth(set_name: str, problems: int, seed: int, trajectories_per_problem: int, error_rate: float,
+          recovery_rate: float, latency_s: float) -> None:
+    """Create a synthetic arithmetic problem set with policy trajectories of known truth."""
+    from workers.synth import synth_set
+
+    settings = _settings()
+    database = _db(settings, migrate=settings.embedded)
+    report = synth_set(database, set_name, problems=problems, seed=seed,
+                       trajectories_per_problem=trajectories_per_problem, error_rate=error_rate,
+                       recovery_rate=recovery_rate, latency_s=latency_s)
+    click.echo(f"set '{set_name}': {report.new_problems} new problems, {report.new_trajectories} new trajectories")
+
+
+@main.command()
+@click.option("--set", "set_name", required=True)
+@click.option("--rollouts", "m", type=click.IntRange(min=1), required=True, help="Rollouts per prefix (M).")
+@click.option("--rule", default=None, help="Label rule, e.g. abs-q or rel-ratio:gamma=0.7.")
+@friendly
+def annotate(set_name: str, m: int, rule: str | None) -> None:
+    """Set a problem set's budget and plan its missing rollouts (only what is missing)."""
+    from workers.labels import parse_rule
+
+    settings = _settings()
+    database = _db(settings, migrate=settings.embedded)
+    with database.session() as s:
+        pset = queries.get_set(s, set_name)
+        if rule is not None:
+            pset.label_rule = parse_rule(rule).key
+        pset.rollouts_per_prefix = m
+        s.flush()
+        planned = queries.plan_work(s, pset.id)
+    click.echo(f"set '{set_name}': M={pset.rollouts_per_prefix}, rule {pset.label_rule}; "
+               f"{planned} work items planned or reopened")
+
+
+@main.command()
+@click.option("--set", "set_name", required=True)
+@click.option("--rule", required=True, help="abs-q, rel-ratio[:gamma=G] or rel-effective[:alpha=A].")
+@click.option("--default/--no-default", "make_default", default=False, help="Also make it the set's rule.")
+@friendly
+def label(set_name: str, rule: str, make_default: bool) -> None:
+    """Recompute labels for a rule from stored rollouts, without sampling again."""
+    from workers.labels import parse_rule
+    from workers.qvalues import refresh_trajectory
+
+    parsed = parse_rule(rule)
+    database = _db(_settings())
+    with database.session() as s:
+        pset = queries.get_set(s, set_name)
+        if make_default:
+            pset.label_rule = parsed.key
+        m = pset.rollouts_per_prefix
+        tids = queries.set_trajectory_ids(s, pset.id)
+    total = 0
+    for start in range(0, len(tids), 200):
+        with database.session() as s:
+            for tid in tids[start : start + 200]:
+                ctx = queries.load_work_context(s, tid)
+                total += refresh_trajectory(s, ctx.trajectory, ctx.chunks, m, [parsed])
+    click.echo(f"set '{set_name}': {total} chunks labelled under {parsed.key}")
+
+
+@main.command()
+@click.option("--name", default=None, help="Worker name (default host:pid).")
+@click.option("--pool", type=click.Choice(["solo", "prefork", "threads"]), default="solo", show_default=True,
+              help="solo: one task at a time in the main process (one per GPU).")
+@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--loglevel", default=None)
+@friendly
+def worker(name: str | None, pool: str, concurrency: int, loglevel: str | None) -> None:
+    """Run a Celery worker that pulls rollout work (one per GPU, concurrency 1)."""
+    from workers.annotate import WorkerRuntime
+    from workers.celery_app import create_app
+    from workers.grading import Grader
+
+    settings = _settings()
+    _setup_logging(loglevel or settings.log_level)
+    _db(settings).dispose()
+
+    def runtime() -> WorkerRuntime:
+        return WorkerRuntime(Database(settings.database_url, pool_size=2), settings.worker_options(name),
+                             Grader(timeout_s=settings.grade_timeout_s))
+
+    app = create_app(settings.celery_options(), runtime)
+    argv = ["worker", f"--pool={pool}", f"--concurrency={concurrency}", f"--queues={settings.queue}",
+            f"--loglevel={(loglevel or settings.log_level).upper()}", "--without-gossip", "--without-mingle"]
+    if name:
+        argv.append(f"--hostname={name}@%h")
+    app.worker_main(argv)
+
+
+@main.command()
+@click.option("--once", is_flag=True, help="One cycle, then exit.")
+@click.option("--interval", type=click.FloatRange(min=0.05), default=None, help="Seconds between cycles.")
+@click.option("--wait", type=float, default=None, help="With --once: give up after waiting this long for the lock.")
+@friendly
+def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
+    """Publish missing work to the broker; only one dispatcher acts at a time."""
+    from workers.celery_app import create_app, publisher, redis_queue_depth
+    from workers.dispatcher import Dispatcher
+
+    settings = _settings()
+    _setup_logging(settings.log_level)
+    database = _db(settings)
+    app = create_app(settings.celery_options())
+    dispatcher = Dispatcher(database, publisher(app), options=settings.dispatch_options(),
+                            queue_depth=redis_queue_depth(settings.broker_url, settings.queue))
+    try:
+        published = dispatcher.run(once=once, interval_s=interval or settings.dispatch_interval_s, wait_s=wait)
+    except KeyboardInterrupt:
+        published = 0
+    click.echo(f"published {published} work items")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@friendly
+def status(as_json: bool) -> None:
+    """Progress per problem set: rollouts done/planned, labels, rate, ETA."""
+    from stepq.status import collect, render
+
+    report = collect(_db(_settings()))
+    click.echo(json.dumps(report, indent=2) if as_json else render(report))
+
+
+@main.command()
+@click.option("--set", "set_name", default="demo", show_default=True)
+@click.option("--synthetic", "n_synth", type=click.IntRange(min=0), default=50, show_default=True,
+              help="Synthetic problems to create when the set does not exist yet.")
+@click.option("--rollouts", "m", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@friendly
+def run(set_name: str, n_synth: int, m: int, seed: int) -> None:
+    """The embedded default: problems to labels in this process (SQLite, no services)."""
+    from stepq.embedded import run_embedded
+
+    settings = _settings()
+    run_embedded(settings, set_name, n_synth=n_synth, m=m, seed=seed, echo=click.echo)

@@ -1,0 +1,63 @@
+"""``stepq run``: migrate, create a demo set if needed, annotate in-process, summarise."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from sqlalchemy import select
+
+from migrations import upgrade
+from models import Database, queries
+from models.errors import NotFoundError
+from models.rollouts import ChunkLabel
+from models.trajectories import Chunk
+from stepq.settings import Settings
+from stepq.status import collect, render
+from workers.annotate import WorkerRuntime
+from workers.embedded import run_in_process
+from workers.grading import Grader
+from workers.synth import synth_set
+
+
+def run_embedded(settings: Settings, set_name: str, *, n_synth: int, m: int, seed: int,
+                 echo: Callable[[str], None]) -> None:
+    upgrade(settings.database_url)
+    db = Database(settings.database_url)
+    with db.session() as s:
+        try:
+            queries.get_set(s, set_name)
+            exists = True
+        except NotFoundError:
+            exists = False
+    if not exists:
+        if n_synth == 0:
+            raise NotFoundError(f"no problem set '{set_name}' and --synthetic 0")
+        report = synth_set(db, set_name, problems=n_synth, seed=seed)
+        echo(f"created synthetic set '{set_name}': {report.new_problems} problems")
+    with db.session() as s:
+        pset = queries.get_set(s, set_name)
+        pset.rollouts_per_prefix = max(m, pset.rollouts_per_prefix)
+        s.flush()
+        queries.plan_work(s, pset.id)
+        total = len(queries.set_trajectory_ids(s, pset.id))
+    runtime = WorkerRuntime(db, settings.worker_options("embedded"), Grader(timeout_s=settings.grade_timeout_s))
+    with Progress(TextColumn("annotating {task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn()) as bar:
+        task = bar.add_task(set_name, total=total)
+        outcomes = run_in_process(db, runtime, on_item=lambda _id, _st: bar.advance(task),
+                                  options=settings.dispatch_options())
+    echo(f"work items: {outcomes}")
+    echo(render(collect(db)))
+    with db.session() as s:
+        pset = queries.get_set(s, set_name)
+        rows = s.execute(
+            select(ChunkLabel.positive, Chunk.ground_truth)
+            .join(Chunk, Chunk.id == ChunkLabel.chunk_id)
+            .where(ChunkLabel.rule == pset.label_rule, Chunk.ground_truth.is_not(None),
+                   Chunk.trajectory_id.in_(queries.set_trajectory_ids(s, pset.id)))
+        ).all()
+    if rows:
+        agree = sum(bool(p) == bool(g) for p, g in rows) / len(rows)
+        echo(f"label accuracy against ground truth ({len(rows)} chunks): {100 * agree:.1f}%")
+    echo(f"database: {db.safe_url}  (query the views: annotation_progress, chunk_q_values, work_queue)")

@@ -1,0 +1,13 @@
+"""The user-facing error tree (defined in ``models.errors``, the lowest layer)."""
+
+from models.errors import (
+    BrokerError,
+    ConfigError,
+    DatabaseError,
+    InputError,
+    LeaseLost,
+    NotFoundError,
+    StepqError,
+)
+
+__all__ = ["BrokerError", "ConfigError", "DatabaseError", "InputError", "LeaseLost", "NotFoundError", "StepqError"]

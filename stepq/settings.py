@@ -1,0 +1,82 @@
+"""All configuration in one typed object, read from the environment once and passed down."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from models.errors import ConfigError
+from workers.annotate import WorkerOptions
+from workers.celery_app import DEFAULT_QUEUE, CeleryOptions
+from workers.dispatcher import DispatchOptions
+
+PREFIX = "STEPQ_"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every field can be set as ``STEPQ_<FIELD>`` (upper case)."""
+
+    database_url: str = ""
+    """SQLAlchemy URL; default: a SQLite file ``stepq.db`` in the working directory."""
+    broker_url: str = "redis://127.0.0.1:6379/0"
+    queue: str = DEFAULT_QUEUE
+    lease_ttl_s: float = 300.0
+    """How long a worker's claim on a trajectory lasts without a heartbeat (batch commit)."""
+    batch_rollouts: int = 128
+    """Rollouts generated, graded and committed together: the most a crash can lose."""
+    max_attempts: int = 5
+    visibility_timeout_s: int = 12 * 3600
+    requeue_after_s: float = 900.0
+    lost_grace_s: float = 10.0
+    dispatch_interval_s: float = 2.0
+    grade_timeout_s: int = 3
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(PREFIX + f.name.upper())
+            if raw is None or raw == "":
+                continue
+            kind = type(getattr(cls, f.name))
+            try:
+                values[f.name] = kind(raw)
+            except ValueError:
+                raise ConfigError(f"{PREFIX}{f.name.upper()}={raw!r} is not a valid {kind.__name__}") from None
+        settings = cls(**values)
+        if not settings.database_url:
+            settings = replace(settings, database_url=f"sqlite:///{Path.cwd() / 'stepq.db'}")
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        if not self.database_url.startswith(("sqlite", "postgresql")):
+            raise ConfigError(f"{PREFIX}DATABASE_URL must be a sqlite:// or postgresql:// URL, got {self.database_url!r}")
+        if self.database_url.startswith("postgresql://"):
+            object.__setattr__(self, "database_url", "postgresql+psycopg://" + self.database_url[len("postgresql://"):])
+        for name in ("lease_ttl_s", "batch_rollouts", "max_attempts", "visibility_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{PREFIX}{name.upper()} must be positive")
+        if self.visibility_timeout_s <= self.lease_ttl_s:
+            raise ConfigError(f"{PREFIX}VISIBILITY_TIMEOUT_S must exceed {PREFIX}LEASE_TTL_S")
+
+    @property
+    def embedded(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    def worker_options(self, name: str | None = None) -> WorkerOptions:
+        return WorkerOptions(lease_ttl_s=self.lease_ttl_s, batch_rollouts=self.batch_rollouts,
+                             max_attempts=self.max_attempts, name=name)
+
+    def celery_options(self) -> CeleryOptions:
+        return CeleryOptions(self.broker_url, self.queue, self.visibility_timeout_s)
+
+    def dispatch_options(self) -> DispatchOptions:
+        return DispatchOptions(lock_ttl_s=max(10.0, 5 * self.dispatch_interval_s), max_attempts=self.max_attempts,
+                               requeue_after_s=self.requeue_after_s, lost_grace_s=self.lost_grace_s)

@@ -1,0 +1,21 @@
+"""Generation backends behind one protocol, built by name from a problem set's config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from models.errors import ConfigError
+from workers.backends.base import Completion, GenerationBackend, GenerationRequest, SamplingParams
+
+
+def make_backend(name: str, config: dict[str, Any] | None = None) -> GenerationBackend:
+    """Build a backend; imports lazily so a worker only loads what it uses."""
+    config = config or {}
+    if name == "synthetic":
+        from workers.backends.synthetic import SyntheticBackend
+
+        return SyntheticBackend.from_config(config)
+    raise ConfigError(f"unknown generation backend '{name}' (available: synthetic)")
+
+
+__all__ = ["Completion", "GenerationBackend", "GenerationRequest", "SamplingParams", "make_backend"]

@@ -1,0 +1,68 @@
+"""The generation interface every backend implements.
+
+It is shaped for batches: one call takes many contexts (every prefix of a trajectory)
+with per-sample seeds (M of them each), so engines with prefix caching compute the
+shared problem and chunk prefix once and the queue's per-call overhead is amortised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 8192
+    stop: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> SamplingParams:
+        known = {k: v for k, v in config.items() if k in {"temperature", "top_p", "max_tokens", "stop"}}
+        if "stop" in known:
+            known["stop"] = tuple(known["stop"])
+        return cls(**known)
+
+    def describe(self) -> str:
+        return f"t={self.temperature:g},p={self.top_p:g},max={self.max_tokens}"
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """Continue ``context`` (prompt + assistant prefix, as a raw completion) once per seed."""
+
+    context: str
+    seeds: tuple[int, ...]
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def n(self) -> int:
+        return len(self.seeds)
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    tokens: int
+    finish_reason: str = "stop"
+
+
+@runtime_checkable
+class GenerationBackend(Protocol):
+    """A policy that continues raw text; ``generator`` is recorded on every row it writes."""
+
+    name: str
+
+    @property
+    def generator(self) -> str: ...
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], params: SamplingParams
+    ) -> list[list[Completion]]:
+        """One list of ``request.n`` completions per request, in order."""
+        ...
+
+    def close(self) -> None: ...

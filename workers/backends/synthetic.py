@@ -1,0 +1,47 @@
+"""The synthetic arithmetic policy as a generation backend (no model weights needed)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from workers.backends.base import Completion, GenerationRequest, SamplingParams
+from workers.synthetic import SyntheticPolicy
+
+
+class SyntheticBackend:
+    """Continues prompts of synthetic arithmetic problems; ``latency_s`` per completion
+    simulates GPU time so crash and scheduling tests have something to interrupt."""
+
+    name = "synthetic"
+
+    def __init__(self, error_rate: float = 0.1, recovery_rate: float = 0.001, latency_s: float = 0.0) -> None:
+        self.policy = SyntheticPolicy(error_rate=error_rate, recovery_rate=recovery_rate)
+        self.latency_s = latency_s
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> SyntheticBackend:
+        return cls(
+            error_rate=float(config.get("error_rate", 0.1)),
+            recovery_rate=float(config.get("recovery_rate", 0.001)),
+            latency_s=float(config.get("latency_s", 0.0)),
+        )
+
+    @property
+    def generator(self) -> str:
+        return f"synthetic(err={self.policy.error_rate:g},rec={self.policy.recovery_rate:g})"
+
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
+        out: list[list[Completion]] = []
+        for req in requests:
+            prompt, _, prefix = req.context.rpartition("Solution:\n")
+            prompt += "Solution:\n"
+            texts = [self.policy.continue_text(prompt, prefix, seed) for seed in req.seeds]
+            out.append([Completion(t, len(t.split())) for t in texts])
+        if self.latency_s:
+            time.sleep(self.latency_s * sum(r.n for r in requests))
+        return out
+
+    def close(self) -> None:
+        return None

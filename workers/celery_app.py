@@ -1,0 +1,102 @@
+"""The Celery application for long GPU tasks, built from explicit options (no globals).
+
+Choices, each for a reason:
+- JSON only, pickle refused: messages cross machines and must not execute code.
+- ``acks_late`` + prefetch 1: a task is acknowledged after it ran, and a worker holds at
+  most one message it has not started, so a dead worker strands at most one hint.
+- a Redis visibility timeout longer than the longest task: Redis would otherwise
+  redeliver a long task to a second worker while the first still runs it.  Redelivery
+  after a crash is not needed anyway: the dispatcher reschedules expired database leases.
+- messages go to the queue through the default exchange, so they still route after the
+  broker lost its state (a flushed Redis forgets Celery's exchange bindings).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from celery import Celery
+
+from workers.annotate import WorkerRuntime
+
+TASK_NAME = "stepq.annotate_trajectory"
+DEFAULT_QUEUE = "stepq.rollouts"
+
+
+@dataclass(frozen=True)
+class CeleryOptions:
+    broker_url: str
+    queue: str = DEFAULT_QUEUE
+    visibility_timeout_s: int = 12 * 3600
+
+
+def create_app(options: CeleryOptions, runtime_factory: Callable[[], WorkerRuntime] | None = None) -> Celery:
+    """Build the app; ``runtime_factory`` makes the per-process runtime on first use."""
+    app = Celery("stepq", broker=options.broker_url, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        event_serializer="json",
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=options.queue,
+        broker_transport_options={"visibility_timeout": options.visibility_timeout_s},
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        worker_send_task_events=True,
+        task_send_sent_event=False,
+        worker_hijack_root_logger=False,
+    )
+    state: dict[str, WorkerRuntime] = {}
+
+    def runtime() -> WorkerRuntime:
+        if "rt" not in state:
+            if runtime_factory is None:
+                raise RuntimeError("this app was built for publishing only")
+            state["rt"] = runtime_factory()
+        return state["rt"]
+
+    @app.task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True)
+    def annotate_trajectory(self: object, work_id: int) -> str:
+        from workers.annotate import run_work_item
+
+        return run_work_item(runtime(), int(work_id)).status
+
+    app.stepq_queue = options.queue  # type: ignore[attr-defined]
+    return app
+
+
+def publisher(app: Celery) -> Callable[[Sequence[int]], None]:
+    """A function that publishes work item ids; used by the dispatcher."""
+    queue: str = app.stepq_queue  # type: ignore[attr-defined]
+
+    def publish(ids: Sequence[int]) -> None:
+        with app.producer_or_acquire() as producer:
+            for work_id in ids:
+                app.send_task(
+                    TASK_NAME, args=[int(work_id)], queue=queue, exchange="", routing_key=queue,
+                    producer=producer, ignore_result=True,
+                )
+
+    return publish
+
+
+def redis_queue_depth(broker_url: str, queue: str) -> Callable[[], int | None]:
+    """How many messages wait in the queue, or None when it cannot be told."""
+    if not broker_url.startswith(("redis://", "rediss://")):
+        return lambda: None
+    import redis
+
+    client = redis.Redis.from_url(broker_url, socket_timeout=5)
+
+    def depth() -> int | None:
+        try:
+            return int(client.llen(queue))  # type: ignore[arg-type]
+        except redis.RedisError:
+            return None
+
+    return depth

@@ -1,0 +1,154 @@
+"""The dispatcher: turns what the database says is missing into broker messages.
+
+The broker only carries hints (a work item id).  Each cycle the dispatcher plans work for
+new trajectories or a raised budget, returns expired leases to pending, notices queued
+items whose message was lost, and publishes what is pending.  Only one dispatcher acts at
+a time (a lease in the ``locks`` table); a second one waits for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import update
+
+from models import Database, epoch, queries
+from models.errors import BrokerError
+from models.work import PENDING, QUEUED, RolloutWork
+
+log = logging.getLogger("stepq.dispatcher")
+
+LOCK_NAME = "dispatcher"
+
+
+@dataclass(frozen=True)
+class DispatchOptions:
+    lock_ttl_s: float = 30.0
+    max_attempts: int = 5
+    requeue_after_s: float = 900.0
+    """A queued item older than this is published again (its message may be lost)."""
+    lost_grace_s: float = 10.0
+    """When the broker queue is empty, queued items older than this are surely lost."""
+    batch: int = 500
+
+
+@dataclass(frozen=True)
+class CycleReport:
+    planned: int = 0
+    expired: int = 0
+    failed: int = 0
+    requeued: int = 0
+    published: int = 0
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        db: Database,
+        publish: Callable[[Sequence[int]], None],
+        *,
+        options: DispatchOptions | None = None,
+        queue_depth: Callable[[], int | None] | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.db = db
+        self.publish = publish
+        self.options = options or DispatchOptions()
+        self.queue_depth = queue_depth or (lambda: None)
+        self.name = name or f"dispatcher@{socket.gethostname()}:{os.getpid()}"
+
+    def cycle(self) -> CycleReport:
+        """One pass; call only while holding the lock (``run`` does)."""
+        o = self.options
+        now = epoch()
+        with self.db.session() as s:
+            planned = queries.plan_work(s)
+            expired, failed = queries.reschedule_expired(s, now, o.max_attempts)
+        depth = self.queue_depth()
+        cutoff = now - (o.lost_grace_s if depth == 0 else o.requeue_after_s)
+        with self.db.session() as s:
+            requeued = queries.requeue_stale(s, cutoff)
+        published = 0
+        while True:
+            with self.db.session() as s:
+                ids = queries.pending_work_ids(s, o.batch)
+                claimed = self._mark_queued(s, ids, epoch())
+            if not claimed:
+                break
+            try:
+                self.publish(claimed)
+            except Exception as exc:
+                with self.db.session() as s:
+                    s.execute(
+                        update(RolloutWork)
+                        .where(RolloutWork.id.in_(claimed), RolloutWork.state == QUEUED)
+                        .values(state=PENDING)
+                    )
+                raise BrokerError(f"cannot publish to the broker: {exc}") from exc
+            published += len(claimed)
+            if len(ids) < o.batch:
+                break
+        report = CycleReport(planned, expired, failed, requeued, published)
+        if any((planned, expired, failed, requeued, published)):
+            log.info("dispatch: %s", report)
+        return report
+
+    @staticmethod
+    def _mark_queued(session: object, ids: list[int], now: float) -> list[int]:
+        if not ids:
+            return []
+        result = session.execute(  # type: ignore[attr-defined]
+            update(RolloutWork)
+            .where(RolloutWork.id.in_(ids), RolloutWork.state == PENDING)
+            .values(state=QUEUED, enqueued_at=now, enqueue_count=RolloutWork.enqueue_count + 1)
+            .returning(RolloutWork.id)
+        )
+        return sorted(int(i) for i in result.scalars())
+
+    def acquire(self) -> bool:
+        with self.db.session() as s:
+            return queries.acquire_lock(s, LOCK_NAME, self.name, self.options.lock_ttl_s)
+
+    def release(self) -> None:
+        with self.db.session() as s:
+            queries.release_lock(s, LOCK_NAME, self.name)
+
+    def run(
+        self,
+        *,
+        once: bool = False,
+        interval_s: float = 2.0,
+        wait_s: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> int:
+        """Loop until stopped (or one cycle with ``once``); returns messages published.
+
+        Waits for the lock while another dispatcher holds it, at most ``wait_s``.
+        """
+        stop = stop or threading.Event()
+        started = time.monotonic()
+        published = 0
+        waiting_logged = False
+        try:
+            while not stop.is_set():
+                if not self.acquire():
+                    if not waiting_logged:
+                        log.info("another dispatcher holds the lock; waiting")
+                        waiting_logged = True
+                    if wait_s is not None and time.monotonic() - started > wait_s:
+                        return published
+                    stop.wait(min(1.0, interval_s))
+                    continue
+                published += self.cycle().published
+                if once:
+                    return published
+                stop.wait(interval_s)
+        finally:
+            self.release()
+        return published

@@ -1,0 +1,54 @@
+"""The embedded default: the dispatcher and the task code run in this process.
+
+No broker and no worker processes; the dispatcher publishes into a local list and the
+same ``run_work_item`` a Celery worker runs drains it.  Used by ``stepq run`` and tests.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from models import Database, queries
+from workers.annotate import WorkerRuntime, run_work_item
+from workers.dispatcher import DispatchOptions, Dispatcher
+
+
+def run_in_process(
+    db: Database,
+    runtime: WorkerRuntime,
+    *,
+    on_item: Callable[[int, str], None] | None = None,
+    options: DispatchOptions | None = None,
+) -> dict[str, int]:
+    """Run every pending work item to the end; returns outcome counts."""
+    inbox: deque[int] = deque()
+
+    def publish(ids: Sequence[int]) -> None:
+        inbox.extend(ids)
+
+    dispatcher = Dispatcher(db, publish, options=options, queue_depth=lambda: len(inbox), name=f"embedded:{runtime.name}")
+    outcomes: dict[str, int] = {}
+    if not dispatcher.acquire():
+        from models.errors import StepqError
+
+        raise StepqError("another dispatcher is running against this database; stop it first")
+    try:
+        while True:
+            dispatcher.cycle()
+            if not inbox:
+                break
+            while inbox:
+                work_id = inbox.popleft()
+                status = run_work_item(runtime, work_id).status
+                outcomes[status] = outcomes.get(status, 0) + 1
+                if on_item:
+                    on_item(work_id, status)
+                dispatcher.acquire()
+            with db.session() as s:
+                counts = queries.work_counts(s)
+            if not counts.get("pending") and not counts.get("queued"):
+                break
+    finally:
+        dispatcher.release()
+    return outcomes

@@ -1,0 +1,246 @@
+"""Ingest problems (and optionally given trajectories) from JSONL or JSON-array files.
+
+The whole file is read and validated before anything is written, and then written in
+one transaction: a malformed file is rejected with its file:line and field and nothing
+of it lands.  Records are keyed by their id field or, lacking one, by a hash of their
+content, so re-ingesting a file adds nothing and a grown file adds only its new records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from models import Database, queries
+from models.errors import InputError
+from models.problems import Problem
+from workers.grading import Grader, extract_boxed
+from workers.segmentation import join_steps
+
+QUESTION_FIELDS = ("problem", "question", "prompt")
+ID_FIELDS = ("unique_id", "id", "idx")
+GENERIC_PROMPT = "Solve the problem step by step and give the final answer as \\boxed{{...}}.\n\nProblem: {question}\n\nSolution:\n"
+
+
+@dataclass(frozen=True)
+class FieldMap:
+    """Which record fields hold what; None means auto-detect (or absent, for steps)."""
+
+    question: str | None = None
+    answer: str | None = "answer"
+    id: str | None = None
+    steps: str | None = None
+    outcome: str | None = None
+    first_error: str | None = None
+    answer_format: str = "auto"  # auto | plain | gsm8k
+
+
+@dataclass(frozen=True)
+class Record:
+    line: int
+    external_id: str
+    question: str
+    answer: str
+    meta: dict[str, Any]
+    steps: tuple[str, ...] | None
+    outcome: bool | None
+    first_error: int | None
+
+
+@dataclass(frozen=True)
+class IngestReport:
+    records: int
+    new_problems: int
+    new_trajectories: int
+
+
+def _decode(path: Path, raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise InputError(str(path), line, None, f"not valid UTF-8 (byte 0x{raw[exc.start]:02x})") from None
+
+
+def read_objects(path: Path) -> list[tuple[int, Any]]:
+    """(line, value) for every record of a JSONL file or a JSON array."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(str(path), None, None, f"cannot read file: {exc.strerror}") from None
+    text = _decode(path, raw).replace("\r\n", "\n")
+    if not text.strip():
+        raise InputError(str(path), None, None, "file is empty")
+    if text.lstrip().startswith("["):
+        return _read_array(path, text)
+    out = []
+    for no, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append((no, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise InputError(str(path), no, None, f"invalid JSON: {exc.msg} at column {exc.colno}") from None
+    return out
+
+
+def _read_array(path: Path, text: str) -> list[tuple[int, Any]]:
+    decoder = json.JSONDecoder()
+    i = text.index("[") + 1
+    out: list[tuple[int, Any]] = []
+
+    def skip(j: int) -> int:
+        while j < len(text) and text[j] in " \t\n\r":
+            j += 1
+        return j
+
+    def fail(j: int, msg: str) -> InputError:
+        return InputError(str(path), text.count("\n", 0, j) + 1, None, msg)
+
+    i = skip(i)
+    if i < len(text) and text[i] == "]":
+        return out
+    while True:
+        i = skip(i)
+        try:
+            value, end = decoder.raw_decode(text, i)
+        except json.JSONDecodeError as exc:
+            raise fail(exc.pos, f"invalid JSON: {exc.msg}") from None
+        out.append((text.count("\n", 0, i) + 1, value))
+        i = skip(end)
+        if i < len(text) and text[i] == ",":
+            i += 1
+            continue
+        if i < len(text) and text[i] == "]":
+            if text[i + 1 :].strip():
+                raise fail(i + 1, "invalid JSON: extra data after the array")
+            return out
+        raise fail(i, "invalid JSON: expected ',' or ']'")
+
+
+def _pick(record: dict[str, Any], given: str | None, candidates: Sequence[str]) -> str | None:
+    if given is not None:
+        return given
+    return next((c for c in candidates if c in record), None)
+
+
+def _text_field(path: Path, line: int, record: dict[str, Any], name: str | None, what: str) -> str:
+    if name is None or name not in record or record[name] is None:
+        raise InputError(str(path), line, name or what, f"missing {what}")
+    value = record[name]
+    if what == "answer" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        raise InputError(str(path), line, name, f"{what} must be a string, not {type(value).__name__}")
+    if not value.strip():
+        raise InputError(str(path), line, name, f"{what} is empty")
+    return value
+
+
+def _final_answer(answer: str, fmt: str) -> str:
+    if fmt == "gsm8k" or (fmt == "auto" and "####" in answer):
+        return answer.rsplit("####", 1)[1].strip()
+    return answer.strip()
+
+
+def parse_records(path: Path, fields: FieldMap) -> list[Record]:
+    """Validate every record of the file; raises InputError on the first bad one."""
+    records: list[Record] = []
+    seen: dict[str, Record] = {}
+    for line, obj in read_objects(path):
+        if not isinstance(obj, dict):
+            raise InputError(str(path), line, None, f"record must be a JSON object, not {type(obj).__name__}")
+        question = _text_field(path, line, obj, _pick(obj, fields.question, QUESTION_FIELDS), "question")
+        answer = "" if fields.answer is None else _final_answer(
+            _text_field(path, line, obj, fields.answer, "answer"), fields.answer_format
+        )
+        if fields.answer is not None and not answer:
+            raise InputError(str(path), line, fields.answer, "no final answer after '####'")
+        steps = None
+        if fields.steps is not None:
+            raw = obj.get(fields.steps)
+            if not isinstance(raw, list) or not raw or not all(isinstance(s, str) and s for s in raw):
+                raise InputError(str(path), line, fields.steps, "steps must be a non-empty list of non-empty strings")
+            steps = tuple(raw)
+        outcome = None
+        if fields.outcome is not None:
+            value = obj.get(fields.outcome)
+            if not isinstance(value, bool):
+                raise InputError(str(path), line, fields.outcome, "outcome must be true or false")
+            outcome = value
+        first_error = None
+        if fields.first_error is not None:
+            value = obj.get(fields.first_error)
+            if not isinstance(value, int) or isinstance(value, bool) or value < -1:
+                raise InputError(str(path), line, fields.first_error, "must be an integer >= -1")
+            first_error = value
+        id_field = _pick(obj, fields.id, ID_FIELDS)
+        if id_field is not None and id_field in obj:
+            ext = obj[id_field]
+            if not isinstance(ext, (str, int)) or isinstance(ext, bool) or str(ext) == "":
+                raise InputError(str(path), line, id_field, "id must be a non-empty string or integer")
+            ext = str(ext)
+        else:
+            ext = hashlib.sha256(f"{question}\x00{answer}".encode()).hexdigest()[:24]
+        meta = {k: v for k, v in obj.items() if isinstance(v, (str, int, float, bool)) and k != id_field}
+        rec = Record(line, ext, question, answer, meta, steps, outcome, first_error)
+        prior = seen.get(ext)
+        if prior is not None:
+            if (prior.question, prior.answer, prior.steps) != (rec.question, rec.answer, rec.steps):
+                raise InputError(str(path), line, id_field, f"id '{ext}' already used on line {prior.line}")
+            continue
+        seen[ext] = rec
+        records.append(rec)
+    return records
+
+
+def ingest_file(
+    db: Database,
+    path: Path,
+    set_name: str,
+    fields: FieldMap,
+    *,
+    prompt_template: str = GENERIC_PROMPT,
+    grader: Grader | None = None,
+) -> IngestReport:
+    """Validate the whole file, then add what is new in one transaction."""
+    records = parse_records(path, fields)
+    grader = grader or Grader()
+    new_problems = new_trajs = 0
+    with db.session() as s:
+        pset = queries.ensure_set(s, set_name)
+        known = queries.existing_problem_ids(s, pset.id, [r.external_id for r in records])
+        fresh = [r for r in records if r.external_id not in known]
+        for start in range(0, len(fresh), 500):
+            new_problems += queries.insert_ignore(s, Problem, [
+                {"problem_set_id": pset.id, "external_id": r.external_id, "question": r.question,
+                 "reference_answer": r.answer, "meta": r.meta}
+                for r in fresh[start : start + 500]
+            ])
+        ids = queries.existing_problem_ids(s, pset.id, [r.external_id for r in records])
+        for r in records:
+            if r.steps is None:
+                continue
+            chunks = join_steps(r.steps)
+            text = "".join(chunks)
+            final = extract_boxed(text)
+            outcome = r.outcome
+            if outcome is None and r.answer:
+                outcome = bool(grader.grade(text, r.answer).reward)
+            truth = [None] * len(chunks) if r.first_error is None else [
+                r.first_error == -1 or i < r.first_error for i in range(len(chunks))
+            ]
+            tid = queries.add_trajectory(
+                s,
+                {"problem_id": ids[r.external_id], "source_key": f"ingested:{path.name}",
+                 "prompt": prompt_template.format(question=r.question), "text": text,
+                 "final_answer": final, "outcome": outcome, "n_chunks": len(chunks),
+                 "segmentation": "given-steps", "generator": "ingested", "seed": None},
+                [{"idx": i + 1, "text": c, "ground_truth": truth[i]} for i, c in enumerate(chunks)],
+            )
+            new_trajs += tid is not None
+    return IngestReport(len(records), new_problems, new_trajs)

@@ -1,0 +1,61 @@
+"""Create a synthetic problem set: problems plus policy trajectories with known truth."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from models import Database, queries
+from models.problems import Problem
+from workers.segmentation import segment
+from workers.synthetic import PROMPT_TEMPLATE, SyntheticPolicy, derive_seed, ground_truth, make_problem
+
+
+@dataclass(frozen=True)
+class SynthReport:
+    new_problems: int
+    new_trajectories: int
+
+
+def synth_set(
+    db: Database,
+    set_name: str,
+    *,
+    problems: int,
+    seed: int = 0,
+    trajectories_per_problem: int = 1,
+    error_rate: float = 0.1,
+    recovery_rate: float = 0.001,
+    latency_s: float = 0.0,
+) -> SynthReport:
+    """Idempotent: the same arguments give the same rows; more problems add only the new."""
+    policy = SyntheticPolicy(error_rate=error_rate, recovery_rate=recovery_rate)
+    config = {"error_rate": error_rate, "recovery_rate": recovery_rate, "latency_s": latency_s}
+    new_p = new_t = 0
+    with db.session() as s:
+        pset = queries.ensure_set(s, set_name, backend="synthetic", backend_config=config, seed=seed)
+        specs = [(f"synth-{seed}-{i}", make_problem(derive_seed("problem", seed, i))) for i in range(problems)]
+        new_p = queries.insert_ignore(s, Problem, [
+            {"problem_set_id": pset.id, "external_id": ext, "question": p.question,
+             "reference_answer": str(p.answer), "meta": {"steps": len(p.ops)}}
+            for ext, p in specs
+        ])
+        ids = queries.existing_problem_ids(s, pset.id, [ext for ext, _ in specs])
+        for ext, problem in specs:
+            for t in range(trajectories_per_problem):
+                traj_seed = derive_seed("trajectory", seed, ext, t)
+                steps = policy.solve(problem, traj_seed)
+                text = "".join(st.text for st in steps)
+                seg = segment(text, "step-markers")
+                assert len(seg.chunks) == len(steps)
+                truth = ground_truth(steps)
+                tid = queries.add_trajectory(
+                    s,
+                    {"problem_id": ids[ext], "source_key": f"policy:{t}",
+                     "prompt": PROMPT_TEMPLATE.format(question=problem.question), "text": text,
+                     "final_answer": str(steps[-1].value), "outcome": steps[-1].value == problem.answer,
+                     "n_chunks": len(steps), "segmentation": seg.method,
+                     "generator": f"synthetic(err={error_rate:g},rec={recovery_rate:g})", "seed": traj_seed},
+                    [{"idx": i + 1, "text": c, "ground_truth": g} for i, (c, g) in enumerate(zip(seg.chunks, truth, strict=True))],
+                )
+                new_t += tid is not None
+    return SynthReport(new_p, new_t)

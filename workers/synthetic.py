@@ -1,0 +1,160 @@
+"""A seeded synthetic arithmetic policy whose every step's correctness is known exactly.
+
+Problems are chains of integer operations ("Start with 12. Add 7. Multiply by 3.").  The
+policy writes one ``Step i: a op x = v.`` chunk per operation; each step is wrong with
+probability ``error_rate`` (off by a small non-zero amount), errors carry to the final
+``\\boxed{}`` answer, and once wrong a step recovers the true value with the small
+probability ``recovery_rate``.  Continuations from any prefix follow the same rules, read
+from the text itself, so this is a real text-in/text-out policy: the ground truth for
+testing labels and the stand-in model for benchmarks (no weights are needed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+PROMPT_TEMPLATE = (
+    "Solve the problem step by step. Write each step as 'Step n: ...' on its own "
+    "paragraph and give the final answer as \\boxed{{...}}.\n\n"
+    "Problem: {question}\n\nSolution:\n"
+)
+_OPS = {"Add": "+", "Subtract": "-", "Multiply by": "*"}
+_QUESTION = re.compile(r"Problem: (Start with (-?\d+)\.((?: (?:Add|Subtract|Multiply by) \d+\.)+) What is the result\?)")
+_OP = re.compile(r"(Add|Subtract|Multiply by) (\d+)\.")
+_STEP = re.compile(r"Step (\d+): (-?\d+) ([+*-]) (\d+) = (-?\d+)\.")
+
+
+def derive_seed(*parts: object) -> int:
+    """A stable 31-bit seed from any parts (Python's hash() is salted per process)."""
+    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & 0x7FFFFFFF
+
+
+@dataclass(frozen=True)
+class ArithmeticProblem:
+    start: int
+    ops: tuple[tuple[str, int], ...]
+
+    @property
+    def question(self) -> str:
+        body = " ".join(f"{name} {x}." for name, x in self.ops)
+        return f"Start with {self.start}. {body} What is the result?"
+
+    def true_values(self) -> list[int]:
+        """The correct running value after each step."""
+        values, v = [], self.start
+        for name, x in self.ops:
+            v = apply(name, v, x)
+            values.append(v)
+        return values
+
+    @property
+    def answer(self) -> int:
+        return self.true_values()[-1]
+
+
+def apply(name: str, value: int, x: int) -> int:
+    if name == "Add":
+        return value + x
+    if name == "Subtract":
+        return value - x
+    return value * x
+
+
+def make_problem(seed: int, min_steps: int = 3, max_steps: int = 8) -> ArithmeticProblem:
+    rng = random.Random(seed)
+    start = rng.randint(2, 30)
+    ops: list[tuple[str, int]] = []
+    v = start
+    for _ in range(rng.randint(min_steps, max_steps)):
+        name = rng.choice(["Add", "Subtract", "Multiply by"] if abs(v) < 100 else ["Add", "Subtract"])
+        x = rng.randint(2, 5) if name == "Multiply by" else rng.randint(1, 40)
+        ops.append((name, x))
+        v = apply(name, v, x)
+    return ArithmeticProblem(start, tuple(ops))
+
+
+def parse_problem(prompt: str) -> ArithmeticProblem:
+    """Read the problem back from a policy prompt (the backend sees only text)."""
+    m = _QUESTION.search(prompt)
+    if not m:
+        raise ValueError("prompt holds no synthetic arithmetic problem")
+    ops = tuple((name, int(x)) for name, x in _OP.findall(m.group(3)))
+    return ArithmeticProblem(int(m.group(2)), ops)
+
+
+@dataclass(frozen=True)
+class Step:
+    text: str
+    value: int
+    correct: bool  # this step's value equals the true running value
+
+
+@dataclass(frozen=True)
+class SyntheticPolicy:
+    error_rate: float = 0.1
+    recovery_rate: float = 0.001
+
+    def continue_steps(
+        self, problem: ArithmeticProblem, done: int, value: int, rng: random.Random
+    ) -> list[Step]:
+        """Write steps ``done+1 .. n`` starting from running value ``value``."""
+        truth = problem.true_values()
+        steps: list[Step] = []
+        n = len(problem.ops)
+        for i in range(done, n):
+            name, x = problem.ops[i]
+            correct_next = apply(name, value, x)
+            if value != (truth[i - 1] if i else problem.start) and rng.random() < self.recovery_rate:
+                new = truth[i]
+            elif rng.random() < self.error_rate:
+                delta = rng.choice([-1, 1]) * rng.randint(1, 9)
+                new = correct_next + delta
+                if new == truth[i]:  # an error never lands on the truth by luck
+                    new += delta
+            else:
+                new = correct_next
+            text = f"Step {i + 1}: {value} {_OPS[name]} {x} = {new}."
+            text += f"\nThe final answer is \\boxed{{{new}}}." if i == n - 1 else "\n\n"
+            steps.append(Step(text, new, new == truth[i]))
+            value = new
+        return steps
+
+    def solve(self, problem: ArithmeticProblem, seed: int) -> list[Step]:
+        return self.continue_steps(problem, 0, problem.start, random.Random(seed))
+
+    def continue_text(self, prompt: str, prefix: str, seed: int) -> str:
+        """Continue ``prefix`` (the assistant text so far) under the same rules."""
+        problem = parse_problem(prompt)
+        found = _STEP.findall(prefix)
+        done = len(found)
+        if done >= len(problem.ops):
+            return ""
+        value = int(found[-1][4]) if found else problem.start
+        return "".join(s.text for s in self.continue_steps(problem, done, value, random.Random(seed)))
+
+
+def ground_truth(steps: Sequence[Step]) -> list[bool]:
+    """Chunk i is right iff it and every chunk before it are error-free."""
+    out, ok = [], True
+    for s in steps:
+        ok = ok and s.correct
+        out.append(ok)
+    return out
+
+
+def true_q(policy: SyntheticPolicy, problem: ArithmeticProblem, done: int, value: int,
+           samples: int = 20000, seed: int = 0) -> float:
+    """Monte Carlo estimate of the true Q of a prefix, with many samples (benchmarks)."""
+    rng = random.Random(seed)
+    answer = problem.answer
+    hits = sum(
+        policy.continue_steps(problem, done, value, rng)[-1].value == answer if done < len(problem.ops)
+        else value == answer
+        for _ in range(samples)
+    )
+    return hits / samples
