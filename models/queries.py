@@ -36,8 +36,10 @@ def insert_ignore(session: Session, model: Any, rows: Sequence[dict[str, Any]]) 
     """Insert rows, skipping those that hit a unique key; returns how many were new."""
     if not rows:
         return 0
-    result = session.execute(_insert(session, model).values(list(rows)).on_conflict_do_nothing())
-    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+    # RETURNING, not rowcount: drivers disagree on rowcount for multi-row inserts.
+    key = list(model.__table__.primary_key.columns)
+    stmt = _insert(session, model).values(list(rows)).on_conflict_do_nothing().returning(*key)
+    return len(session.execute(stmt).all())
 
 
 # --- problem sets -------------------------------------------------------------------

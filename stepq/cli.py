@@ -265,3 +265,21 @@ def run(set_name: str, n_synth: int, m: int, seed: int) -> None:
 
     settings = _settings()
     run_embedded(settings, set_name, n_synth=n_synth, m=m, seed=seed, echo=click.echo)
+
+
+@main.command()
+@click.option("--port", type=int, default=5555, show_default=True)
+@click.option("--address", default="0.0.0.0", show_default=True)
+@friendly
+def flower(port: int, address: str) -> None:
+    """Celery's Flower dashboard for the stepq queue (needs the 'flower' extra)."""
+    from workers.celery_app import create_app
+
+    try:
+        import flower as _flower  # noqa: F401
+    except ImportError:
+        from models.errors import ConfigError
+
+        raise ConfigError("Flower is not installed: pip install 'stepq[flower]'") from None
+    settings = _settings()
+    create_app(settings.celery_options()).start(["flower", f"--port={port}", f"--address={address}"])

@@ -16,7 +16,7 @@ from models.errors import StepqError
 CHUNK_OPEN = "<chunk>"
 CHUNK_CLOSE = "</chunk>"
 _STEP_MARKER = re.compile(r"(?m)^[ \t]*(?:\*\*)?Step\s+\d+\s*(?:\*\*)?\s*[:.]")
-_BLANK_LINES = re.compile(r"\n[ \t]*\n\s*")
+_BLANK_LINES = re.compile(r"\n[ \t\r]*\n\s*")
 
 
 class SegmentationError(StepqError):
@@ -33,9 +33,11 @@ class Segmentation:
         return "".join(self.chunks)
 
 
-def _cut(text: str, starts: Sequence[int]) -> list[str]:
-    """Cut ``text`` at ``starts``; text before the first start joins the first chunk."""
+def _cut(text: str, starts: Sequence[int], *, preamble_joins_first: bool = False) -> list[str]:
+    """Cut ``text`` at ``starts``; optionally text before the first start joins the first chunk."""
     bounds = sorted({s for s in starts if 0 < s < len(text)})
+    if preamble_joins_first and starts and min(starts) > 0:
+        bounds = bounds[1:]
     edges = [0, *bounds, len(text)]
     return [text[a:b] for a, b in zip(edges, edges[1:], strict=False) if b > a]
 
@@ -45,7 +47,7 @@ def split_chunk_tags(text: str) -> list[str]:
     starts = [m.start() for m in re.finditer(re.escape(CHUNK_OPEN), text)]
     if not starts:
         raise SegmentationError("no <chunk> tags in the text")
-    return _cut(text, starts)
+    return _cut(text, starts, preamble_joins_first=True)
 
 
 def split_step_markers(text: str) -> list[str]:
@@ -53,7 +55,7 @@ def split_step_markers(text: str) -> list[str]:
     starts = [m.start() for m in _STEP_MARKER.finditer(text)]
     if not starts:
         raise SegmentationError("no 'Step n:' markers in the text")
-    return _cut(text, starts)
+    return _cut(text, starts, preamble_joins_first=True)
 
 
 def split_blank_lines(text: str, max_chars: int = 600) -> list[str]:

@@ -1,0 +1,15 @@
+# One image for every stepq service.  EXTRAS=vllm builds the GPU worker image
+# (vLLM brings its own CUDA build of torch); the default image runs the dispatcher,
+# migrations, Flower and workers with the synthetic or remote (OpenAI-compatible) backends.
+FROM python:3.11-slim
+ARG EXTRAS=flower
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY stepq stepq
+COPY models models
+COPY workers workers
+COPY trainer trainer
+COPY migrations migrations
+RUN pip install --no-cache-dir ".[${EXTRAS}]"
+ENTRYPOINT ["stepq"]
+CMD ["--help"]

@@ -1,0 +1,109 @@
+"""The command line: the embedded default end to end, and errors as messages with exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from models import Database
+from stepq.settings import Settings
+from workers.synth import synth_set
+
+
+def _run(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
+    base.update(env or {})
+    return subprocess.run([sys.executable, "-m", "stepq", *args], cwd=cwd, env=base, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_run_completes_from_an_empty_directory_without_services(tmp_path: Path) -> None:
+    # The broker points at a closed port: the embedded default must not need it.
+    env = {"STEPQ_BROKER_URL": "redis://127.0.0.1:1/0"}
+    proc = _run(["run", "--synthetic", "20", "--rollouts", "4"], tmp_path, env)
+    assert proc.returncode == 0, proc.stderr
+    assert "label accuracy against ground truth" in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("stepq.db-")) == ["stepq.db"]
+    with sqlite3.connect(tmp_path / "stepq.db") as conn:
+        done, planned, labelled, chunks = conn.execute(
+            "SELECT rollouts_done, rollouts_planned, labelled_chunks, chunks FROM annotation_progress").fetchone()
+    assert done == planned > 0 and labelled == chunks
+    again = _run(["run", "--synthetic", "20", "--rollouts", "4"], tmp_path, env)
+    assert again.returncode == 0 and "work items: {}" in again.stdout, "a second run has nothing to do"
+    status = _run(["status", "--json"], tmp_path, env)
+    row = json.loads(status.stdout)["sets"][0]
+    assert row["problem_set"] == "demo" and row["rollouts_done"] == done
+
+
+def test_label_recomputes_another_rule_without_sampling(tmp_path: Path) -> None:
+    assert _run(["run", "--synthetic", "10", "--rollouts", "4"], tmp_path).returncode == 0
+    with sqlite3.connect(tmp_path / "stepq.db") as conn:
+        rollouts = conn.execute("SELECT count(*) FROM rollouts").fetchone()[0]
+    proc = _run(["label", "--set", "demo", "--rule", "rel-ratio:gamma=0.7"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    with sqlite3.connect(tmp_path / "stepq.db") as conn:
+        rules = dict(conn.execute("SELECT rule, count(*) FROM chunk_labels GROUP BY rule").fetchall())
+        assert conn.execute("SELECT count(*) FROM rollouts").fetchone()[0] == rollouts
+    assert set(rules) == {"abs-q", "rel-ratio:gamma=0.7"} and rules["abs-q"] == rules["rel-ratio:gamma=0.7"]
+
+
+@pytest.mark.parametrize(("args", "env", "code", "message"), [
+    (["annotate", "--set", "nope", "--rollouts", "4"], {}, 4, "no problem set named 'nope'"),
+    (["status"], {"STEPQ_LEASE_TTL_S": "soon"}, 2, "STEPQ_LEASE_TTL_S='soon' is not a valid float"),
+    (["status"], {"STEPQ_DATABASE_URL": "mysql://x"}, 2, "must be a sqlite:// or postgresql:// URL"),
+    (["status"], {"STEPQ_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/none"}, 5, "cannot reach database"),
+    (["label", "--set", "demo", "--rule", "best-guess"], {}, 2, "unknown label rule 'best-guess'"),
+])
+def test_errors_are_messages_with_exit_codes(tmp_path: Path, args: list[str], env: dict[str, str], code: int,
+                                             message: str) -> None:
+    Database(f"sqlite:///{tmp_path / 'stepq.db'}")
+    from migrations import upgrade
+
+    upgrade(f"sqlite:///{tmp_path / 'stepq.db'}")
+    proc = _run(args, tmp_path, env)
+    assert proc.returncode == code, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_unmigrated_database_says_so(tmp_path: Path) -> None:
+    proc = _run(["status"], tmp_path, {"STEPQ_DATABASE_URL": f"sqlite:///{tmp_path / 'fresh.db'}"})
+    assert proc.returncode == 5 and "not migrated: run 'stepq db upgrade'" in proc.stderr
+
+
+def test_db_upgrade_reports_the_revision(tmp_path: Path) -> None:
+    proc = _run(["db", "upgrade"], tmp_path)
+    assert proc.returncode == 0 and "database at revision 20261122_0001" in proc.stdout
+
+
+def test_dispatch_with_the_broker_down_fails_clearly_and_keeps_work_pending(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'stepq.db'}"
+    from migrations import upgrade
+
+    upgrade(url)
+    db = Database(url)
+    synth_set(db, "s", problems=2)
+    env = {"STEPQ_DATABASE_URL": url, "STEPQ_BROKER_URL": "redis://127.0.0.1:1/0"}
+    assert _run(["annotate", "--set", "s", "--rollouts", "2"], tmp_path, env).returncode == 0
+    proc = _run(["dispatch", "--once"], tmp_path, env, timeout=120)
+    assert proc.returncode == 6, proc.stderr
+    assert "broker" in proc.stderr and "Traceback" not in proc.stderr
+    with sqlite3.connect(tmp_path / "stepq.db") as conn:
+        assert conn.execute("SELECT state, count(*) FROM rollout_work GROUP BY state").fetchall() == [("pending", 2)]
+
+
+def test_settings_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    s = Settings.from_env({"STEPQ_BATCH_ROLLOUTS": "64", "STEPQ_DATABASE_URL": "postgresql://u@h/db"})
+    assert s.batch_rollouts == 64
+    assert s.database_url == "postgresql+psycopg://u@h/db"
+    assert Settings.from_env({}).database_url == f"sqlite:///{tmp_path / 'stepq.db'}"
+    from models.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="VISIBILITY_TIMEOUT_S must exceed"):
+        Settings.from_env({"STEPQ_VISIBILITY_TIMEOUT_S": "10", "STEPQ_LEASE_TTL_S": "60"})

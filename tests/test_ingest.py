@@ -1,0 +1,134 @@
+"""Ingestion: the real public files as they are, idempotence, and bad input changing nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import select
+
+from models import Chunk, Database, Problem, Trajectory
+from stepq.cli import main
+from tests.conftest import DATA, table_counts
+from workers.ingest import FieldMap, ingest_file
+
+
+def _cli(db: Database, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args), env={"STEPQ_DATABASE_URL": db.url})
+    return result.exit_code, result.output
+
+
+def test_math500_as_it_is(any_db: Database) -> None:
+    report = ingest_file(any_db, DATA / "math500_test.jsonl", "math500", FieldMap())
+    assert (report.records, report.new_problems) == (500, 500)
+    with any_db.session() as s:
+        p = s.scalar(select(Problem).where(Problem.external_id == "test/precalculus/807.json"))
+        assert p is not None and p.reference_answer == "\\left( 3, \\frac{\\pi}{2} \\right)"
+        assert p.meta["subject"] == "Precalculus"
+    again = ingest_file(any_db, DATA / "math500_test.jsonl", "math500", FieldMap())
+    assert again.new_problems == 0
+
+
+def test_gsm8k_final_answer_after_hashes(any_db: Database) -> None:
+    report = ingest_file(any_db, DATA / "gsm8k_test.jsonl", "gsm8k", FieldMap())
+    assert report.new_problems == 1319
+    with any_db.session() as s:
+        answers = list(s.scalars(select(Problem.reference_answer)))
+    assert "18" in answers and all("####" not in a for a in answers)
+
+
+def test_grown_file_adds_only_new_records(any_db: Database, tmp_path: Path) -> None:
+    lines = (DATA / "gsm8k_test.jsonl").read_text().splitlines()
+    f = tmp_path / "part.jsonl"
+    f.write_text("\n".join(lines[:10]) + "\n")
+    assert ingest_file(any_db, f, "g", FieldMap()).new_problems == 10
+    f.write_text("\n".join(lines[:15]) + "\n")
+    assert ingest_file(any_db, f, "g", FieldMap()).new_problems == 5
+    with any_db.session() as s:
+        assert len(list(s.scalars(select(Problem.id)))) == 15
+
+
+def test_ordinary_variations_are_accepted(any_db: Database, tmp_path: Path) -> None:
+    f = tmp_path / "v.jsonl"
+    body = '{"question": "1+1?", "answer": "2"}\r\n\r\n  \r\n{"question": "2+2?", "answer": 4}\r\n'
+    f.write_bytes(b"\xef\xbb\xbf" + body.encode())
+    assert ingest_file(any_db, f, "v", FieldMap()).new_problems == 2
+    arr = tmp_path / "a.json"
+    arr.write_text(json.dumps([{"problem": "3+3?", "answer": "6", "id": 7}], indent=2))
+    assert ingest_file(any_db, arr, "v", FieldMap()).new_problems == 1
+
+
+def test_processbench_steps_become_chunks_as_given(any_db: Database) -> None:
+    fields = FieldMap(answer=None, steps="steps", outcome="final_answer_correct", first_error="label")
+    report = ingest_file(any_db, DATA / "processbench" / "gsm8k.json", "pb", fields)
+    assert (report.records, report.new_trajectories) == (400, 400)
+    raw = json.loads((DATA / "processbench" / "gsm8k.json").read_text())
+    first = raw[0]
+    with any_db.session() as s:
+        p = s.scalar(select(Problem).where(Problem.external_id == first["id"]))
+        assert p is not None
+        t = s.scalar(select(Trajectory).where(Trajectory.problem_id == p.id))
+        assert t is not None and t.outcome == first["final_answer_correct"]
+        chunks = list(s.scalars(select(Chunk).where(Chunk.trajectory_id == t.id).order_by(Chunk.idx)))
+    assert [c.text.rstrip("\n") for c in chunks] == [st.rstrip("\n") for st in first["steps"]]
+    assert "".join(c.text for c in chunks) == t.text
+    assert [c.ground_truth for c in chunks] == [i < first["label"] or first["label"] == -1
+                                               for i in range(len(chunks))]
+    assert ingest_file(any_db, DATA / "processbench" / "gsm8k.json", "pb", fields).new_trajectories == 0
+
+
+BAD_INPUTS = [
+    ("invalid-json.jsonl", b'{"question": "a", "answer": "1"}\n{"question": "b", "answer": \n', 2, None,
+     "invalid JSON"),
+    ("missing-question.jsonl", b'{"question": "a", "answer": "1"}\n\n{"answer": "2"}\n', 3, "question",
+     "missing question"),
+    ("empty-answer.jsonl", b'{"question": "a", "answer": "1"}\n{"question": "b", "answer": "  "}\n', 2, "answer",
+     "answer is empty"),
+    ("wrong-type.jsonl", b'{"question": ["a"], "answer": "1"}\n', 1, "question", "must be a string"),
+    ("not-object.jsonl", b'{"question": "a", "answer": "1"}\n[1, 2]\n', 2, None, "must be a JSON object"),
+    ("empty.jsonl", b"\n \n", None, None, "file is empty"),
+    ("bad-bytes.jsonl", b'{"question": "a", "answer": "1"}\n{"question": "b\xff", "answer": "2"}\n', 2, None,
+     "not valid UTF-8"),
+    ("bad-array.json", b'[\n  {"question": "a", "answer": "1"},\n  {"question": "b", "answer": null}\n]\n', 3,
+     "answer", "missing answer"),
+    ("truncated-array.json", b'[\n  {"question": "a", "answer": "1"},\n  {"question": "b"', 3, None,
+     "invalid JSON"),
+    ("gsm8k-no-final.jsonl", b'{"question": "a", "answer": "work\\n#### "}\n', 1, "answer", "no final answer"),
+]
+
+
+@pytest.mark.parametrize(("name", "content", "line", "field", "reason"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_input_is_rejected_and_changes_nothing(
+    any_db: Database, tmp_path: Path, name: str, content: bytes, line: int | None, field: str | None, reason: str
+) -> None:
+    ingest_file(any_db, DATA / "math500_test.jsonl", "keep", FieldMap())
+    before = table_counts(any_db)
+    bad = tmp_path / name
+    bad.write_bytes(content)
+    code, output = _cli(any_db, "ingest", str(bad), "--set", "new-set")
+    assert code == 3, output
+    where = f"{bad}:{line}" if line else str(bad)
+    assert where in output and reason in output
+    if field:
+        assert f"field '{field}'" in output
+    assert "Traceback" not in output
+    assert table_counts(any_db) == before
+
+
+def test_cli_exit_code_and_message_in_a_real_process(sqlite: Database, tmp_path: Path) -> None:
+    bad = tmp_path / "x.jsonl"
+    bad.write_text('{"question": "q"}\n')
+    env = {"STEPQ_DATABASE_URL": sqlite.url, "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-m", "stepq", "ingest", str(bad), "--set", "s"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3
+    assert proc.stderr.strip() == f"stepq: error: {bad}:1: field 'answer': missing answer"
+
+
+def test_missing_file_is_a_clear_error(sqlite: Database, tmp_path: Path) -> None:
+    code, output = _cli(sqlite, "ingest", str(tmp_path / "nope.jsonl"), "--set", "s")
+    assert code == 3 and "cannot read file" in output

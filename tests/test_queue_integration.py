@@ -1,0 +1,157 @@
+"""The pipeline through PostgreSQL + Redis + real `stepq worker` processes.
+
+Covers: exact rollout counts and Q-values, SIGKILL of a worker mid-run, a flushed broker
+mid-run, two dispatchers at once, and Abs-Q label accuracy against the synthetic truth.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import redis
+from sqlalchemy import text
+
+from models import Database, queries
+from tests.conftest import Cluster, wait_for
+from tests.pipeline_checks import assert_exact, label_accuracy
+
+pytestmark = pytest.mark.integration
+
+
+def _rollouts(db: Database) -> int:
+    with db.engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM rollouts")).scalar_one())
+
+
+def _all_done(db: Database) -> bool:
+    with db.session() as s:
+        counts = queries.work_counts(s)
+    return bool(counts) and set(counts) == {"done"}
+
+
+def _dispatcher(cluster: Cluster) -> subprocess.Popen[bytes]:
+    log = (cluster.logs / "dispatcher.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "stepq", "dispatch"], env=cluster.env, stdout=log,
+                            stderr=subprocess.STDOUT, cwd=cluster.logs)
+    cluster.procs.append(proc)
+    return proc
+
+
+def _prepare(cluster: Cluster, name: str, problems: int, m: int, *, seed: int = 1, latency: float = 0.0) -> None:
+    cluster.cli("synth", "--set", name, "--problems", str(problems), "--seed", str(seed),
+                "--latency-s", str(latency))
+    cluster.cli("annotate", "--set", name, "--rollouts", str(m))
+
+
+def test_annotation_is_exact_through_the_queue(cluster: Cluster, pg: Database) -> None:
+    _prepare(cluster, "exact", problems=60, m=8)
+    cluster.start_worker("w1")
+    cluster.start_worker("w2")
+    _dispatcher(cluster)
+    wait_for(lambda: _all_done(pg), 180, "all work done")
+    total = assert_exact(pg, "exact", 8)
+    assert total > 60 * 3 * 8
+    with pg.engine.connect() as conn:
+        workers = {w for (w,) in conn.execute(text("SELECT DISTINCT worker FROM rollouts"))}
+    assert len(workers) == 2, "both worker processes took work"
+    status = cluster.cli("status", "--json").stdout
+    import json
+
+    row = json.loads(status)["sets"][0]
+    assert row["rollouts_done"] == row["rollouts_planned"] == total
+    assert row["labelled_chunks"] == row["chunks"]
+
+
+def test_sigkill_worker_mid_run_loses_and_duplicates_nothing(cluster: Cluster, pg: Database) -> None:
+    _prepare(cluster, "kill", problems=50, m=8, latency=0.004)
+    victim = cluster.start_worker("victim")
+    _dispatcher(cluster)
+    wait_for(lambda: _rollouts(pg) > 300, 120, "the run to be under way")
+
+    def frozen_holding_a_lease() -> bool:
+        # Freeze the worker, then look: a frozen process cannot change what it holds.
+        victim.send_signal(signal.SIGSTOP)
+        with pg.engine.connect() as conn:
+            held = conn.execute(text("SELECT count(*) FROM rollout_work WHERE state = 'running' "
+                                     "AND lease_owner = 'victim'")).scalar_one()
+        if not held:
+            victim.send_signal(signal.SIGCONT)
+        return bool(held)
+
+    wait_for(frozen_holding_a_lease, 60, "the victim to hold a lease", interval=0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=10)
+    assert not _all_done(pg)
+    cluster.start_worker("rescuer")
+    wait_for(lambda: _all_done(pg), 240, "all work done after the kill")
+    assert_exact(pg, "kill", 8)
+    with pg.engine.connect() as conn:
+        retried = conn.execute(text("SELECT count(*) FROM rollout_work WHERE attempts > 1")).scalar_one()
+        by_worker = dict(conn.execute(text("SELECT worker, count(*) FROM rollouts GROUP BY worker")).all())
+    assert retried >= 1, "the killed worker's item was rescheduled after its lease expired"
+    assert by_worker.get("victim", 0) > 0 and by_worker.get("rescuer", 0) > 0
+
+
+def test_flushed_broker_mid_run_is_rescheduled(cluster: Cluster, pg: Database, redis_client: redis.Redis) -> None:
+    _prepare(cluster, "flush", problems=50, m=8, latency=0.003)
+    cluster.start_worker("w1")
+    _dispatcher(cluster)
+    wait_for(lambda: _rollouts(pg) > 200, 120, "the run to be under way")
+    queue = cluster.env["STEPQ_QUEUE"]
+    assert redis_client.llen(queue) > 0, "messages were waiting when the broker lost them"
+    redis_client.flushdb()
+    assert redis_client.llen(queue) == 0
+    wait_for(lambda: _all_done(pg), 240, "all work done after the flush")
+    assert_exact(pg, "flush", 8)
+    with pg.engine.connect() as conn:
+        republished = conn.execute(text("SELECT count(*) FROM rollout_work WHERE enqueue_count > 1")).scalar_one()
+    assert republished >= 1
+
+
+def test_two_dispatchers_do_not_double_schedule(cluster: Cluster, pg: Database, redis_client: redis.Redis) -> None:
+    _prepare(cluster, "twice", problems=40, m=4)
+    args = [sys.executable, "-m", "stepq", "dispatch", "--once", "--wait", "60"]
+    procs = [subprocess.Popen(args, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=cluster.logs) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    published = sorted(int(out.split()[1]) for out, _ in outs)
+    with pg.engine.connect() as conn:
+        n_traj = conn.execute(text("SELECT count(*) FROM trajectories")).scalar_one()
+        enqueued = conn.execute(text("SELECT sum(enqueue_count), max(enqueue_count) FROM rollout_work")).one()
+    assert published == [0, n_traj]
+    assert enqueued == (n_traj, 1)
+    assert redis_client.llen(cluster.env["STEPQ_QUEUE"]) == n_traj
+
+
+def test_abs_q_labels_match_ground_truth(cluster: Cluster, pg: Database) -> None:
+    _prepare(cluster, "truth", problems=150, m=16, seed=7)
+    cluster.start_worker("w1")
+    cluster.start_worker("w2")
+    _dispatcher(cluster)
+    wait_for(lambda: _all_done(pg), 240, "all work done")
+    assert_exact(pg, "truth", 16)
+    wrong_negative, right_positive, n_wrong, n_right = label_accuracy(pg, "truth")
+    assert n_wrong >= 50 and n_right >= 200
+    assert wrong_negative >= 0.90, wrong_negative
+    assert right_positive >= 0.90, right_positive
+
+
+def test_raising_the_budget_schedules_only_the_missing(cluster: Cluster, pg: Database) -> None:
+    _prepare(cluster, "grow", problems=20, m=4)
+    cluster.start_worker("w1")
+    _dispatcher(cluster)
+    wait_for(lambda: _all_done(pg), 120, "M=4 done")
+    with pg.engine.connect() as conn:
+        first = {r[0] for r in conn.execute(text("SELECT id FROM rollouts"))}
+    cluster.cli("annotate", "--set", "grow", "--rollouts", "6")
+    time.sleep(0.5)
+    wait_for(lambda: _all_done(pg), 120, "M=6 done")
+    assert_exact(pg, "grow", 6)
+    with pg.engine.connect() as conn:
+        kept = {r[0] for r in conn.execute(text("SELECT id FROM rollouts WHERE sample_idx < 4"))}
+    assert kept == first, "the first four samples per prefix were kept, not redone"

@@ -1,0 +1,100 @@
+"""The synthetic policy: deterministic, text-in/text-out, with exactly known step truth."""
+
+from __future__ import annotations
+
+import random
+
+from workers.backends import GenerationRequest, SamplingParams, make_backend
+from workers.grading import Grader
+from workers.segmentation import segment
+from workers.synthetic import (
+    PROMPT_TEMPLATE,
+    SyntheticPolicy,
+    derive_seed,
+    ground_truth,
+    make_problem,
+    parse_problem,
+    true_q,
+)
+
+
+def test_problems_round_trip_through_their_prompt() -> None:
+    for seed in range(50):
+        p = make_problem(seed)
+        assert 3 <= len(p.ops) <= 8
+        assert parse_problem(PROMPT_TEMPLATE.format(question=p.question)) == p
+
+
+def test_error_free_policy_solves_everything() -> None:
+    policy = SyntheticPolicy(error_rate=0.0, recovery_rate=0.0)
+    for seed in range(30):
+        p = make_problem(seed)
+        steps = policy.solve(p, seed)
+        assert [s.value for s in steps] == p.true_values()
+        assert all(ground_truth(steps))
+        text = "".join(s.text for s in steps)
+        assert Grader().grade(text, str(p.answer)).reward == 1
+        assert len(segment(text, "step-markers").chunks) == len(p.ops)
+
+
+def test_errors_propagate_and_never_land_on_the_truth_by_luck() -> None:
+    policy = SyntheticPolicy(error_rate=0.5, recovery_rate=0.0)
+    for seed in range(200):
+        p = make_problem(seed)
+        steps = policy.solve(p, seed)
+        truth = ground_truth(steps)
+        if not all(truth):
+            first = truth.index(False)
+            assert all(not t for t in truth[first:])
+            assert all(not s.correct for s in steps[first:]), "without recovery an error is never undone"
+            assert steps[-1].value != p.answer
+
+
+def test_recovery_happens_at_its_rate() -> None:
+    policy = SyntheticPolicy(error_rate=0.0, recovery_rate=0.5)
+    p = make_problem(1)
+    rng = random.Random(0)
+    wrong_start = p.start + 1
+    ends = [policy.continue_steps(p, 0, wrong_start, rng)[-1].value == p.answer for _ in range(400)]
+    expected = 1 - 0.5 ** len(p.ops)
+    assert abs(sum(ends) / 400 - expected) < 0.08
+
+
+def test_continuation_reads_the_prefix_and_is_seeded() -> None:
+    policy = SyntheticPolicy()
+    p = make_problem(4)
+    prompt = PROMPT_TEMPLATE.format(question=p.question)
+    steps = SyntheticPolicy(error_rate=0.0).solve(p, 1)
+    prefix = steps[0].text + steps[1].text
+    a = policy.continue_text(prompt, prefix, seed=5)
+    assert a == policy.continue_text(prompt, prefix, seed=5)
+    assert a.startswith("Step 3: ")
+    assert segment(prefix + a, "step-markers").chunks[:2] == (steps[0].text, steps[1].text)
+    assert policy.continue_text(prompt, "".join(s.text for s in steps), seed=5) == ""
+    others = {policy.continue_text(prompt, prefix, seed=s) for s in range(50)}
+    assert len(others) > 1
+
+
+def test_true_q_matches_the_closed_form_without_recovery() -> None:
+    policy = SyntheticPolicy(error_rate=0.2, recovery_rate=0.0)
+    p = make_problem(9)
+    q = true_q(policy, p, 0, p.start, samples=4000)
+    assert abs(q - 0.8 ** len(p.ops)) < 0.03
+    assert true_q(policy, p, 0, p.start + 1, samples=500) == 0.0
+
+
+def test_backend_batches_with_per_sample_seeds() -> None:
+    backend = make_backend("synthetic", {"error_rate": 0.3})
+    p = make_problem(2)
+    ctx = PROMPT_TEMPLATE.format(question=p.question)
+    reqs = [GenerationRequest(ctx, (1, 2, 3)), GenerationRequest(ctx, (1,))]
+    out = backend.generate(reqs, SamplingParams())
+    assert [len(o) for o in out] == [3, 1]
+    assert out[0][0] == out[1][0], "same seed, same context, same completion"
+    assert all(c.tokens == len(c.text.split()) > 0 for o in out for c in o)
+
+
+def test_derive_seed_is_stable_and_31_bit() -> None:
+    assert derive_seed("a", 1, 2) == derive_seed("a", 1, 2)
+    assert derive_seed("a", 1, 2) != derive_seed("a", 2, 1)
+    assert all(0 <= derive_seed(i) < 2**31 for i in range(100))

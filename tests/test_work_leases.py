@@ -1,0 +1,137 @@
+"""Work items, leases and the dispatcher's bookkeeping, on both dialects."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from sqlalchemy import update
+
+from models import Database, RolloutWork, queries
+from workers.annotate import WorkerOptions, WorkerRuntime, batches, missing_samples, run_work_item
+from workers.dispatcher import DispatchOptions, Dispatcher
+from workers.synth import synth_set
+
+
+def _setup(db: Database, problems: int = 3, m: int = 2) -> None:
+    synth_set(db, "w", problems=problems, seed=2)
+    with db.session() as s:
+        pset = queries.get_set(s, "w")
+        pset.rollouts_per_prefix = m
+        s.flush()
+        queries.plan_work(s, pset.id)
+
+
+def test_missing_samples_and_batches() -> None:
+    done = {0: {0, 1}, 1: {1}}
+    assert missing_samples(done, 3, 3) == [(0, [2]), (1, [0, 2]), (2, [0, 1, 2])]
+    assert missing_samples({0: {0}}, 1, 1) == []
+    plan = batches([(0, [0, 1, 2]), (1, [0, 1, 2]), (2, list(range(7)))], 4)
+    assert plan == [[(0, [0, 1, 2])], [(1, [0, 1, 2])], [(2, [0, 1, 2, 3])], [(2, [4, 5, 6])]]
+    assert sum(len(js) for b in plan for _, js in b) == 13
+    assert batches([(0, [0]), (1, [0]), (2, [0])], 8) == [[(0, [0]), (1, [0]), (2, [0])]]
+
+
+def test_claim_is_exclusive_until_the_lease_expires(any_db: Database) -> None:
+    _setup(any_db)
+    with any_db.session() as s:
+        wid = queries.pending_work_ids(s, 1)[0]
+        assert queries.claim_work(s, wid, "a", ttl=60) is not None
+        assert queries.claim_work(s, wid, "b", ttl=60) is None
+        s.execute(update(RolloutWork).where(RolloutWork.id == wid).values(lease_expires_at=0))
+        item = queries.claim_work(s, wid, "b", ttl=60)
+        assert item is not None and item.lease_owner == "b" and item.attempts == 2
+        assert not queries.renew_lease(s, wid, "a", 60), "the old owner lost it"
+        assert not queries.finish_work(s, wid, "a")
+        assert queries.finish_work(s, wid, "b")
+        assert queries.claim_work(s, wid, "c", ttl=60) is None, "done work is not claimed again"
+
+
+def test_a_redelivered_task_is_a_no_op(any_db: Database) -> None:
+    _setup(any_db)
+    rt = WorkerRuntime(any_db, WorkerOptions(name="x"))
+    with any_db.session() as s:
+        wid = queries.pending_work_ids(s, 1)[0]
+    assert run_work_item(rt, wid).status == "done"
+    assert run_work_item(rt, wid).status == "skipped"
+
+
+def test_concurrent_deliveries_write_each_rollout_once(pg: Database) -> None:
+    _setup(pg, problems=1, m=6)
+    with pg.session() as s:
+        wid = queries.pending_work_ids(s, 1)[0]
+    results: list[str] = []
+
+    def deliver(name: str) -> None:
+        results.append(run_work_item(WorkerRuntime(pg, WorkerOptions(name=name, batch_rollouts=4)), wid).status)
+
+    threads = [threading.Thread(target=deliver, args=(f"t{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results).count("done") == 1 and results.count("skipped") == 3
+    from tests.pipeline_checks import assert_exact
+
+    assert_exact(pg, "w", 6)
+
+
+def test_expired_leases_are_rescheduled_and_give_up_after_max_attempts(any_db: Database) -> None:
+    _setup(any_db, problems=1)
+    published: list[int] = []
+    d = Dispatcher(any_db, published.extend, options=DispatchOptions(max_attempts=2))
+    assert d.cycle().published == 1
+    wid = published[0]
+    with any_db.session() as s:
+        queries.claim_work(s, wid, "dead", ttl=-1)
+    report = d.cycle()
+    assert (report.expired, report.published) == (1, 1)
+    with any_db.session() as s:
+        queries.claim_work(s, wid, "dead-again", ttl=-1)
+    report = d.cycle()
+    assert (report.failed, report.published) == (1, 0)
+    with any_db.session() as s:
+        assert queries.work_counts(s) == {"failed": 1}
+
+
+def test_queued_items_are_republished_when_the_broker_is_empty(any_db: Database) -> None:
+    _setup(any_db, problems=2)
+    published: list[int] = []
+    depth: list[int | None] = [5]
+    d = Dispatcher(any_db, published.extend, queue_depth=lambda: depth[0],
+                   options=DispatchOptions(lost_grace_s=0.0, requeue_after_s=3600))
+    assert d.cycle().published == 2
+    assert d.cycle().published == 0, "messages still in the broker: nothing to do"
+    depth[0] = 0
+    report = d.cycle()
+    assert (report.requeued, report.published) == (2, 2)
+    depth[0] = None
+    assert d.cycle().published == 0, "unknown depth: wait for requeue_after"
+
+
+def test_publish_failure_puts_items_back_to_pending(any_db: Database) -> None:
+    _setup(any_db, problems=2)
+
+    def broken(ids: Sequence[int]) -> None:
+        raise ConnectionError("broker down")
+
+    from models.errors import BrokerError
+
+    d = Dispatcher(any_db, broken)
+    try:
+        d.cycle()
+        raise AssertionError("expected BrokerError")
+    except BrokerError as exc:
+        assert "broker down" in str(exc)
+    with any_db.session() as s:
+        assert queries.work_counts(s) == {"pending": 2}
+
+
+def test_only_one_dispatcher_holds_the_lock(any_db: Database) -> None:
+    a = Dispatcher(any_db, lambda ids: None, name="a")
+    b = Dispatcher(any_db, lambda ids: None, name="b")
+    assert a.acquire() and a.acquire(), "renewable by its owner"
+    assert not b.acquire()
+    assert b.run(once=True, wait_s=0.5) == 0, "b waited and gave up"
+    a.release()
+    assert b.acquire()
