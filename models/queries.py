@@ -36,10 +36,11 @@ def insert_ignore(session: Session, model: Any, rows: Sequence[dict[str, Any]]) 
     """Insert rows, skipping those that hit a unique key; returns how many were new."""
     if not rows:
         return 0
-    # RETURNING, not rowcount: drivers disagree on rowcount for multi-row inserts.
-    key = list(model.__table__.primary_key.columns)
-    stmt = _insert(session, model).values(list(rows)).on_conflict_do_nothing().returning(*key)
-    return len(session.execute(stmt).all())
+    # Core executemany compiles once and batches rows into multi-VALUES statements; RETURNING
+    # (not rowcount, on which drivers disagree) counts the rows that were new.
+    table = model.__table__
+    stmt = _insert(session, table).on_conflict_do_nothing().returning(*table.primary_key.columns)
+    return len(session.connection().execute(stmt, list(rows)).all())
 
 
 # --- problem sets -------------------------------------------------------------------
@@ -179,8 +180,9 @@ def requeue_stale(session: Session, older_than: float) -> int:
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
-def claim_work(session: Session, work_id: int, owner: str, ttl: float) -> RolloutWork | None:
-    """Take the lease on a work item, or None when it is done or another worker holds it."""
+def claim_work(session: Session, work_id: int, owner: str, ttl: float) -> int | None:
+    """Take the lease on a work item; returns its trajectory id, or None when the item is
+    done or another worker holds a live lease on it."""
     now = epoch()
     result = session.execute(
         update(RolloutWork)
@@ -194,10 +196,9 @@ def claim_work(session: Session, work_id: int, owner: str, ttl: float) -> Rollou
         .values(
             state=RUNNING, lease_owner=owner, lease_expires_at=now + ttl, attempts=RolloutWork.attempts + 1
         )
+        .returning(RolloutWork.trajectory_id)
     )
-    if not result.rowcount:  # type: ignore[attr-defined]
-        return None
-    return session.get(RolloutWork, work_id, populate_existing=True)
+    return result.scalar_one_or_none()
 
 
 def renew_lease(session: Session, work_id: int, owner: str, ttl: float) -> bool:
@@ -308,12 +309,12 @@ def q_stats(session: Session, trajectory_id: int, max_sample: int | None = None)
 def upsert_q_values(session: Session, rows: Sequence[dict[str, Any]]) -> None:
     if not rows:
         return
-    stmt = _insert(session, QValue).values(list(rows))
+    stmt = _insert(session, QValue.__table__)
     stmt = stmt.on_conflict_do_update(
         index_elements=["trajectory_id", "prefix_len"],
         set_={k: stmt.excluded[k] for k in ("n_samples", "n_correct", "q", "source")},
     )
-    session.execute(stmt)
+    session.connection().execute(stmt, list(rows))
 
 
 def q_values(session: Session, trajectory_id: int) -> dict[int, QValue]:
@@ -324,12 +325,12 @@ def q_values(session: Session, trajectory_id: int) -> dict[int, QValue]:
 def upsert_labels(session: Session, rows: Sequence[dict[str, Any]]) -> None:
     if not rows:
         return
-    stmt = _insert(session, ChunkLabel).values(list(rows))
+    stmt = _insert(session, ChunkLabel.__table__)
     stmt = stmt.on_conflict_do_update(
         index_elements=["chunk_id", "rule"],
         set_={k: stmt.excluded[k] for k in ("positive", "q_before", "q_after")},
     )
-    session.execute(stmt)
+    session.connection().execute(stmt, list(rows))
 
 
 def set_trajectory_ids(session: Session, set_id: int) -> list[int]:
@@ -367,21 +368,21 @@ def release_lock(session: Session, name: str, owner: str) -> None:
 
 def heartbeat(session: Session, name: str, *, hostname: str, pid: int, backend: str,
               rollouts: int = 0, tokens: int = 0) -> None:
-    insert_ignore(
-        session,
-        Worker,
-        [{"name": name, "hostname": hostname, "pid": pid, "backend": backend,
-          "last_heartbeat": epoch(), "rollouts_done": 0, "tokens_done": 0}],
+    """Record that a worker is alive and what it has done, in one upsert."""
+    stmt = _insert(session, Worker.__table__).values(
+        name=name, hostname=hostname, pid=pid, backend=backend, last_heartbeat=epoch(),
+        rollouts_done=rollouts, tokens_done=tokens,
     )
-    session.execute(
-        update(Worker)
-        .where(Worker.name == name)
-        .values(
-            last_heartbeat=epoch(),
-            rollouts_done=Worker.rollouts_done + rollouts,
-            tokens_done=Worker.tokens_done + tokens,
-        )
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["name"],
+        set_={
+            "last_heartbeat": stmt.excluded.last_heartbeat, "pid": stmt.excluded.pid,
+            "backend": stmt.excluded.backend,
+            "rollouts_done": Worker.__table__.c.rollouts_done + stmt.excluded.rollouts_done,
+            "tokens_done": Worker.__table__.c.tokens_done + stmt.excluded.tokens_done,
+        },
     )
+    session.execute(stmt)
 
 
 def active_workers(session: Session, since: float) -> list[dict[str, Any]]:

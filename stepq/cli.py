@@ -207,7 +207,8 @@ def worker(name: str | None, pool: str, concurrency: int, loglevel: str | None) 
     _db(settings).dispose()
 
     def runtime() -> WorkerRuntime:
-        return WorkerRuntime(Database(settings.database_url, pool_size=2), settings.worker_options(name),
+        database = Database(settings.database_url, pool_size=2, synchronous_commit=settings.synchronous_commit)
+        return WorkerRuntime(database, settings.worker_options(name),
                              Grader(timeout_s=settings.grade_timeout_s))
 
     app = create_app(settings.celery_options(), runtime)

@@ -34,6 +34,8 @@ class Settings:
     lost_grace_s: float = 10.0
     dispatch_interval_s: float = 2.0
     grade_timeout_s: int = 3
+    synchronous_commit: bool = False
+    """PostgreSQL synchronous_commit for workers; off is safe here (see models.db)."""
     log_level: str = "INFO"
 
     @classmethod
@@ -45,6 +47,11 @@ class Settings:
             if raw is None or raw == "":
                 continue
             kind = type(getattr(cls, f.name))
+            if kind is bool:
+                if raw.lower() not in {"1", "0", "true", "false", "on", "off", "yes", "no"}:
+                    raise ConfigError(f"{PREFIX}{f.name.upper()}={raw!r} is not a boolean")
+                values[f.name] = raw.lower() in {"1", "true", "on", "yes"}
+                continue
             try:
                 values[f.name] = kind(raw)
             except ValueError:

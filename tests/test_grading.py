@@ -30,7 +30,10 @@ def test_normalize() -> None:
 
 @pytest.mark.parametrize(("completion", "reference", "reward", "method"), [
     ("\\boxed{97}", "97", 1, "exact"),
-    ("\\boxed{96}", "97", 0, "verify"),
+    ("\\boxed{96}", "97", 0, "numeric"),
+    ("\\boxed{0.50}", "0.5", 1, "numeric"),
+    ("\\boxed{-3}", "3", 0, "numeric"),
+    ("\\boxed{x = 97}", "97", 1, "verify"),
     ("The answer is \\boxed{\\frac{1}{2}}", "0.5", 1, "verify"),
     ("\\boxed{\\dfrac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}", 1, "verify"),
     ("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "\\left( 3, \\frac{\\pi}{2} \\right)", 1, "exact"),

@@ -39,7 +39,8 @@ def test_claim_is_exclusive_until_the_lease_expires(any_db: Database) -> None:
         assert queries.claim_work(s, wid, "a", ttl=60) is not None
         assert queries.claim_work(s, wid, "b", ttl=60) is None
         s.execute(update(RolloutWork).where(RolloutWork.id == wid).values(lease_expires_at=0))
-        item = queries.claim_work(s, wid, "b", ttl=60)
+        assert queries.claim_work(s, wid, "b", ttl=60) is not None
+        item = s.get(RolloutWork, wid, populate_existing=True)
         assert item is not None and item.lease_owner == "b" and item.attempts == 2
         assert not queries.renew_lease(s, wid, "a", 60), "the old owner lost it"
         assert not queries.finish_work(s, wid, "a")

@@ -104,14 +104,12 @@ def run_work_item(rt: WorkerRuntime, work_id: int) -> WorkOutcome:
     """Do (the rest of) one work item; safe to call twice for the same id at once."""
     opts = rt.options
     with rt.db.session() as s:
-        item = queries.claim_work(s, work_id, rt.name, opts.lease_ttl_s)
-        if item is None:
+        trajectory_id = queries.claim_work(s, work_id, rt.name, opts.lease_ttl_s)
+        if trajectory_id is None:
             return WorkOutcome("skipped")
-        trajectory_id = item.trajectory_id
+        ctx = queries.load_work_context(s, trajectory_id)
     written = 0
     try:
-        with rt.db.session() as s:
-            ctx = queries.load_work_context(s, trajectory_id)
         pset, traj, problem = ctx.problem_set, ctx.trajectory, ctx.problem
         if not problem.reference_answer:
             raise ConfigError(f"problem {problem.external_id} has no reference answer to grade against")
@@ -122,8 +120,8 @@ def run_work_item(rt: WorkerRuntime, work_id: int) -> WorkOutcome:
         prefixes = [traj.prompt]
         for chunk in ctx.chunks:
             prefixes.append(prefixes[-1] + chunk.text)
-        todo = missing_samples(ctx.samples_done, traj.n_chunks, m)
-        for batch in batches(todo, opts.batch_rollouts) or [[]]:
+        todo = batches(missing_samples(ctx.samples_done, traj.n_chunks, m), opts.batch_rollouts) or [[]]
+        for number, batch in enumerate(todo, start=1):
             requests = [
                 GenerationRequest(
                     prefixes[k],
@@ -151,8 +149,8 @@ def run_work_item(rt: WorkerRuntime, work_id: int) -> WorkOutcome:
                 refresh_trajectory(s, traj, ctx.chunks, m, rules)
                 queries.heartbeat(s, rt.name, hostname=socket.gethostname(), pid=os.getpid(),
                                   backend=backend.generator, rollouts=len(rows), tokens=tokens)
-        with rt.db.session() as s:
-            queries.finish_work(s, work_id, rt.name)
+                if number == len(todo):  # the last batch commits together with "done"
+                    queries.finish_work(s, work_id, rt.name)
         return WorkOutcome("done", written)
     except LeaseLost as exc:
         log.warning("%s", exc)

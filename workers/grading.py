@@ -17,6 +17,7 @@ from typing import Any
 
 _SPACES = re.compile(r"\s+")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
+_NUMBER = re.compile(r"^-?(?:\d+\.?\d*|\.\d+)$")
 _WRAPPERS = re.compile(r"\\(?:left|right|displaystyle|!|,|;|:)")
 
 
@@ -92,15 +93,21 @@ class Grader:
 
     def grade(self, completion: str, reference: str) -> Grade:
         boxed = extract_boxed(completion)
-        gold_text, gold = self.gold(reference)
-        if boxed is not None and normalize(boxed) == gold_text:
-            return Grade(1, boxed, "exact")
-        candidate = f"\\boxed{{{boxed}}}" if boxed is not None else completion[-self.max_answer_chars :]
+        gold_text = normalize(reference)
+        if boxed is not None:
+            answer = normalize(boxed)
+            if answer == gold_text:
+                return Grade(1, boxed, "exact")
+            if _NUMBER.match(answer) and _NUMBER.match(gold_text):
+                # Two plain numbers: math-verify would compare them numerically too.
+                return Grade(int(abs(float(answer) - float(gold_text)) <= 1e-6 * max(1.0, abs(float(gold_text)))),
+                             boxed, "numeric")
         if boxed is None and not completion.strip():
             return Grade(0, None, "no-answer")
+        candidate = f"\\boxed{{{boxed}}}" if boxed is not None else completion[-self.max_answer_chars :]
         if len(candidate) > self.max_answer_chars:
             return Grade(0, boxed, "too-long")
-        return self._verify(gold, candidate, boxed)
+        return self._verify(self.gold(reference)[1], candidate, boxed)
 
     def _verify(self, gold: Any, candidate: str, boxed: str | None) -> Grade:
         from math_verify import parse, verify
