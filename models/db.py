@@ -71,15 +71,11 @@ class Database:
         except OperationalError as exc:
             msg = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
             if "no such table" in msg or "does not exist" in msg:
-                raise DatabaseError(
-                    f"database {self.safe_url} is not migrated: run 'stepq db upgrade'"
-                ) from None
+                raise DatabaseError(f"database {self.safe_url} is not migrated: run 'stepq db upgrade'") from None
             raise DatabaseError(f"cannot reach database {self.safe_url}: {msg}") from None
         except Exception as exc:  # ProgrammingError on PG for a missing table
             if "does not exist" in str(exc):
-                raise DatabaseError(
-                    f"database {self.safe_url} is not migrated: run 'stepq db upgrade'"
-                ) from None
+                raise DatabaseError(f"database {self.safe_url} is not migrated: run 'stepq db upgrade'") from None
             raise
 
     @property

@@ -77,9 +77,7 @@ def existing_problem_ids(session: Session, set_id: int, external_ids: Iterable[s
     return found
 
 
-def add_trajectory(
-    session: Session, traj: dict[str, Any], chunks: Sequence[dict[str, Any]]
-) -> int | None:
+def add_trajectory(session: Session, traj: dict[str, Any], chunks: Sequence[dict[str, Any]]) -> int | None:
     """Insert a trajectory and its chunks unless (problem, source_key) exists; returns its id."""
     new = insert_ignore(session, Trajectory, [traj])
     if not new:
@@ -112,8 +110,10 @@ def plan_work(session: Session, set_id: int | None = None) -> int:
         sets = sets.where(ProblemSet.id == set_id)
     changed = 0
     for sid, m in session.execute(sets).all():
-        in_set = select(Trajectory.id).join(Problem, Problem.id == Trajectory.problem_id).where(
-            Problem.problem_set_id == sid
+        in_set = (
+            select(Trajectory.id)
+            .join(Problem, Problem.id == Trajectory.problem_id)
+            .where(Problem.problem_set_id == sid)
         )
         missing = in_set.where(~select(RolloutWork.id).where(RolloutWork.trajectory_id == Trajectory.id).exists())
         rows = [
@@ -193,9 +193,7 @@ def claim_work(session: Session, work_id: int, owner: str, ttl: float) -> int | 
                 and_(RolloutWork.state == RUNNING, RolloutWork.lease_expires_at < now),
             ),
         )
-        .values(
-            state=RUNNING, lease_owner=owner, lease_expires_at=now + ttl, attempts=RolloutWork.attempts + 1
-        )
+        .values(state=RUNNING, lease_owner=owner, lease_expires_at=now + ttl, attempts=RolloutWork.attempts + 1)
         .returning(RolloutWork.trajectory_id)
     )
     return result.scalar_one_or_none()
@@ -260,8 +258,8 @@ def work_counts(session: Session) -> dict[str, int]:
 
 
 def _set_trajectories(set_id: int) -> Any:
-    return select(Trajectory.id).join(Problem, Problem.id == Trajectory.problem_id).where(
-        Problem.problem_set_id == set_id
+    return (
+        select(Trajectory.id).join(Problem, Problem.id == Trajectory.problem_id).where(Problem.problem_set_id == set_id)
     )
 
 
@@ -366,17 +364,24 @@ def release_lock(session: Session, name: str, owner: str) -> None:
     session.execute(delete(Lock).where(Lock.name == name, Lock.owner == owner))
 
 
-def heartbeat(session: Session, name: str, *, hostname: str, pid: int, backend: str,
-              rollouts: int = 0, tokens: int = 0) -> None:
+def heartbeat(
+    session: Session, name: str, *, hostname: str, pid: int, backend: str, rollouts: int = 0, tokens: int = 0
+) -> None:
     """Record that a worker is alive and what it has done, in one upsert."""
     stmt = _insert(session, Worker.__table__).values(
-        name=name, hostname=hostname, pid=pid, backend=backend, last_heartbeat=epoch(),
-        rollouts_done=rollouts, tokens_done=tokens,
+        name=name,
+        hostname=hostname,
+        pid=pid,
+        backend=backend,
+        last_heartbeat=epoch(),
+        rollouts_done=rollouts,
+        tokens_done=tokens,
     )
     stmt = stmt.on_conflict_do_update(
         index_elements=["name"],
         set_={
-            "last_heartbeat": stmt.excluded.last_heartbeat, "pid": stmt.excluded.pid,
+            "last_heartbeat": stmt.excluded.last_heartbeat,
+            "pid": stmt.excluded.pid,
             "backend": stmt.excluded.backend,
             "rollouts_done": Worker.__table__.c.rollouts_done + stmt.excluded.rollouts_done,
             "tokens_done": Worker.__table__.c.tokens_done + stmt.excluded.tokens_done,

@@ -29,9 +29,7 @@ class RolloutWork(Base):
     __table_args__ = (Index("ix_rollout_work_state", "state"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    trajectory_id: Mapped[int] = mapped_column(
-        ForeignKey("trajectories.id", ondelete="CASCADE"), unique=True
-    )
+    trajectory_id: Mapped[int] = mapped_column(ForeignKey("trajectories.id", ondelete="CASCADE"), unique=True)
     target_m: Mapped[int] = mapped_column(Integer)
     state: Mapped[str] = mapped_column(String(20), default=PENDING)
     attempts: Mapped[int] = mapped_column(Integer, default=0)

@@ -96,25 +96,48 @@ def db_upgrade(revision: str) -> None:
 @click.option("--set", "set_name", required=True, help="Problem set to add the records to.")
 @click.option("--question", default=None, help="Question field (default: problem, question or prompt).")
 @click.option("--answer", default="answer", show_default=True, help="Reference answer field; '-' for none.")
-@click.option("--answer-format", type=click.Choice(["auto", "plain", "gsm8k"]), default="auto", show_default=True,
-              help="gsm8k: the final answer follows '####'; auto detects it.")
+@click.option(
+    "--answer-format",
+    type=click.Choice(["auto", "plain", "gsm8k"]),
+    default="auto",
+    show_default=True,
+    help="gsm8k: the final answer follows '####'; auto detects it.",
+)
 @click.option("--id", "id_field", default=None, help="Id field (default: unique_id, id or idx; else a content hash).")
 @click.option("--steps", default=None, help="Field with a list of solution steps: ingest them as a trajectory.")
 @click.option("--outcome", default=None, help="Boolean field: the trajectory's outcome (else graded).")
 @click.option("--first-error", default=None, help="Field: 0-based index of the first wrong step, -1 if none.")
 @friendly
-def ingest(file: Path, set_name: str, question: str | None, answer: str, answer_format: str, id_field: str | None,
-           steps: str | None, outcome: str | None, first_error: str | None) -> None:
+def ingest(
+    file: Path,
+    set_name: str,
+    question: str | None,
+    answer: str,
+    answer_format: str,
+    id_field: str | None,
+    steps: str | None,
+    outcome: str | None,
+    first_error: str | None,
+) -> None:
     """Add problems (and given trajectories) from a JSONL file or a JSON array."""
     from workers.ingest import FieldMap, ingest_file
 
     settings = _settings()
     database = _db(settings, migrate=settings.embedded)
-    fields = FieldMap(question=question, answer=None if answer == "-" else answer, id=id_field, steps=steps,
-                      outcome=outcome, first_error=first_error, answer_format=answer_format)
+    fields = FieldMap(
+        question=question,
+        answer=None if answer == "-" else answer,
+        id=id_field,
+        steps=steps,
+        outcome=outcome,
+        first_error=first_error,
+        answer_format=answer_format,
+    )
     report = ingest_file(database, file, set_name, fields)
-    click.echo(f"{file}: {report.records} records, {report.new_problems} new problems, "
-               f"{report.new_trajectories} new trajectories in set '{set_name}'")
+    click.echo(
+        f"{file}: {report.records} records, {report.new_problems} new problems, "
+        f"{report.new_trajectories} new trajectories in set '{set_name}'"
+    )
 
 
 @main.command()
@@ -124,19 +147,38 @@ def ingest(file: Path, set_name: str, question: str | None, answer: str, answer_
 @click.option("--trajectories-per-problem", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--error-rate", type=click.FloatRange(0, 1), default=0.1, show_default=True)
 @click.option("--recovery-rate", type=click.FloatRange(0, 1), default=0.001, show_default=True)
-@click.option("--latency-s", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Simulated generation time per rollout.")
+@click.option(
+    "--latency-s",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Simulated generation time per rollout.",
+)
 @friendly
-def synth(set_name: str, problems: int, seed: int, trajectories_per_problem: int, error_rate: float,
-          recovery_rate: float, latency_s: float) -> None:
+def synth(
+    set_name: str,
+    problems: int,
+    seed: int,
+    trajectories_per_problem: int,
+    error_rate: float,
+    recovery_rate: float,
+    latency_s: float,
+) -> None:
     """Create a synthetic arithmetic problem set with policy trajectories of known truth."""
     from workers.synth import synth_set
 
     settings = _settings()
     database = _db(settings, migrate=settings.embedded)
-    report = synth_set(database, set_name, problems=problems, seed=seed,
-                       trajectories_per_problem=trajectories_per_problem, error_rate=error_rate,
-                       recovery_rate=recovery_rate, latency_s=latency_s)
+    report = synth_set(
+        database,
+        set_name,
+        problems=problems,
+        seed=seed,
+        trajectories_per_problem=trajectories_per_problem,
+        error_rate=error_rate,
+        recovery_rate=recovery_rate,
+        latency_s=latency_s,
+    )
     click.echo(f"set '{set_name}': {report.new_problems} new problems, {report.new_trajectories} new trajectories")
 
 
@@ -158,8 +200,10 @@ def annotate(set_name: str, m: int, rule: str | None) -> None:
         pset.rollouts_per_prefix = m
         s.flush()
         planned = queries.plan_work(s, pset.id)
-    click.echo(f"set '{set_name}': M={pset.rollouts_per_prefix}, rule {pset.label_rule}; "
-               f"{planned} work items planned or reopened")
+    click.echo(
+        f"set '{set_name}': M={pset.rollouts_per_prefix}, rule {pset.label_rule}; "
+        f"{planned} work items planned or reopened"
+    )
 
 
 @main.command()
@@ -191,8 +235,13 @@ def label(set_name: str, rule: str, make_default: bool) -> None:
 
 @main.command()
 @click.option("--name", default=None, help="Worker name (default host:pid).")
-@click.option("--pool", type=click.Choice(["solo", "prefork", "threads"]), default="solo", show_default=True,
-              help="solo: one task at a time in the main process (one per GPU).")
+@click.option(
+    "--pool",
+    type=click.Choice(["solo", "prefork", "threads"]),
+    default="solo",
+    show_default=True,
+    help="solo: one task at a time in the main process (one per GPU).",
+)
 @click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--loglevel", default=None)
 @friendly
@@ -208,12 +257,18 @@ def worker(name: str | None, pool: str, concurrency: int, loglevel: str | None) 
 
     def runtime() -> WorkerRuntime:
         database = Database(settings.database_url, pool_size=2, synchronous_commit=settings.synchronous_commit)
-        return WorkerRuntime(database, settings.worker_options(name),
-                             Grader(timeout_s=settings.grade_timeout_s))
+        return WorkerRuntime(database, settings.worker_options(name), Grader(timeout_s=settings.grade_timeout_s))
 
     app = create_app(settings.celery_options(), runtime)
-    argv = ["worker", f"--pool={pool}", f"--concurrency={concurrency}", f"--queues={settings.queue}",
-            f"--loglevel={(loglevel or settings.log_level).upper()}", "--without-gossip", "--without-mingle"]
+    argv = [
+        "worker",
+        f"--pool={pool}",
+        f"--concurrency={concurrency}",
+        f"--queues={settings.queue}",
+        f"--loglevel={(loglevel or settings.log_level).upper()}",
+        "--without-gossip",
+        "--without-mingle",
+    ]
     if name:
         argv.append(f"--hostname={name}@%h")
     app.worker_main(argv)
@@ -233,8 +288,12 @@ def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
     _setup_logging(settings.log_level)
     database = _db(settings)
     app = create_app(settings.celery_options())
-    dispatcher = Dispatcher(database, publisher(app), options=settings.dispatch_options(),
-                            queue_depth=redis_queue_depth(settings.broker_url, settings.queue))
+    dispatcher = Dispatcher(
+        database,
+        publisher(app),
+        options=settings.dispatch_options(),
+        queue_depth=redis_queue_depth(settings.broker_url, settings.queue),
+    )
     try:
         published = dispatcher.run(once=once, interval_s=interval or settings.dispatch_interval_s, wait_s=wait)
     except KeyboardInterrupt:
@@ -255,8 +314,14 @@ def status(as_json: bool) -> None:
 
 @main.command()
 @click.option("--set", "set_name", default="demo", show_default=True)
-@click.option("--synthetic", "n_synth", type=click.IntRange(min=0), default=50, show_default=True,
-              help="Synthetic problems to create when the set does not exist yet.")
+@click.option(
+    "--synthetic",
+    "n_synth",
+    type=click.IntRange(min=0),
+    default=50,
+    show_default=True,
+    help="Synthetic problems to create when the set does not exist yet.",
+)
 @click.option("--rollouts", "m", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @friendly

@@ -20,8 +20,9 @@ from workers.grading import Grader
 from workers.synth import synth_set
 
 
-def run_embedded(settings: Settings, set_name: str, *, n_synth: int, m: int, seed: int,
-                 echo: Callable[[str], None]) -> None:
+def run_embedded(
+    settings: Settings, set_name: str, *, n_synth: int, m: int, seed: int, echo: Callable[[str], None]
+) -> None:
     upgrade(settings.database_url)
     db = Database(settings.database_url)
     with db.session() as s:
@@ -42,11 +43,13 @@ def run_embedded(settings: Settings, set_name: str, *, n_synth: int, m: int, see
         queries.plan_work(s, pset.id)
         total = len(queries.set_trajectory_ids(s, pset.id))
     runtime = WorkerRuntime(db, settings.worker_options("embedded"), Grader(timeout_s=settings.grade_timeout_s))
-    with Progress(TextColumn("annotating {task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeRemainingColumn()) as bar:
+    with Progress(
+        TextColumn("annotating {task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()
+    ) as bar:
         task = bar.add_task(set_name, total=total)
-        outcomes = run_in_process(db, runtime, on_item=lambda _id, _st: bar.advance(task),
-                                  options=settings.dispatch_options())
+        outcomes = run_in_process(
+            db, runtime, on_item=lambda _id, _st: bar.advance(task), options=settings.dispatch_options()
+        )
     echo(f"work items: {outcomes}")
     echo(render(collect(db)))
     with db.session() as s:
@@ -54,8 +57,11 @@ def run_embedded(settings: Settings, set_name: str, *, n_synth: int, m: int, see
         rows = s.execute(
             select(ChunkLabel.positive, Chunk.ground_truth)
             .join(Chunk, Chunk.id == ChunkLabel.chunk_id)
-            .where(ChunkLabel.rule == pset.label_rule, Chunk.ground_truth.is_not(None),
-                   Chunk.trajectory_id.in_(queries.set_trajectory_ids(s, pset.id)))
+            .where(
+                ChunkLabel.rule == pset.label_rule,
+                Chunk.ground_truth.is_not(None),
+                Chunk.trajectory_id.in_(queries.set_trajectory_ids(s, pset.id)),
+            )
         ).all()
     if rows:
         agree = sum(bool(p) == bool(g) for p, g in rows) / len(rows)

@@ -64,9 +64,13 @@ class Settings:
 
     def validate(self) -> None:
         if not self.database_url.startswith(("sqlite", "postgresql")):
-            raise ConfigError(f"{PREFIX}DATABASE_URL must be a sqlite:// or postgresql:// URL, got {self.database_url!r}")
+            raise ConfigError(
+                f"{PREFIX}DATABASE_URL must be a sqlite:// or postgresql:// URL, got {self.database_url!r}"
+            )
         if self.database_url.startswith("postgresql://"):
-            object.__setattr__(self, "database_url", "postgresql+psycopg://" + self.database_url[len("postgresql://"):])
+            object.__setattr__(
+                self, "database_url", "postgresql+psycopg://" + self.database_url[len("postgresql://") :]
+            )
         for name in ("lease_ttl_s", "batch_rollouts", "max_attempts", "visibility_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{PREFIX}{name.upper()} must be positive")
@@ -78,12 +82,17 @@ class Settings:
         return self.database_url.startswith("sqlite")
 
     def worker_options(self, name: str | None = None) -> WorkerOptions:
-        return WorkerOptions(lease_ttl_s=self.lease_ttl_s, batch_rollouts=self.batch_rollouts,
-                             max_attempts=self.max_attempts, name=name)
+        return WorkerOptions(
+            lease_ttl_s=self.lease_ttl_s, batch_rollouts=self.batch_rollouts, max_attempts=self.max_attempts, name=name
+        )
 
     def celery_options(self) -> CeleryOptions:
         return CeleryOptions(self.broker_url, self.queue, self.visibility_timeout_s)
 
     def dispatch_options(self) -> DispatchOptions:
-        return DispatchOptions(lock_ttl_s=max(10.0, 5 * self.dispatch_interval_s), max_attempts=self.max_attempts,
-                               requeue_after_s=self.requeue_after_s, lost_grace_s=self.lost_grace_s)
+        return DispatchOptions(
+            lock_ttl_s=max(10.0, 5 * self.dispatch_interval_s),
+            max_attempts=self.max_attempts,
+            requeue_after_s=self.requeue_after_s,
+            lost_grace_s=self.lost_grace_s,
+        )

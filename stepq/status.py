@@ -22,20 +22,22 @@ def collect(db: Database) -> dict[str, Any]:
         rate = recent.get(r["problem_set"], 0) / RATE_WINDOW_S
         left = max(0, int(r["rollouts_planned"]) - int(r["rollouts_done"]))
         share = r["positive_share"]
-        sets.append({
-            "problem_set": r["problem_set"],
-            "rollouts_per_prefix": int(r["rollouts_per_prefix"]),
-            "label_rule": r["label_rule"],
-            "problems": int(r["problems"]),
-            "trajectories": int(r["trajectories"]),
-            "chunks": int(r["chunks"]),
-            "rollouts_done": int(r["rollouts_done"]),
-            "rollouts_planned": int(r["rollouts_planned"]),
-            "labelled_chunks": int(r["labelled_chunks"]),
-            "positive_share": None if share is None else round(float(share), 4),
-            "rollouts_per_s": round(rate, 2),
-            "eta_s": (round(left / rate) if rate > 0 else None) if left else 0,
-        })
+        sets.append(
+            {
+                "problem_set": r["problem_set"],
+                "rollouts_per_prefix": int(r["rollouts_per_prefix"]),
+                "label_rule": r["label_rule"],
+                "problems": int(r["problems"]),
+                "trajectories": int(r["trajectories"]),
+                "chunks": int(r["chunks"]),
+                "rollouts_done": int(r["rollouts_done"]),
+                "rollouts_planned": int(r["rollouts_planned"]),
+                "labelled_chunks": int(r["labelled_chunks"]),
+                "positive_share": None if share is None else round(float(share), 4),
+                "rollouts_per_s": round(rate, 2),
+                "eta_s": (round(left / rate) if rate > 0 else None) if left else 0,
+            }
+        )
     return {"sets": sets, "work": work, "workers": workers}
 
 
@@ -52,18 +54,25 @@ def render(report: dict[str, Any]) -> str:
     head = ["set", "M", "problems", "chunks", "rollouts", "labelled", "positive", "rollouts/s", "ETA"]
     body = [
         [
-            r["problem_set"], str(r["rollouts_per_prefix"]), str(r["problems"]), str(r["chunks"]),
-            f"{r['rollouts_done']}/{r['rollouts_planned']}", str(r["labelled_chunks"]),
+            r["problem_set"],
+            str(r["rollouts_per_prefix"]),
+            str(r["problems"]),
+            str(r["chunks"]),
+            f"{r['rollouts_done']}/{r['rollouts_planned']}",
+            str(r["labelled_chunks"]),
             "-" if r["positive_share"] is None else f"{100 * r['positive_share']:.1f}%",
-            f"{r['rollouts_per_s']:.1f}", _eta(r["eta_s"]),
+            f"{r['rollouts_per_s']:.1f}",
+            _eta(r["eta_s"]),
         ]
         for r in report["sets"]
     ]
     if not body:
         return "no problem sets yet: try 'stepq synth' or 'stepq ingest'"
     widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
-             for row in [head, *body]]
+    lines = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+        for row in [head, *body]
+    ]
     work = ", ".join(f"{k} {v}" for k, v in sorted(report["work"].items())) or "none"
     lines.append("")
     lines.append(f"work items: {work}; active workers: {len(report['workers'])}")

@@ -29,8 +29,18 @@ PG_SERVER = os.environ.get("STEPQ_TEST_PG_URL", "postgresql+psycopg://postgres@1
 REDIS_URL = os.environ.get("STEPQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data"
-TABLES = ["chunk_labels", "q_values", "rollouts", "rollout_work", "chunks", "trajectories", "problems",
-          "problem_sets", "workers", "locks"]
+TABLES = [
+    "chunk_labels",
+    "q_values",
+    "rollouts",
+    "rollout_work",
+    "chunks",
+    "trajectories",
+    "problems",
+    "problem_sets",
+    "workers",
+    "locks",
+]
 
 
 @pytest.fixture(scope="session")
@@ -103,7 +113,10 @@ class Cluster:
         handle = log.open("wb")
         proc = subprocess.Popen(
             [sys.executable, "-m", "stepq", "worker", "--name", name, "--loglevel", "INFO"],
-            env=self.env, stdout=handle, stderr=subprocess.STDOUT, cwd=self.logs,
+            env=self.env,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            cwd=self.logs,
         )
         self.procs.append(proc)
         deadline = time.monotonic() + 60
@@ -116,8 +129,14 @@ class Cluster:
         raise AssertionError(f"worker {name} not ready: {log.read_text(errors='replace')[-3000:]}")
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run([sys.executable, "-m", "stepq", *args], env=self.env, capture_output=True,
-                                text=True, timeout=300, cwd=self.logs)
+        result = subprocess.run(
+            [sys.executable, "-m", "stepq", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=self.logs,
+        )
         if check and result.returncode != 0:
             raise AssertionError(f"stepq {' '.join(args)} failed: {result.stdout}\n{result.stderr}")
         return result
@@ -133,17 +152,19 @@ class Cluster:
 def cluster(pg_url: str, pg: Database, redis_client: redis.Redis, tmp_path: Path) -> Iterator[Cluster]:
     """Real `stepq worker` processes against the test PostgreSQL and Redis."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
-    env.update({
-        "STEPQ_DATABASE_URL": pg_url,
-        "STEPQ_BROKER_URL": REDIS_URL,
-        "STEPQ_QUEUE": f"stepq.test.{uuid.uuid4().hex[:8]}",
-        "STEPQ_LEASE_TTL_S": "3",
-        "STEPQ_BATCH_ROLLOUTS": "16",
-        "STEPQ_VISIBILITY_TIMEOUT_S": "3600",
-        "STEPQ_LOST_GRACE_S": "2",
-        "STEPQ_DISPATCH_INTERVAL_S": "0.3",
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            "STEPQ_DATABASE_URL": pg_url,
+            "STEPQ_BROKER_URL": REDIS_URL,
+            "STEPQ_QUEUE": f"stepq.test.{uuid.uuid4().hex[:8]}",
+            "STEPQ_LEASE_TTL_S": "3",
+            "STEPQ_BATCH_ROLLOUTS": "16",
+            "STEPQ_VISIBILITY_TIMEOUT_S": "3600",
+            "STEPQ_LOST_GRACE_S": "2",
+            "STEPQ_DISPATCH_INTERVAL_S": "0.3",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     c = Cluster(env, tmp_path)
     yield c
     c.stop()

@@ -13,19 +13,29 @@ def assert_exact(db: Database, set_name: str, m: int) -> int:
     Returns the number of rollouts checked.
     """
     with db.engine.connect() as conn:
-        trajs = conn.execute(text(
-            "SELECT t.id, t.n_chunks, t.outcome FROM trajectories t JOIN problems p ON p.id = t.problem_id "
-            "JOIN problem_sets s ON s.id = p.problem_set_id WHERE s.name = :n"), {"n": set_name}).all()
+        trajs = conn.execute(
+            text(
+                "SELECT t.id, t.n_chunks, t.outcome FROM trajectories t JOIN problems p ON p.id = t.problem_id "
+                "JOIN problem_sets s ON s.id = p.problem_set_id WHERE s.name = :n"
+            ),
+            {"n": set_name},
+        ).all()
         assert trajs, "no trajectories"
-        dupes = conn.execute(text(
-            "SELECT trajectory_id, prefix_len, sample_idx FROM rollouts "
-            "GROUP BY trajectory_id, prefix_len, sample_idx HAVING count(*) > 1")).all()
+        dupes = conn.execute(
+            text(
+                "SELECT trajectory_id, prefix_len, sample_idx FROM rollouts "
+                "GROUP BY trajectory_id, prefix_len, sample_idx HAVING count(*) > 1"
+            )
+        ).all()
         assert dupes == []
         per_prefix = {
             (tid, k): (n, lo, hi)
-            for tid, k, n, lo, hi in conn.execute(text(
-                "SELECT trajectory_id, prefix_len, count(*), min(sample_idx), max(sample_idx) FROM rollouts "
-                "GROUP BY trajectory_id, prefix_len"))
+            for tid, k, n, lo, hi in conn.execute(
+                text(
+                    "SELECT trajectory_id, prefix_len, count(*), min(sample_idx), max(sample_idx) FROM rollouts "
+                    "GROUP BY trajectory_id, prefix_len"
+                )
+            )
         }
         total = 0
         for tid, n_chunks, _ in trajs:
@@ -34,21 +44,28 @@ def assert_exact(db: Database, set_name: str, m: int) -> int:
                 total += m
             assert (tid, n_chunks) not in per_prefix, "the full trajectory is never sampled"
         assert sum(n for n, _, _ in per_prefix.values()) == total
-        mismatched = conn.execute(text(
-            "SELECT q.trajectory_id, q.prefix_len, q.q, avg(r.reward), q.n_samples, count(r.id) FROM q_values q "
-            "JOIN rollouts r ON r.trajectory_id = q.trajectory_id AND r.prefix_len = q.prefix_len "
-            "GROUP BY q.trajectory_id, q.prefix_len, q.q, q.n_samples "
-            "HAVING abs(q.q - avg(r.reward)) > 1e-9 OR q.n_samples <> count(r.id)")).all()
+        mismatched = conn.execute(
+            text(
+                "SELECT q.trajectory_id, q.prefix_len, q.q, avg(r.reward), q.n_samples, count(r.id) FROM q_values q "
+                "JOIN rollouts r ON r.trajectory_id = q.trajectory_id AND r.prefix_len = q.prefix_len "
+                "GROUP BY q.trajectory_id, q.prefix_len, q.q, q.n_samples "
+                "HAVING abs(q.q - avg(r.reward)) > 1e-9 OR q.n_samples <> count(r.id)"
+            )
+        ).all()
         assert mismatched == []
         n_q = conn.execute(text("SELECT count(*) FROM q_values WHERE source = 'rollouts'")).scalar_one()
         assert n_q == total // m
-        outcome_q = {tid: q for tid, q in conn.execute(text(
-            "SELECT trajectory_id, q FROM q_values WHERE source = 'outcome'"))}
+        outcome_q = {
+            tid: q for tid, q in conn.execute(text("SELECT trajectory_id, q FROM q_values WHERE source = 'outcome'"))
+        }
         for tid, _, outcome in trajs:
             assert outcome_q[tid] == (1.0 if outcome else 0.0)
-        labels = conn.execute(text(
-            "SELECT count(*), sum(CASE WHEN (l.positive AND l.q_after > 0) OR (NOT l.positive AND l.q_after = 0) "
-            "THEN 1 ELSE 0 END) FROM chunk_labels l WHERE l.rule = 'abs-q'")).one()
+        labels = conn.execute(
+            text(
+                "SELECT count(*), sum(CASE WHEN (l.positive AND l.q_after > 0) OR (NOT l.positive AND l.q_after = 0) "
+                "THEN 1 ELSE 0 END) FROM chunk_labels l WHERE l.rule = 'abs-q'"
+            )
+        ).one()
         assert labels[0] == sum(n for _, n, _ in trajs)
         assert labels[1] == labels[0], "every Abs-Q label is positive iff its Q > 0"
     return total
@@ -57,11 +74,14 @@ def assert_exact(db: Database, set_name: str, m: int) -> int:
 def label_accuracy(db: Database, set_name: str, rule: str = "abs-q") -> tuple[float, float, int, int]:
     """(share of wrong chunks labelled negative, share of right chunks positive, #wrong, #right)."""
     with db.engine.connect() as conn:
-        rows = conn.execute(text(
-            "SELECT c.ground_truth, l.positive FROM chunk_labels l JOIN chunks c ON c.id = l.chunk_id "
-            "JOIN trajectories t ON t.id = c.trajectory_id JOIN problems p ON p.id = t.problem_id "
-            "JOIN problem_sets s ON s.id = p.problem_set_id WHERE s.name = :n AND l.rule = :r"),
-            {"n": set_name, "r": rule}).all()
+        rows = conn.execute(
+            text(
+                "SELECT c.ground_truth, l.positive FROM chunk_labels l JOIN chunks c ON c.id = l.chunk_id "
+                "JOIN trajectories t ON t.id = c.trajectory_id JOIN problems p ON p.id = t.problem_id "
+                "JOIN problem_sets s ON s.id = p.problem_set_id WHERE s.name = :n AND l.rule = :r"
+            ),
+            {"n": set_name, "r": rule},
+        ).all()
     wrong = [bool(p) for g, p in rows if not g]
     right = [bool(p) for g, p in rows if g]
     return (sum(not p for p in wrong) / len(wrong), sum(right) / len(right), len(wrong), len(right))

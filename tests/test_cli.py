@@ -16,11 +16,14 @@ from stepq.settings import Settings
 from workers.synth import synth_set
 
 
-def _run(args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+def _run(
+    args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 300
+) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
     base.update(env or {})
-    return subprocess.run([sys.executable, "-m", "stepq", *args], cwd=cwd, env=base, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "stepq", *args], cwd=cwd, env=base, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_run_completes_from_an_empty_directory_without_services(tmp_path: Path) -> None:
@@ -32,7 +35,8 @@ def test_run_completes_from_an_empty_directory_without_services(tmp_path: Path) 
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("stepq.db-")) == ["stepq.db"]
     with sqlite3.connect(tmp_path / "stepq.db") as conn:
         done, planned, labelled, chunks = conn.execute(
-            "SELECT rollouts_done, rollouts_planned, labelled_chunks, chunks FROM annotation_progress").fetchone()
+            "SELECT rollouts_done, rollouts_planned, labelled_chunks, chunks FROM annotation_progress"
+        ).fetchone()
     assert done == planned > 0 and labelled == chunks
     again = _run(["run", "--synthetic", "20", "--rollouts", "4"], tmp_path, env)
     assert again.returncode == 0 and "work items: {}" in again.stdout, "a second run has nothing to do"
@@ -53,15 +57,19 @@ def test_label_recomputes_another_rule_without_sampling(tmp_path: Path) -> None:
     assert set(rules) == {"abs-q", "rel-ratio:gamma=0.7"} and rules["abs-q"] == rules["rel-ratio:gamma=0.7"]
 
 
-@pytest.mark.parametrize(("args", "env", "code", "message"), [
-    (["annotate", "--set", "nope", "--rollouts", "4"], {}, 4, "no problem set named 'nope'"),
-    (["status"], {"STEPQ_LEASE_TTL_S": "soon"}, 2, "STEPQ_LEASE_TTL_S='soon' is not a valid float"),
-    (["status"], {"STEPQ_DATABASE_URL": "mysql://x"}, 2, "must be a sqlite:// or postgresql:// URL"),
-    (["status"], {"STEPQ_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/none"}, 5, "cannot reach database"),
-    (["label", "--set", "demo", "--rule", "best-guess"], {}, 2, "unknown label rule 'best-guess'"),
-])
-def test_errors_are_messages_with_exit_codes(tmp_path: Path, args: list[str], env: dict[str, str], code: int,
-                                             message: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "env", "code", "message"),
+    [
+        (["annotate", "--set", "nope", "--rollouts", "4"], {}, 4, "no problem set named 'nope'"),
+        (["status"], {"STEPQ_LEASE_TTL_S": "soon"}, 2, "STEPQ_LEASE_TTL_S='soon' is not a valid float"),
+        (["status"], {"STEPQ_DATABASE_URL": "mysql://x"}, 2, "must be a sqlite:// or postgresql:// URL"),
+        (["status"], {"STEPQ_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/none"}, 5, "cannot reach database"),
+        (["label", "--set", "demo", "--rule", "best-guess"], {}, 2, "unknown label rule 'best-guess'"),
+    ],
+)
+def test_errors_are_messages_with_exit_codes(
+    tmp_path: Path, args: list[str], env: dict[str, str], code: int, message: str
+) -> None:
     Database(f"sqlite:///{tmp_path / 'stepq.db'}")
     from migrations import upgrade
 

@@ -57,8 +57,9 @@ def test_rollouts_are_deterministic_across_databases(sqlite: Database, pg: Datab
         _annotate(db, "d", 3)
         run_in_process(db, _runtime(db))
         with db.session() as s:
-            texts.append(sorted((r.prefix_len, r.sample_idx, r.seed, r.text, r.reward)
-                                for r in s.scalars(select(Rollout))))
+            texts.append(
+                sorted((r.prefix_len, r.sample_idx, r.seed, r.text, r.reward) for r in s.scalars(select(Rollout)))
+            )
     assert texts[0] == texts[1]
 
 

@@ -9,14 +9,17 @@ import pytest
 from workers.grading import Grader, extract_boxed, normalize
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("so \\boxed{42}.", "42"),
-    ("\\boxed{1} then \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
-    ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
-    ("\\fbox{7}", "7"),
-    ("no box", None),
-    ("\\boxed{unclosed", None),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("so \\boxed{42}.", "42"),
+        ("\\boxed{1} then \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+        ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
+        ("\\fbox{7}", "7"),
+        ("no box", None),
+        ("\\boxed{unclosed", None),
+    ],
+)
 def test_extract_boxed(text: str, expected: str | None) -> None:
     assert extract_boxed(text) == expected
 
@@ -28,19 +31,22 @@ def test_normalize() -> None:
     assert normalize("\\text{(C)}") == "(C)"
 
 
-@pytest.mark.parametrize(("completion", "reference", "reward", "method"), [
-    ("\\boxed{97}", "97", 1, "exact"),
-    ("\\boxed{96}", "97", 0, "numeric"),
-    ("\\boxed{0.50}", "0.5", 1, "numeric"),
-    ("\\boxed{-3}", "3", 0, "numeric"),
-    ("\\boxed{x = 97}", "97", 1, "verify"),
-    ("The answer is \\boxed{\\frac{1}{2}}", "0.5", 1, "verify"),
-    ("\\boxed{\\dfrac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}", 1, "verify"),
-    ("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "\\left( 3, \\frac{\\pi}{2} \\right)", 1, "exact"),
-    ("", "1", 0, "no-answer"),
-    ("I give up", "1", 0, "no-answer"),
-    ("\\boxed{" + "1+" * 3000 + "1}", "1", 0, "too-long"),
-])
+@pytest.mark.parametrize(
+    ("completion", "reference", "reward", "method"),
+    [
+        ("\\boxed{97}", "97", 1, "exact"),
+        ("\\boxed{96}", "97", 0, "numeric"),
+        ("\\boxed{0.50}", "0.5", 1, "numeric"),
+        ("\\boxed{-3}", "3", 0, "numeric"),
+        ("\\boxed{x = 97}", "97", 1, "verify"),
+        ("The answer is \\boxed{\\frac{1}{2}}", "0.5", 1, "verify"),
+        ("\\boxed{\\dfrac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}", 1, "verify"),
+        ("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "\\left( 3, \\frac{\\pi}{2} \\right)", 1, "exact"),
+        ("", "1", 0, "no-answer"),
+        ("I give up", "1", 0, "no-answer"),
+        ("\\boxed{" + "1+" * 3000 + "1}", "1", 0, "too-long"),
+    ],
+)
 def test_grade(completion: str, reference: str, reward: int, method: str) -> None:
     grade = Grader().grade(completion, reference)
     assert (grade.reward, grade.method) == (reward, method)

@@ -76,27 +76,50 @@ def test_processbench_steps_become_chunks_as_given(any_db: Database) -> None:
         chunks = list(s.scalars(select(Chunk).where(Chunk.trajectory_id == t.id).order_by(Chunk.idx)))
     assert [c.text.rstrip("\n") for c in chunks] == [st.rstrip("\n") for st in first["steps"]]
     assert "".join(c.text for c in chunks) == t.text
-    assert [c.ground_truth for c in chunks] == [i < first["label"] or first["label"] == -1
-                                               for i in range(len(chunks))]
+    assert [c.ground_truth for c in chunks] == [i < first["label"] or first["label"] == -1 for i in range(len(chunks))]
     assert ingest_file(any_db, DATA / "processbench" / "gsm8k.json", "pb", fields).new_trajectories == 0
 
 
 BAD_INPUTS = [
-    ("invalid-json.jsonl", b'{"question": "a", "answer": "1"}\n{"question": "b", "answer": \n', 2, None,
-     "invalid JSON"),
-    ("missing-question.jsonl", b'{"question": "a", "answer": "1"}\n\n{"answer": "2"}\n', 3, "question",
-     "missing question"),
-    ("empty-answer.jsonl", b'{"question": "a", "answer": "1"}\n{"question": "b", "answer": "  "}\n', 2, "answer",
-     "answer is empty"),
+    (
+        "invalid-json.jsonl",
+        b'{"question": "a", "answer": "1"}\n{"question": "b", "answer": \n',
+        2,
+        None,
+        "invalid JSON",
+    ),
+    (
+        "missing-question.jsonl",
+        b'{"question": "a", "answer": "1"}\n\n{"answer": "2"}\n',
+        3,
+        "question",
+        "missing question",
+    ),
+    (
+        "empty-answer.jsonl",
+        b'{"question": "a", "answer": "1"}\n{"question": "b", "answer": "  "}\n',
+        2,
+        "answer",
+        "answer is empty",
+    ),
     ("wrong-type.jsonl", b'{"question": ["a"], "answer": "1"}\n', 1, "question", "must be a string"),
     ("not-object.jsonl", b'{"question": "a", "answer": "1"}\n[1, 2]\n', 2, None, "must be a JSON object"),
     ("empty.jsonl", b"\n \n", None, None, "file is empty"),
-    ("bad-bytes.jsonl", b'{"question": "a", "answer": "1"}\n{"question": "b\xff", "answer": "2"}\n', 2, None,
-     "not valid UTF-8"),
-    ("bad-array.json", b'[\n  {"question": "a", "answer": "1"},\n  {"question": "b", "answer": null}\n]\n', 3,
-     "answer", "missing answer"),
-    ("truncated-array.json", b'[\n  {"question": "a", "answer": "1"},\n  {"question": "b"', 3, None,
-     "invalid JSON"),
+    (
+        "bad-bytes.jsonl",
+        b'{"question": "a", "answer": "1"}\n{"question": "b\xff", "answer": "2"}\n',
+        2,
+        None,
+        "not valid UTF-8",
+    ),
+    (
+        "bad-array.json",
+        b'[\n  {"question": "a", "answer": "1"},\n  {"question": "b", "answer": null}\n]\n',
+        3,
+        "answer",
+        "missing answer",
+    ),
+    ("truncated-array.json", b'[\n  {"question": "a", "answer": "1"},\n  {"question": "b"', 3, None, "invalid JSON"),
     ("gsm8k-no-final.jsonl", b'{"question": "a", "answer": "work\\n#### "}\n', 1, "answer", "no final answer"),
 ]
 
@@ -123,8 +146,13 @@ def test_cli_exit_code_and_message_in_a_real_process(sqlite: Database, tmp_path:
     bad = tmp_path / "x.jsonl"
     bad.write_text('{"question": "q"}\n')
     env = {"STEPQ_DATABASE_URL": sqlite.url, "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run([sys.executable, "-m", "stepq", "ingest", str(bad), "--set", "s"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "stepq", "ingest", str(bad), "--set", "s"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 3
     assert proc.stderr.strip() == f"stepq: error: {bad}:1: field 'answer': missing answer"
 

@@ -24,15 +24,18 @@ def test_rel_ratio_on_the_grid() -> None:
         assert rel_ratio(before, after) == expected
 
 
-@pytest.mark.parametrize(("before", "after", "gamma", "positive"), [
-    (0.0, 0.0, 0.8, False),   # dead stays dead
-    (0.0, 0.25, 0.8, True),   # reviving a dead prefix is progress
-    (0.5, 0.4, 0.8, False),   # exactly at the threshold is not above it
-    (0.5, 0.41, 0.8, True),
-    (0.5, 0.5, 1.0, False),   # gamma 1.0 demands strict improvement
-    (0.5, 0.75, 1.2, True),
-    (1.0, 0.0, 0.6, False),
-])
+@pytest.mark.parametrize(
+    ("before", "after", "gamma", "positive"),
+    [
+        (0.0, 0.0, 0.8, False),  # dead stays dead
+        (0.0, 0.25, 0.8, True),  # reviving a dead prefix is progress
+        (0.5, 0.4, 0.8, False),  # exactly at the threshold is not above it
+        (0.5, 0.41, 0.8, True),
+        (0.5, 0.5, 1.0, False),  # gamma 1.0 demands strict improvement
+        (0.5, 0.75, 1.2, True),
+        (1.0, 0.0, 0.6, False),
+    ],
+)
 def test_rel_ratio_edges(before: float, after: float, gamma: float, positive: bool) -> None:
     assert rel_ratio(before, after, gamma) is positive
 

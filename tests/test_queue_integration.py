@@ -35,15 +35,19 @@ def _all_done(db: Database) -> bool:
 
 def _dispatcher(cluster: Cluster) -> subprocess.Popen[bytes]:
     log = (cluster.logs / "dispatcher.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "stepq", "dispatch"], env=cluster.env, stdout=log,
-                            stderr=subprocess.STDOUT, cwd=cluster.logs)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stepq", "dispatch"],
+        env=cluster.env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=cluster.logs,
+    )
     cluster.procs.append(proc)
     return proc
 
 
 def _prepare(cluster: Cluster, name: str, problems: int, m: int, *, seed: int = 1, latency: float = 0.0) -> None:
-    cluster.cli("synth", "--set", name, "--problems", str(problems), "--seed", str(seed),
-                "--latency-s", str(latency))
+    cluster.cli("synth", "--set", name, "--problems", str(problems), "--seed", str(seed), "--latency-s", str(latency))
     cluster.cli("annotate", "--set", name, "--rollouts", str(m))
 
 
@@ -76,8 +80,9 @@ def test_sigkill_worker_mid_run_loses_and_duplicates_nothing(cluster: Cluster, p
         # Freeze the worker, then look: a frozen process cannot change what it holds.
         victim.send_signal(signal.SIGSTOP)
         with pg.engine.connect() as conn:
-            held = conn.execute(text("SELECT count(*) FROM rollout_work WHERE state = 'running' "
-                                     "AND lease_owner = 'victim'")).scalar_one()
+            held = conn.execute(
+                text("SELECT count(*) FROM rollout_work WHERE state = 'running' AND lease_owner = 'victim'")
+            ).scalar_one()
         if not held:
             victim.send_signal(signal.SIGCONT)
         return bool(held)
@@ -115,8 +120,12 @@ def test_flushed_broker_mid_run_is_rescheduled(cluster: Cluster, pg: Database, r
 def test_two_dispatchers_do_not_double_schedule(cluster: Cluster, pg: Database, redis_client: redis.Redis) -> None:
     _prepare(cluster, "twice", problems=40, m=4)
     args = [sys.executable, "-m", "stepq", "dispatch", "--once", "--wait", "60"]
-    procs = [subprocess.Popen(args, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              cwd=cluster.logs) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            args, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cluster.logs
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     published = sorted(int(out.split()[1]) for out, _ in outs)

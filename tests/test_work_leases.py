@@ -9,7 +9,7 @@ from sqlalchemy import update
 
 from models import Database, RolloutWork, queries
 from workers.annotate import WorkerOptions, WorkerRuntime, batches, missing_samples, run_work_item
-from workers.dispatcher import DispatchOptions, Dispatcher
+from workers.dispatcher import Dispatcher, DispatchOptions
 from workers.synth import synth_set
 
 
@@ -99,8 +99,12 @@ def test_queued_items_are_republished_when_the_broker_is_empty(any_db: Database)
     _setup(any_db, problems=2)
     published: list[int] = []
     depth: list[int | None] = [5]
-    d = Dispatcher(any_db, published.extend, queue_depth=lambda: depth[0],
-                   options=DispatchOptions(lost_grace_s=0.0, requeue_after_s=3600))
+    d = Dispatcher(
+        any_db,
+        published.extend,
+        queue_depth=lambda: depth[0],
+        options=DispatchOptions(lost_grace_s=0.0, requeue_after_s=3600),
+    )
     assert d.cycle().published == 2
     assert d.cycle().published == 0, "messages still in the broker: nothing to do"
     depth[0] = 0

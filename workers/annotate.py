@@ -136,19 +136,34 @@ def run_work_item(rt: WorkerRuntime, work_id: int) -> WorkOutcome:
                 for j, seed, comp in zip(js, req.seeds, completions, strict=True):
                     grade = rt.grader.grade(comp.text, problem.reference_answer)
                     tokens += comp.tokens
-                    rows.append({
-                        "trajectory_id": traj.id, "prefix_len": k, "sample_idx": j, "seed": seed,
-                        "text": comp.text, "final_answer": grade.answer, "reward": grade.reward,
-                        "tokens": comp.tokens, "generator": f"{backend.generator}[{params.describe()}]",
-                        "worker": rt.name,
-                    })
+                    rows.append(
+                        {
+                            "trajectory_id": traj.id,
+                            "prefix_len": k,
+                            "sample_idx": j,
+                            "seed": seed,
+                            "text": comp.text,
+                            "final_answer": grade.answer,
+                            "reward": grade.reward,
+                            "tokens": comp.tokens,
+                            "generator": f"{backend.generator}[{params.describe()}]",
+                            "worker": rt.name,
+                        }
+                    )
             with rt.db.session() as s:
                 if not queries.renew_lease(s, work_id, rt.name, opts.lease_ttl_s):
                     raise LeaseLost(f"lease on work item {work_id} was taken over")
                 written += queries.insert_ignore(s, Rollout, rows)
                 refresh_trajectory(s, traj, ctx.chunks, m, rules)
-                queries.heartbeat(s, rt.name, hostname=socket.gethostname(), pid=os.getpid(),
-                                  backend=backend.generator, rollouts=len(rows), tokens=tokens)
+                queries.heartbeat(
+                    s,
+                    rt.name,
+                    hostname=socket.gethostname(),
+                    pid=os.getpid(),
+                    backend=backend.generator,
+                    rollouts=len(rows),
+                    tokens=tokens,
+                )
                 if number == len(todo):  # the last batch commits together with "done"
                     queries.finish_work(s, work_id, rt.name)
         return WorkOutcome("done", written)

@@ -78,8 +78,13 @@ def publisher(app: Celery) -> Callable[[Sequence[int]], None]:
         with app.producer_or_acquire() as producer:
             for work_id in ids:
                 app.send_task(
-                    TASK_NAME, args=[int(work_id)], queue=queue, exchange="", routing_key=queue,
-                    producer=producer, ignore_result=True,
+                    TASK_NAME,
+                    args=[int(work_id)],
+                    queue=queue,
+                    exchange="",
+                    routing_key=queue,
+                    producer=producer,
+                    ignore_result=True,
                 )
 
     return publish

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 from models import Database, queries
 from workers.annotate import WorkerRuntime, run_work_item
-from workers.dispatcher import DispatchOptions, Dispatcher
+from workers.dispatcher import Dispatcher, DispatchOptions
 
 
 def run_in_process(
@@ -27,7 +27,9 @@ def run_in_process(
     def publish(ids: Sequence[int]) -> None:
         inbox.extend(ids)
 
-    dispatcher = Dispatcher(db, publish, options=options, queue_depth=lambda: len(inbox), name=f"embedded:{runtime.name}")
+    dispatcher = Dispatcher(
+        db, publish, options=options, queue_depth=lambda: len(inbox), name=f"embedded:{runtime.name}"
+    )
     outcomes: dict[str, int] = {}
     if not dispatcher.acquire():
         from models.errors import StepqError

@@ -23,7 +23,9 @@ from workers.segmentation import join_steps
 
 QUESTION_FIELDS = ("problem", "question", "prompt")
 ID_FIELDS = ("unique_id", "id", "idx")
-GENERIC_PROMPT = "Solve the problem step by step and give the final answer as \\boxed{{...}}.\n\nProblem: {question}\n\nSolution:\n"
+GENERIC_PROMPT = (
+    "Solve the problem step by step and give the final answer as \\boxed{{...}}.\n\nProblem: {question}\n\nSolution:\n"
+)
 
 
 @dataclass(frozen=True)
@@ -155,8 +157,10 @@ def parse_records(path: Path, fields: FieldMap) -> list[Record]:
         if not isinstance(obj, dict):
             raise InputError(str(path), line, None, f"record must be a JSON object, not {type(obj).__name__}")
         question = _text_field(path, line, obj, _pick(obj, fields.question, QUESTION_FIELDS), "question")
-        answer = "" if fields.answer is None else _final_answer(
-            _text_field(path, line, obj, fields.answer, "answer"), fields.answer_format
+        answer = (
+            ""
+            if fields.answer is None
+            else _final_answer(_text_field(path, line, obj, fields.answer, "answer"), fields.answer_format)
         )
         if fields.answer is not None and not answer:
             raise InputError(str(path), line, fields.answer, "no final answer after '####'")
@@ -216,11 +220,20 @@ def ingest_file(
         known = queries.existing_problem_ids(s, pset.id, [r.external_id for r in records])
         fresh = [r for r in records if r.external_id not in known]
         for start in range(0, len(fresh), 500):
-            new_problems += queries.insert_ignore(s, Problem, [
-                {"problem_set_id": pset.id, "external_id": r.external_id, "question": r.question,
-                 "reference_answer": r.answer, "meta": r.meta}
-                for r in fresh[start : start + 500]
-            ])
+            new_problems += queries.insert_ignore(
+                s,
+                Problem,
+                [
+                    {
+                        "problem_set_id": pset.id,
+                        "external_id": r.external_id,
+                        "question": r.question,
+                        "reference_answer": r.answer,
+                        "meta": r.meta,
+                    }
+                    for r in fresh[start : start + 500]
+                ],
+            )
         ids = queries.existing_problem_ids(s, pset.id, [r.external_id for r in records])
         for r in records:
             if r.steps is None:
@@ -231,15 +244,25 @@ def ingest_file(
             outcome = r.outcome
             if outcome is None and r.answer:
                 outcome = bool(grader.grade(text, r.answer).reward)
-            truth = [None] * len(chunks) if r.first_error is None else [
-                r.first_error == -1 or i < r.first_error for i in range(len(chunks))
-            ]
+            truth = (
+                [None] * len(chunks)
+                if r.first_error is None
+                else [r.first_error == -1 or i < r.first_error for i in range(len(chunks))]
+            )
             tid = queries.add_trajectory(
                 s,
-                {"problem_id": ids[r.external_id], "source_key": f"ingested:{path.name}",
-                 "prompt": prompt_template.format(question=r.question), "text": text,
-                 "final_answer": final, "outcome": outcome, "n_chunks": len(chunks),
-                 "segmentation": "given-steps", "generator": "ingested", "seed": None},
+                {
+                    "problem_id": ids[r.external_id],
+                    "source_key": f"ingested:{path.name}",
+                    "prompt": prompt_template.format(question=r.question),
+                    "text": text,
+                    "final_answer": final,
+                    "outcome": outcome,
+                    "n_chunks": len(chunks),
+                    "segmentation": "given-steps",
+                    "generator": "ingested",
+                    "seed": None,
+                },
                 [{"idx": i + 1, "text": c, "ground_truth": truth[i]} for i, c in enumerate(chunks)],
             )
             new_trajs += tid is not None

@@ -25,9 +25,7 @@ class QEstimate:
         return self.n_correct / self.n_samples if self.n_samples else 0.0
 
 
-def estimates(
-    stats: Mapping[int, tuple[int, int]], n_chunks: int, outcome: bool | None
-) -> list[QEstimate]:
+def estimates(stats: Mapping[int, tuple[int, int]], n_chunks: int, outcome: bool | None) -> list[QEstimate]:
     """Q(0..n-1) from (samples, successes) per prefix, and Q(n) from the outcome."""
     out = [QEstimate(k, n, c, "rollouts") for k, (n, c) in sorted(stats.items()) if k < n_chunks]
     out.append(QEstimate(n_chunks, 1, int(bool(outcome)), "outcome"))
@@ -43,9 +41,7 @@ def complete_q(ests: list[QEstimate], n_chunks: int, m: int) -> list[float | Non
     return q
 
 
-def refresh_trajectory(
-    session: Session, traj: Trajectory, chunks: list[Chunk], m: int, rules: list[LabelRule]
-) -> int:
+def refresh_trajectory(session: Session, traj: Trajectory, chunks: list[Chunk], m: int, rules: list[LabelRule]) -> int:
     """Recompute and store Q-values and labels for one trajectory from its rollout rows.
 
     Runs in the same transaction as the rollout writes, so stored Q-values always agree
@@ -56,8 +52,14 @@ def refresh_trajectory(
     queries.upsert_q_values(
         session,
         [
-            {"trajectory_id": traj.id, "prefix_len": e.prefix_len, "n_samples": e.n_samples,
-             "n_correct": e.n_correct, "q": e.q, "source": e.source}
+            {
+                "trajectory_id": traj.id,
+                "prefix_len": e.prefix_len,
+                "n_samples": e.n_samples,
+                "n_correct": e.n_correct,
+                "q": e.q,
+                "source": e.source,
+            }
             for e in ests
         ],
     )
@@ -69,8 +71,15 @@ def refresh_trajectory(
             if label is None:
                 continue
             before, after = q[chunk.idx - 1], q[chunk.idx]
-            rows.append({"chunk_id": chunk.id, "rule": rule.key, "positive": label,
-                         "q_before": before if before is not None else -1.0, "q_after": after})
+            rows.append(
+                {
+                    "chunk_id": chunk.id,
+                    "rule": rule.key,
+                    "positive": label,
+                    "q_before": before if before is not None else -1.0,
+                    "q_after": after,
+                }
+            )
         queries.upsert_labels(session, rows)
         if r == 0:
             labelled = len(rows)

@@ -7,6 +7,7 @@ normalising a single newline would change the context the policy is asked to con
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ def _cut(text: str, starts: Sequence[int], *, preamble_joins_first: bool = False
     if preamble_joins_first and starts and min(starts) > 0:
         bounds = bounds[1:]
     edges = [0, *bounds, len(text)]
-    return [text[a:b] for a, b in zip(edges, edges[1:], strict=False) if b > a]
+    return [text[a:b] for a, b in itertools.pairwise(edges) if b > a]
 
 
 def split_chunk_tags(text: str) -> list[str]:

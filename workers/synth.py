@@ -34,11 +34,20 @@ def synth_set(
     with db.session() as s:
         pset = queries.ensure_set(s, set_name, backend="synthetic", backend_config=config, seed=seed)
         specs = [(f"synth-{seed}-{i}", make_problem(derive_seed("problem", seed, i))) for i in range(problems)]
-        new_p = queries.insert_ignore(s, Problem, [
-            {"problem_set_id": pset.id, "external_id": ext, "question": p.question,
-             "reference_answer": str(p.answer), "meta": {"steps": len(p.ops)}}
-            for ext, p in specs
-        ])
+        new_p = queries.insert_ignore(
+            s,
+            Problem,
+            [
+                {
+                    "problem_set_id": pset.id,
+                    "external_id": ext,
+                    "question": p.question,
+                    "reference_answer": str(p.answer),
+                    "meta": {"steps": len(p.ops)},
+                }
+                for ext, p in specs
+            ],
+        )
         ids = queries.existing_problem_ids(s, pset.id, [ext for ext, _ in specs])
         for ext, problem in specs:
             for t in range(trajectories_per_problem):
@@ -50,12 +59,22 @@ def synth_set(
                 truth = ground_truth(steps)
                 tid = queries.add_trajectory(
                     s,
-                    {"problem_id": ids[ext], "source_key": f"policy:{t}",
-                     "prompt": PROMPT_TEMPLATE.format(question=problem.question), "text": text,
-                     "final_answer": str(steps[-1].value), "outcome": steps[-1].value == problem.answer,
-                     "n_chunks": len(steps), "segmentation": seg.method,
-                     "generator": f"synthetic(err={error_rate:g},rec={recovery_rate:g})", "seed": traj_seed},
-                    [{"idx": i + 1, "text": c, "ground_truth": g} for i, (c, g) in enumerate(zip(seg.chunks, truth, strict=True))],
+                    {
+                        "problem_id": ids[ext],
+                        "source_key": f"policy:{t}",
+                        "prompt": PROMPT_TEMPLATE.format(question=problem.question),
+                        "text": text,
+                        "final_answer": str(steps[-1].value),
+                        "outcome": steps[-1].value == problem.answer,
+                        "n_chunks": len(steps),
+                        "segmentation": seg.method,
+                        "generator": f"synthetic(err={error_rate:g},rec={recovery_rate:g})",
+                        "seed": traj_seed,
+                    },
+                    [
+                        {"idx": i + 1, "text": c, "ground_truth": g}
+                        for i, (c, g) in enumerate(zip(seg.chunks, truth, strict=True))
+                    ],
                 )
                 new_t += tid is not None
     return SynthReport(new_p, new_t)

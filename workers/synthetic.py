@@ -23,7 +23,9 @@ PROMPT_TEMPLATE = (
     "Problem: {question}\n\nSolution:\n"
 )
 _OPS = {"Add": "+", "Subtract": "-", "Multiply by": "*"}
-_QUESTION = re.compile(r"Problem: (Start with (-?\d+)\.((?: (?:Add|Subtract|Multiply by) \d+\.)+) What is the result\?)")
+_QUESTION = re.compile(
+    r"Problem: (Start with (-?\d+)\.((?: (?:Add|Subtract|Multiply by) \d+\.)+) What is the result\?)"
+)
 _OP = re.compile(r"(Add|Subtract|Multiply by) (\d+)\.")
 _STEP = re.compile(r"Step (\d+): (-?\d+) ([+*-]) (\d+) = (-?\d+)\.")
 
@@ -99,9 +101,7 @@ class SyntheticPolicy:
     error_rate: float = 0.1
     recovery_rate: float = 0.001
 
-    def continue_steps(
-        self, problem: ArithmeticProblem, done: int, value: int, rng: random.Random
-    ) -> list[Step]:
+    def continue_steps(self, problem: ArithmeticProblem, done: int, value: int, rng: random.Random) -> list[Step]:
         """Write steps ``done+1 .. n`` starting from running value ``value``."""
         truth = problem.true_values()
         steps: list[Step] = []
@@ -147,13 +147,15 @@ def ground_truth(steps: Sequence[Step]) -> list[bool]:
     return out
 
 
-def true_q(policy: SyntheticPolicy, problem: ArithmeticProblem, done: int, value: int,
-           samples: int = 20000, seed: int = 0) -> float:
+def true_q(
+    policy: SyntheticPolicy, problem: ArithmeticProblem, done: int, value: int, samples: int = 20000, seed: int = 0
+) -> float:
     """Monte Carlo estimate of the true Q of a prefix, with many samples (benchmarks)."""
     rng = random.Random(seed)
     answer = problem.answer
     hits = sum(
-        policy.continue_steps(problem, done, value, rng)[-1].value == answer if done < len(problem.ops)
+        policy.continue_steps(problem, done, value, rng)[-1].value == answer
+        if done < len(problem.ops)
         else value == answer
         for _ in range(samples)
     )

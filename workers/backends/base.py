@@ -59,9 +59,7 @@ class GenerationBackend(Protocol):
     @property
     def generator(self) -> str: ...
 
-    def generate(
-        self, requests: Sequence[GenerationRequest], params: SamplingParams
-    ) -> list[list[Completion]]:
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
         """One list of ``request.n`` completions per request, in order."""
         ...
 
