@@ -97,20 +97,38 @@ def queue(db: Database, url: str, workers: int, batch: int, m: int, expected: in
     client = redis.Redis.from_url(REDIS_URL)
     client.flushdb()
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
-    env.update({"STEPQ_DATABASE_URL": url, "STEPQ_BROKER_URL": REDIS_URL,
-                "STEPQ_QUEUE": f"stepq.bench.{uuid.uuid4().hex[:6]}", "STEPQ_BATCH_ROLLOUTS": str(batch),
-                "STEPQ_DISPATCH_INTERVAL_S": "0.2", "STEPQ_LOG_LEVEL": "WARNING"})
+    env.update(
+        {
+            "STEPQ_DATABASE_URL": url,
+            "STEPQ_BROKER_URL": REDIS_URL,
+            "STEPQ_QUEUE": f"stepq.bench.{uuid.uuid4().hex[:6]}",
+            "STEPQ_BATCH_ROLLOUTS": str(batch),
+            "STEPQ_DISPATCH_INTERVAL_S": "0.2",
+            "STEPQ_LOG_LEVEL": "WARNING",
+        }
+    )
     procs = []
     with tempfile.TemporaryDirectory() as tmp:
         logs = []
         for i in range(workers):
             log = Path(tmp) / f"w{i}.log"
             logs.append(log)
-            procs.append(subprocess.Popen([sys.executable, "-m", "stepq", "worker", "--name", f"bench{i}",
-                                           "--loglevel", "INFO"], env=env, stdout=log.open("wb"),
-                                          stderr=subprocess.STDOUT))
-        procs.append(subprocess.Popen([sys.executable, "-m", "stepq", "dispatch"], env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "stepq", "worker", "--name", f"bench{i}", "--loglevel", "INFO"],
+                    env=env,
+                    stdout=log.open("wb"),
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "stepq", "dispatch"],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         try:
             while not all("ready" in log.read_text(errors="replace") for log in logs) or not _dispatching(db):
                 time.sleep(0.1)
