@@ -242,6 +242,30 @@ def release_work(session: Session, work_id: int, owner: str) -> None:
     )
 
 
+def reopen_set(session: Session, set_id: int) -> int:
+    """Done items of a set go back to pending, e.g. after its rule or budget changed; the
+    task works out from the rollouts what, if anything, is still missing."""
+    result = session.execute(
+        update(RolloutWork)
+        .where(RolloutWork.state == DONE, RolloutWork.trajectory_id.in_(_set_trajectories(set_id)))
+        .values(state=PENDING, attempts=0)
+        .execution_options(synchronize_session=False)
+    )
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+def mark_trajectory_counted(session: Session, trajectory_id: int, counted: bool) -> None:
+    session.execute(
+        update(RolloutWork).where(RolloutWork.trajectory_id == trajectory_id).values(trajectory_is_sample=counted)
+    )
+
+
+def trajectory_counted(session: Session, trajectory_id: int) -> bool:
+    """Whether the budget counted the trajectory itself as a sample (recorded by its task)."""
+    value = session.scalar(select(RolloutWork.trajectory_is_sample).where(RolloutWork.trajectory_id == trajectory_id))
+    return bool(value)
+
+
 def retry_failed(session: Session, set_id: int | None = None) -> int:
     stmt = update(RolloutWork).where(RolloutWork.state == FAILED)
     if set_id is not None:
@@ -274,7 +298,7 @@ class WorkContext:
     problem: Problem
     problem_set: ProblemSet
     chunks: list[Chunk]
-    samples_done: dict[int, set[int]]
+    rewards: dict[int, dict[int, int]]
 
 
 def load_work_context(session: Session, trajectory_id: int) -> WorkContext:
@@ -285,12 +309,20 @@ def load_work_context(session: Session, trajectory_id: int) -> WorkContext:
     assert problem is not None
     pset = session.get(ProblemSet, problem.problem_set_id)
     assert pset is not None
-    done: dict[int, set[int]] = {}
-    for k, s in session.execute(
-        select(Rollout.prefix_len, Rollout.sample_idx).where(Rollout.trajectory_id == trajectory_id)
-    ):
-        done.setdefault(k, set()).add(s)
-    return WorkContext(traj, problem, pset, trajectory_chunks(session, trajectory_id), done)
+    return WorkContext(
+        traj, problem, pset, trajectory_chunks(session, trajectory_id), rollout_rewards(session, traj.id)
+    )
+
+
+def rollout_rewards(session: Session, trajectory_id: int) -> dict[int, dict[int, int]]:
+    """prefix -> sample index -> reward, for every rollout of a trajectory."""
+    out: dict[int, dict[int, int]] = {}
+    rows = session.execute(
+        select(Rollout.prefix_len, Rollout.sample_idx, Rollout.reward).where(Rollout.trajectory_id == trajectory_id)
+    )
+    for k, i, r in rows:
+        out.setdefault(k, {})[i] = int(r)
+    return out
 
 
 def q_stats(session: Session, trajectory_id: int, max_sample: int | None = None) -> dict[int, tuple[int, int]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import DateTime, Float, ForeignKey, Index, Integer, String, Text, func
+from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, func
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.base import Base
@@ -39,6 +39,8 @@ class RolloutWork(Base):
     lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    trajectory_is_sample: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    """Whether the budget counts the trajectory as one of its own prefixes' samples."""
 
 
 class Lock(Base):

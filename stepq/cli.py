@@ -186,22 +186,29 @@ def synth(
 @click.option("--set", "set_name", required=True)
 @click.option("--rollouts", "m", type=click.IntRange(min=1), required=True, help="Rollouts per prefix (M).")
 @click.option("--rule", default=None, help="Label rule, e.g. abs-q or rel-ratio:gamma=0.7.")
+@click.option("--budget", default=None, help="exhaustive, or adaptive[:confidence=C,min=N,round=R].")
 @friendly
-def annotate(set_name: str, m: int, rule: str | None) -> None:
+def annotate(set_name: str, m: int, rule: str | None, budget: str | None) -> None:
     """Set a problem set's budget and plan its missing rollouts (only what is missing)."""
+    from workers.budget import parse_budget
     from workers.labels import parse_rule
 
     settings = _settings()
     database = _db(settings, migrate=settings.embedded)
     with database.session() as s:
         pset = queries.get_set(s, set_name)
+        before = (pset.rollouts_per_prefix, pset.label_rule, pset.budget_policy)
         if rule is not None:
             pset.label_rule = parse_rule(rule).key
+        if budget is not None:
+            pset.budget_policy = parse_budget(budget).spec
         pset.rollouts_per_prefix = m
         s.flush()
         planned = queries.plan_work(s, pset.id)
+        if (pset.rollouts_per_prefix, pset.label_rule, pset.budget_policy) != before:
+            planned += queries.reopen_set(s, pset.id)
     click.echo(
-        f"set '{set_name}': M={pset.rollouts_per_prefix}, rule {pset.label_rule}; "
+        f"set '{set_name}': M={pset.rollouts_per_prefix}, rule {pset.label_rule}, budget {pset.budget_policy}; "
         f"{planned} work items planned or reopened"
     )
 
@@ -214,23 +221,16 @@ def annotate(set_name: str, m: int, rule: str | None) -> None:
 def label(set_name: str, rule: str, make_default: bool) -> None:
     """Recompute labels for a rule from stored rollouts, without sampling again."""
     from workers.labels import parse_rule
-    from workers.qvalues import refresh_trajectory
+    from workers.qvalues import relabel_set
 
     parsed = parse_rule(rule)
-    database = _db(_settings())
-    with database.session() as s:
-        pset = queries.get_set(s, set_name)
-        if make_default:
-            pset.label_rule = parsed.key
-        m = pset.rollouts_per_prefix
-        tids = queries.set_trajectory_ids(s, pset.id)
-    total = 0
-    for start in range(0, len(tids), 200):
-        with database.session() as s:
-            for tid in tids[start : start + 200]:
-                ctx = queries.load_work_context(s, tid)
-                total += refresh_trajectory(s, ctx.trajectory, ctx.chunks, m, [parsed])
-    click.echo(f"set '{set_name}': {total} chunks labelled under {parsed.key}")
+    report = relabel_set(_db(_settings()), set_name, parsed, make_default=make_default)
+    click.echo(f"set '{set_name}': {report.labelled} chunks labelled under {parsed.key}")
+    if report.undecided:
+        click.echo(
+            f"{report.undecided} chunks need more rollouts under this rule and budget: "
+            f"run 'stepq annotate --set {set_name} --rollouts M --rule {parsed.key}'"
+        )
 
 
 @main.command()

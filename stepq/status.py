@@ -20,7 +20,7 @@ def collect(db: Database) -> dict[str, Any]:
     sets = []
     for r in rows:
         rate = recent.get(r["problem_set"], 0) / RATE_WINDOW_S
-        left = max(0, int(r["rollouts_planned"]) - int(r["rollouts_done"]))
+        left = max(0, int(r["rollouts_planned"]) - int(r["rollouts_done"]) - int(r["rollouts_saved"]))
         share = r["positive_share"]
         sets.append(
             {
@@ -28,10 +28,13 @@ def collect(db: Database) -> dict[str, Any]:
                 "rollouts_per_prefix": int(r["rollouts_per_prefix"]),
                 "label_rule": r["label_rule"],
                 "problems": int(r["problems"]),
+                "budget_policy": r["budget_policy"],
                 "trajectories": int(r["trajectories"]),
+                "trajectories_done": int(r["trajectories_done"]),
                 "chunks": int(r["chunks"]),
                 "rollouts_done": int(r["rollouts_done"]),
                 "rollouts_planned": int(r["rollouts_planned"]),
+                "rollouts_saved": int(r["rollouts_saved"]),
                 "labelled_chunks": int(r["labelled_chunks"]),
                 "positive_share": None if share is None else round(float(share), 4),
                 "rollouts_per_s": round(rate, 2),
@@ -51,14 +54,30 @@ def _eta(seconds: int | None) -> str:
 
 def render(report: dict[str, Any]) -> str:
     """A plain-text table; wide enough for a terminal, stable enough for eyes."""
-    head = ["set", "M", "problems", "chunks", "rollouts", "labelled", "positive", "rollouts/s", "ETA"]
+    head = [
+        "set",
+        "M",
+        "budget",
+        "problems",
+        "done",
+        "chunks",
+        "rollouts",
+        "saved",
+        "labelled",
+        "positive",
+        "rollouts/s",
+        "ETA",
+    ]
     body = [
         [
             r["problem_set"],
             str(r["rollouts_per_prefix"]),
+            r["budget_policy"].split(":")[0],
             str(r["problems"]),
+            f"{r['trajectories_done']}/{r['trajectories']}",
             str(r["chunks"]),
             f"{r['rollouts_done']}/{r['rollouts_planned']}",
+            str(r["rollouts_saved"]),
             str(r["labelled_chunks"]),
             "-" if r["positive_share"] is None else f"{100 * r['positive_share']:.1f}%",
             f"{r['rollouts_per_s']:.1f}",

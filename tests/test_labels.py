@@ -8,7 +8,7 @@ import pytest
 
 from models.errors import ConfigError
 from workers.labels import abs_q, best_of_4, label_chunks, parse_rule, rel_effective, rel_ratio
-from workers.qvalues import QEstimate, complete_q, estimates
+from workers.qvalues import QEstimate, estimates, rollout_counts
 
 GRID = [i / 16 for i in range(17)]
 
@@ -72,8 +72,8 @@ def test_label_chunks_needs_known_q_values() -> None:
     assert label_chunks(parse_rule("rel-ratio"), [1.0, 0.5, 0.5]) == [False, True]
 
 
-def test_estimates_and_completeness() -> None:
+def test_estimates_and_counts() -> None:
     ests = estimates({0: (4, 2), 1: (2, 2), 2: (4, 0)}, n_chunks=2, outcome=True)
     assert ests == [QEstimate(0, 4, 2, "rollouts"), QEstimate(1, 2, 2, "rollouts"), QEstimate(2, 1, 1, "outcome")]
-    assert complete_q(ests, 2, m=4) == [0.5, None, 1.0]
-    assert complete_q(estimates({}, 1, None), 1, m=4) == [None, 0.0]
+    assert [e.q for e in ests] == [0.5, 1.0, 1.0]
+    assert rollout_counts({0: {0: 1, 1: 0, 5: 1}, 1: {}}, m=4) == {0: (2, 1), 1: (0, 0)}

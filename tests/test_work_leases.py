@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from sqlalchemy import update
 
 from models import Database, RolloutWork, queries
-from workers.annotate import WorkerOptions, WorkerRuntime, batches, missing_samples, run_work_item
+from workers.annotate import WorkerOptions, WorkerRuntime, first_batch, run_work_item
 from workers.dispatcher import Dispatcher, DispatchOptions
 from workers.synth import synth_set
 
@@ -22,14 +22,11 @@ def _setup(db: Database, problems: int = 3, m: int = 2) -> None:
         queries.plan_work(s, pset.id)
 
 
-def test_missing_samples_and_batches() -> None:
-    done = {0: {0, 1}, 1: {1}}
-    assert missing_samples(done, 3, 3) == [(0, [2]), (1, [0, 2]), (2, [0, 1, 2])]
-    assert missing_samples({0: {0}}, 1, 1) == []
-    plan = batches([(0, [0, 1, 2]), (1, [0, 1, 2]), (2, list(range(7)))], 4)
-    assert plan == [[(0, [0, 1, 2])], [(1, [0, 1, 2])], [(2, [0, 1, 2, 3])], [(2, [4, 5, 6])]]
-    assert sum(len(js) for b in plan for _, js in b) == 13
-    assert batches([(0, [0]), (1, [0]), (2, [0])], 8) == [[(0, [0]), (1, [0]), (2, [0])]]
+def test_first_batch_takes_whole_prefixes_in_order() -> None:
+    requests = {2: list(range(7)), 0: [0, 1, 2], 1: [0, 1, 2]}
+    assert first_batch(requests, 4) == [(0, [0, 1, 2]), (1, [0])]
+    assert first_batch(requests, 100) == [(0, [0, 1, 2]), (1, [0, 1, 2]), (2, list(range(7)))]
+    assert first_batch({}, 8) == []
 
 
 def test_claim_is_exclusive_until_the_lease_expires(any_db: Database) -> None:

@@ -18,10 +18,11 @@ from models import Database, queries
 from models.errors import ConfigError, LeaseLost
 from models.problems import ProblemSet
 from models.rollouts import Rollout
-from workers.backends import GenerationBackend, GenerationRequest, SamplingParams, make_backend
+from workers.backends import GenerationBackend, GenerationRequest, SamplingParams, generator_id, make_backend
+from workers.budget import parse_budget
 from workers.grading import Grader
 from workers.labels import parse_rule
-from workers.qvalues import refresh_trajectory
+from workers.qvalues import TrajectoryLabeller
 from workers.synthetic import derive_seed
 
 log = logging.getLogger("stepq.worker")
@@ -70,38 +71,28 @@ class WorkOutcome:
     written: int = 0
 
 
-def missing_samples(done: dict[int, set[int]], n_chunks: int, m: int) -> list[tuple[int, list[int]]]:
-    """(prefix, sample indices still missing) for prefixes 0..n-1 under budget m."""
-    out = []
-    for k in range(n_chunks):
-        have = done.get(k, set())
-        need = [j for j in range(m) if j not in have]
-        if need:
-            out.append((k, need))
-    return out
-
-
-def batches(missing: list[tuple[int, list[int]]], size: int) -> list[list[tuple[int, list[int]]]]:
-    """Group (prefix, samples) into batches of about ``size`` rollouts, whole prefixes first,
-    so each generate call shares as many prefixes as possible with the engine's cache."""
-    out: list[list[tuple[int, list[int]]]] = []
-    current: list[tuple[int, list[int]]] = []
+def first_batch(requests: dict[int, list[int]], size: int) -> list[tuple[int, list[int]]]:
+    """The next generate call: whole prefixes in order, about ``size`` rollouts, so the
+    engine's prefix cache serves each prefix's M samples together."""
+    batch: list[tuple[int, list[int]]] = []
     count = 0
-    for k, samples in missing:
-        for start in range(0, len(samples), size):
-            part = samples[start : start + size]
-            if current and count + len(part) > size:
-                out.append(current)
-                current, count = [], 0
-            current.append((k, part))
-            count += len(part)
-    if current:
-        out.append(current)
-    return out
+    for k in sorted(requests):
+        room = size - count
+        if room <= 0:
+            break
+        part = requests[k][:room]
+        batch.append((k, part))
+        count += len(part)
+    return batch
 
 
 def run_work_item(rt: WorkerRuntime, work_id: int) -> WorkOutcome:
-    """Do (the rest of) one work item; safe to call twice for the same id at once."""
+    """Do (the rest of) one work item; safe to call twice for the same id at once.
+
+    Loops: ask the set's budget policy what to sample next, generate and grade one batch,
+    commit it with the trajectory's Q-values and labels, and ask again, until the policy
+    wants nothing more; "done" commits with the last batch.
+    """
     opts = rt.options
     with rt.db.session() as s:
         trajectory_id = queries.claim_work(s, work_id, rt.name, opts.lease_ttl_s)
@@ -113,15 +104,26 @@ def run_work_item(rt: WorkerRuntime, work_id: int) -> WorkOutcome:
         pset, traj, problem = ctx.problem_set, ctx.trajectory, ctx.problem
         if not problem.reference_answer:
             raise ConfigError(f"problem {problem.external_id} has no reference answer to grade against")
-        m = pset.rollouts_per_prefix
+        policy = parse_budget(pset.budget_policy)
         rules = [parse_rule(pset.label_rule)]
         params = SamplingParams.from_config(pset.sampling)
         backend = rt.backend_for(pset)
+        generator = generator_id(backend, params)
+        labeller = TrajectoryLabeller(
+            traj,
+            ctx.chunks,
+            pset.rollouts_per_prefix,
+            policy,
+            rules,
+            policy.counts_trajectory() and traj.generator == generator,
+        )
         prefixes = [traj.prompt]
         for chunk in ctx.chunks:
             prefixes.append(prefixes[-1] + chunk.text)
-        todo = batches(missing_samples(ctx.samples_done, traj.n_chunks, m), opts.batch_rollouts) or [[]]
-        for number, batch in enumerate(todo, start=1):
+        decision = labeller.decide(ctx.rewards)
+        first = True
+        while True:
+            batch = first_batch(decision.requests, opts.batch_rollouts)
             requests = [
                 GenerationRequest(
                     prefixes[k],
@@ -129,6 +131,8 @@ def run_work_item(rt: WorkerRuntime, work_id: int) -> WorkOutcome:
                 )
                 for k, js in batch
             ]
+            if not batch and not decision.done:
+                raise RuntimeError(f"budget policy {policy.spec} asked for nothing new yet is not done")
             results = backend.generate(requests, params) if requests else []
             rows: list[dict[str, Any]] = []
             tokens = 0
@@ -146,7 +150,7 @@ def run_work_item(rt: WorkerRuntime, work_id: int) -> WorkOutcome:
                             "final_answer": grade.answer,
                             "reward": grade.reward,
                             "tokens": comp.tokens,
-                            "generator": f"{backend.generator}[{params.describe()}]",
+                            "generator": generator,
                             "worker": rt.name,
                         }
                     )
@@ -154,7 +158,10 @@ def run_work_item(rt: WorkerRuntime, work_id: int) -> WorkOutcome:
                 if not queries.renew_lease(s, work_id, rt.name, opts.lease_ttl_s):
                     raise LeaseLost(f"lease on work item {work_id} was taken over")
                 written += queries.insert_ignore(s, Rollout, rows)
-                refresh_trajectory(s, traj, ctx.chunks, m, rules)
+                if first:
+                    queries.mark_trajectory_counted(s, traj.id, labeller.trajectory_is_sample)
+                    first = False
+                decision = labeller.refresh(s)
                 queries.heartbeat(
                     s,
                     rt.name,
@@ -164,9 +171,10 @@ def run_work_item(rt: WorkerRuntime, work_id: int) -> WorkOutcome:
                     rollouts=len(rows),
                     tokens=tokens,
                 )
-                if number == len(todo):  # the last batch commits together with "done"
+                if decision.done:  # the last batch commits together with "done"
                     queries.finish_work(s, work_id, rt.name)
-        return WorkOutcome("done", written)
+            if decision.done:
+                return WorkOutcome("done", written)
     except LeaseLost as exc:
         log.warning("%s", exc)
         return WorkOutcome("lost", written)

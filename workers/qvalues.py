@@ -8,9 +8,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from models import queries
+from models import Database, queries
 from models.trajectories import Chunk, Trajectory
-from workers.labels import LabelRule, label_chunks
+from workers.budget import BudgetPolicy, Decision, Observation, parse_budget
+from workers.labels import LabelRule
 
 
 @dataclass(frozen=True)
@@ -32,55 +33,104 @@ def estimates(stats: Mapping[int, tuple[int, int]], n_chunks: int, outcome: bool
     return out
 
 
-def complete_q(ests: list[QEstimate], n_chunks: int, m: int) -> list[float | None]:
-    """Q(0..n) where known with the full budget, None where samples are still missing."""
-    q: list[float | None] = [None] * (n_chunks + 1)
-    for e in ests:
-        if e.source == "outcome" or e.n_samples >= m:
-            q[e.prefix_len] = e.q
-    return q
+def rollout_counts(rewards: Mapping[int, Mapping[int, int]], m: int) -> dict[int, tuple[int, int]]:
+    """prefix -> (samples, successes) over sample indices below m."""
+    out = {}
+    for k, samples in rewards.items():
+        kept = [r for i, r in samples.items() if i < m]
+        out[k] = (len(kept), sum(kept))
+    return out
 
 
-def refresh_trajectory(session: Session, traj: Trajectory, chunks: list[Chunk], m: int, rules: list[LabelRule]) -> int:
-    """Recompute and store Q-values and labels for one trajectory from its rollout rows.
+class TrajectoryLabeller:
+    """Keeps one trajectory's Q-values and labels in step with its rollout rows.
 
-    Runs in the same transaction as the rollout writes, so stored Q-values always agree
-    with the rows they summarise.  Returns the number of labelled chunks (first rule).
+    ``refresh`` runs in the same transaction as the rollout writes, so the stored
+    Q-values always agree with the rows they summarise, and returns the budget policy's
+    decision (what to sample next) for the first rule.
     """
-    stats = queries.q_stats(session, traj.id, max_sample=m)
-    ests = estimates(stats, traj.n_chunks, traj.outcome)
-    queries.upsert_q_values(
-        session,
-        [
-            {
-                "trajectory_id": traj.id,
-                "prefix_len": e.prefix_len,
-                "n_samples": e.n_samples,
-                "n_correct": e.n_correct,
-                "q": e.q,
-                "source": e.source,
-            }
-            for e in ests
-        ],
-    )
-    q = complete_q(ests, traj.n_chunks, m)
-    labelled = 0
-    for r, rule in enumerate(rules):
-        rows: list[dict[str, Any]] = []
-        for chunk, label in zip(chunks, label_chunks(rule, q), strict=True):
-            if label is None:
-                continue
-            before, after = q[chunk.idx - 1], q[chunk.idx]
-            rows.append(
+
+    def __init__(
+        self,
+        traj: Trajectory,
+        chunks: list[Chunk],
+        m: int,
+        policy: BudgetPolicy,
+        rules: list[LabelRule],
+        trajectory_is_sample: bool,
+    ) -> None:
+        self.traj, self.chunks, self.m = traj, chunks, m
+        self.policy, self.rules = policy, rules
+        self.trajectory_is_sample = trajectory_is_sample
+
+    def decide(self, rewards: Mapping[int, Mapping[int, int]], rule: LabelRule | None = None) -> Decision:
+        obs = Observation(self.traj.n_chunks, self.m, bool(self.traj.outcome), rewards, self.trajectory_is_sample)
+        return self.policy.decide(obs, rule or self.rules[0])
+
+    def refresh(self, session: Session) -> Decision:
+        rewards = queries.rollout_rewards(session, self.traj.id)
+        ests = estimates(rollout_counts(rewards, self.m), self.traj.n_chunks, self.traj.outcome)
+        queries.upsert_q_values(
+            session,
+            [
                 {
-                    "chunk_id": chunk.id,
-                    "rule": rule.key,
-                    "positive": label,
-                    "q_before": before if before is not None else -1.0,
-                    "q_after": after,
+                    "trajectory_id": self.traj.id,
+                    "prefix_len": e.prefix_len,
+                    "n_samples": e.n_samples,
+                    "n_correct": e.n_correct,
+                    "q": e.q,
+                    "source": e.source,
                 }
-            )
-        queries.upsert_labels(session, rows)
-        if r == 0:
-            labelled = len(rows)
-    return labelled
+                for e in ests
+            ],
+        )
+        first: Decision | None = None
+        for rule in self.rules:
+            decision = self.decide(rewards, rule)
+            first = first or decision
+            rows: list[dict[str, Any]] = []
+            for chunk, label in zip(self.chunks, decision.labels, strict=True):
+                if label is None:
+                    continue
+                before, after = decision.q[chunk.idx - 1], decision.q[chunk.idx]
+                rows.append(
+                    {
+                        "chunk_id": chunk.id,
+                        "rule": rule.key,
+                        "positive": label,
+                        "q_before": -1.0 if before is None else before,
+                        "q_after": -1.0 if after is None else after,
+                    }
+                )
+            queries.upsert_labels(session, rows)
+        assert first is not None
+        return first
+
+
+@dataclass(frozen=True)
+class RelabelReport:
+    labelled: int
+    undecided: int
+
+
+def relabel_set(db: Database, set_name: str, rule: LabelRule, *, make_default: bool = False) -> RelabelReport:
+    """Labels for ``rule`` from stored rollouts, without sampling; chunks whose label the
+    set's budget has not sampled enough for (adaptive) are counted as undecided."""
+    with db.session() as s:
+        pset = queries.get_set(s, set_name)
+        if make_default:
+            pset.label_rule = rule.key
+        policy = parse_budget(pset.budget_policy)
+        m = pset.rollouts_per_prefix
+        tids = queries.set_trajectory_ids(s, pset.id)
+    labelled = undecided = 0
+    for start in range(0, len(tids), 200):
+        with db.session() as s:
+            for tid in tids[start : start + 200]:
+                ctx = queries.load_work_context(s, tid)
+                is_sample = queries.trajectory_counted(s, tid)
+                labeller = TrajectoryLabeller(ctx.trajectory, ctx.chunks, m, policy, [rule], is_sample)
+                decision = labeller.refresh(s)
+                labelled += sum(label is not None for label in decision.labels)
+                undecided += sum(label is None for label in decision.labels)
+    return RelabelReport(labelled, undecided)

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from models import Database, queries
 from models.problems import Problem
+from workers.backends import SamplingParams, generator_id
+from workers.backends.synthetic import SyntheticBackend
 from workers.segmentation import segment
 from workers.synthetic import PROMPT_TEMPLATE, SyntheticPolicy, derive_seed, ground_truth, make_problem
 
@@ -30,6 +32,9 @@ def synth_set(
     """Idempotent: the same arguments give the same rows; more problems add only the new."""
     policy = SyntheticPolicy(error_rate=error_rate, recovery_rate=recovery_rate)
     config = {"error_rate": error_rate, "recovery_rate": recovery_rate, "latency_s": latency_s}
+    # The trajectories are drawn exactly as the backend draws rollouts, so they are
+    # samples of the same distribution (the adaptive budget counts them as such).
+    generator = generator_id(SyntheticBackend.from_config(config), SamplingParams())
     new_p = new_t = 0
     with db.session() as s:
         pset = queries.ensure_set(s, set_name, backend="synthetic", backend_config=config, seed=seed)
@@ -68,7 +73,7 @@ def synth_set(
                         "outcome": steps[-1].value == problem.answer,
                         "n_chunks": len(steps),
                         "segmentation": seg.method,
-                        "generator": f"synthetic(err={error_rate:g},rec={recovery_rate:g})",
+                        "generator": generator,
                         "seed": traj_seed,
                     },
                     [

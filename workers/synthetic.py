@@ -147,6 +147,20 @@ def ground_truth(steps: Sequence[Step]) -> list[bool]:
     return out
 
 
+def exact_q(policy: SyntheticPolicy, remaining: int, correct_now: bool) -> float:
+    """The true Q of a prefix: chance of ending correct with ``remaining`` steps to write.
+
+    The policy is a two-state chain: a correct running value stays correct with
+    probability 1 - error_rate; a wrong one becomes correct only by recovery (an error
+    never lands on the truth, and a correct operation on a wrong value stays wrong).
+    """
+    e, r = policy.error_rate, policy.recovery_rate
+    p_correct, p_wrong = 1.0, 0.0
+    for _ in range(remaining):
+        p_correct, p_wrong = (1 - e) * p_correct + e * p_wrong, r * p_correct + (1 - r) * p_wrong
+    return p_correct if correct_now else p_wrong
+
+
 def true_q(
     policy: SyntheticPolicy, problem: ArithmeticProblem, done: int, value: int, samples: int = 20000, seed: int = 0
 ) -> float:

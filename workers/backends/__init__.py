@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from models.errors import ConfigError
-from workers.backends.base import Completion, GenerationBackend, GenerationRequest, SamplingParams
+from workers.backends.base import Completion, GenerationBackend, GenerationRequest, SamplingParams, generator_id
 
 
 def make_backend(name: str, config: dict[str, Any] | None = None) -> GenerationBackend:
@@ -18,4 +18,4 @@ def make_backend(name: str, config: dict[str, Any] | None = None) -> GenerationB
     raise ConfigError(f"unknown generation backend '{name}' (available: synthetic)")
 
 
-__all__ = ["Completion", "GenerationBackend", "GenerationRequest", "SamplingParams", "make_backend"]
+__all__ = ["Completion", "GenerationBackend", "GenerationRequest", "SamplingParams", "generator_id", "make_backend"]

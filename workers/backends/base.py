@@ -64,3 +64,9 @@ class GenerationBackend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def generator_id(backend: GenerationBackend, params: SamplingParams) -> str:
+    """The identity recorded on rows: which policy, with which sampling settings.  Two
+    samples are draws of the same distribution only when these are equal."""
+    return f"{backend.generator}[{params.describe()}]"
