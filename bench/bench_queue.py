@@ -33,6 +33,7 @@ from workers.annotate import WorkerOptions, WorkerRuntime
 from workers.backends import GenerationRequest, SamplingParams, make_backend
 from workers.embedded import run_in_process
 from workers.grading import Grader
+from workers.planning import configure_annotation
 from workers.synth import synth_set
 from workers.synthetic import derive_seed
 
@@ -46,11 +47,7 @@ def _prepare(url: str, problems: int, m: int, latency: float, *, plan: bool = Tr
 
 
 def _plan(db: Database, m: int) -> None:
-    with db.session() as s:
-        pset = queries.get_set(s, "bench")
-        pset.rollouts_per_prefix = m
-        s.flush()
-        queries.plan_work(s, pset.id)
+    configure_annotation(db, "bench", m)
 
 
 def in_process(db: Database, m: int, batch: int) -> tuple[int, float]:

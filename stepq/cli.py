@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import click
 
-from models import Database, queries
+from models import Database
 from models.errors import BrokerError, DatabaseError, StepqError
 from stepq.settings import Settings
 
@@ -190,26 +190,13 @@ def synth(
 @friendly
 def annotate(set_name: str, m: int, rule: str | None, budget: str | None) -> None:
     """Set a problem set's budget and plan its missing rollouts (only what is missing)."""
-    from workers.budget import parse_budget
-    from workers.labels import parse_rule
+    from workers.planning import configure_annotation
 
     settings = _settings()
-    database = _db(settings, migrate=settings.embedded)
-    with database.session() as s:
-        pset = queries.get_set(s, set_name)
-        before = (pset.rollouts_per_prefix, pset.label_rule, pset.budget_policy)
-        if rule is not None:
-            pset.label_rule = parse_rule(rule).key
-        if budget is not None:
-            pset.budget_policy = parse_budget(budget).spec
-        pset.rollouts_per_prefix = m
-        s.flush()
-        planned = queries.plan_work(s, pset.id)
-        if (pset.rollouts_per_prefix, pset.label_rule, pset.budget_policy) != before:
-            planned += queries.reopen_set(s, pset.id)
+    report = configure_annotation(_db(settings, migrate=settings.embedded), set_name, m, rule=rule, budget=budget)
     click.echo(
-        f"set '{set_name}': M={pset.rollouts_per_prefix}, rule {pset.label_rule}, budget {pset.budget_policy}; "
-        f"{planned} work items planned or reopened"
+        f"set '{set_name}': M={report.rollouts_per_prefix}, rule {report.label_rule}, "
+        f"budget {report.budget_policy}; {report.work_items} work items planned or reopened"
     )
 
 
@@ -324,13 +311,15 @@ def status(as_json: bool) -> None:
 )
 @click.option("--rollouts", "m", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--rule", default=None, help="Label rule (default: the set's, abs-q for a new set).")
+@click.option("--budget", default=None, help="exhaustive or adaptive[:...] (default: the set's).")
 @friendly
-def run(set_name: str, n_synth: int, m: int, seed: int) -> None:
+def run(set_name: str, n_synth: int, m: int, seed: int, rule: str | None, budget: str | None) -> None:
     """The embedded default: problems to labels in this process (SQLite, no services)."""
     from stepq.embedded import run_embedded
 
     settings = _settings()
-    run_embedded(settings, set_name, n_synth=n_synth, m=m, seed=seed, echo=click.echo)
+    run_embedded(settings, set_name, n_synth=n_synth, m=m, seed=seed, rule=rule, budget=budget, echo=click.echo)
 
 
 @main.command()

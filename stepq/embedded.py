@@ -17,11 +17,20 @@ from stepq.status import collect, render
 from workers.annotate import WorkerRuntime
 from workers.embedded import run_in_process
 from workers.grading import Grader
+from workers.planning import configure_annotation
 from workers.synth import synth_set
 
 
 def run_embedded(
-    settings: Settings, set_name: str, *, n_synth: int, m: int, seed: int, echo: Callable[[str], None]
+    settings: Settings,
+    set_name: str,
+    *,
+    n_synth: int,
+    m: int,
+    seed: int,
+    echo: Callable[[str], None],
+    rule: str | None = None,
+    budget: str | None = None,
 ) -> None:
     upgrade(settings.database_url)
     db = Database(settings.database_url)
@@ -36,12 +45,9 @@ def run_embedded(
             raise NotFoundError(f"no problem set '{set_name}' and --synthetic 0")
         report = synth_set(db, set_name, problems=n_synth, seed=seed)
         echo(f"created synthetic set '{set_name}': {report.new_problems} problems")
+    configure_annotation(db, set_name, m, rule=rule, budget=budget)
     with db.session() as s:
-        pset = queries.get_set(s, set_name)
-        pset.rollouts_per_prefix = max(m, pset.rollouts_per_prefix)
-        s.flush()
-        queries.plan_work(s, pset.id)
-        total = len(queries.set_trajectory_ids(s, pset.id))
+        total = len(queries.set_trajectory_ids(s, queries.get_set(s, set_name).id))
     runtime = WorkerRuntime(db, settings.worker_options("embedded"), Grader(timeout_s=settings.grade_timeout_s))
     with Progress(
         TextColumn("annotating {task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()

@@ -67,6 +67,15 @@ def pg(pg_url: str) -> Iterator[Database]:
     """The session's PostgreSQL database, emptied before each test."""
     db = Database(pg_url)
     with db.engine.begin() as conn:
+        # Whatever an earlier test left connected (a killed worker's session) must not
+        # block the truncate.
+        conn.execute(
+            text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        )
+        conn.execute(text("SET LOCAL lock_timeout = '20s'"))
         conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
     yield db
     db.dispose()

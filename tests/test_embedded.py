@@ -8,15 +8,13 @@ from models import Database, Rollout, queries
 from tests.pipeline_checks import assert_exact, label_accuracy
 from workers.annotate import WorkerOptions, WorkerRuntime
 from workers.embedded import run_in_process
+from workers.labels import parse_rule
+from workers.planning import configure_annotation
 from workers.synth import synth_set
 
 
-def _annotate(db: Database, name: str, m: int) -> None:
-    with db.session() as s:
-        pset = queries.get_set(s, name)
-        pset.rollouts_per_prefix = m
-        s.flush()
-        queries.plan_work(s, pset.id)
+def _annotate(db: Database, name: str, m: int, **kw: str) -> None:
+    configure_annotation(db, name, m, **kw)
 
 
 def _runtime(db: Database) -> WorkerRuntime:
@@ -91,3 +89,110 @@ def test_a_failing_backend_marks_work_failed_after_max_attempts(sqlite: Database
     with sqlite.session() as s:
         assert queries.work_counts(s) == {"failed": 2}
         assert queries.retry_failed(s) == 2
+
+
+def _labels(db: Database, name: str) -> dict[tuple[str, int, str], bool]:
+    from sqlalchemy import text
+
+    with db.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT p.external_id, c.idx, l.rule, l.positive FROM chunk_labels l "
+                "JOIN chunks c ON c.id = l.chunk_id JOIN trajectories t ON t.id = c.trajectory_id "
+                "JOIN problems p ON p.id = t.problem_id JOIN problem_sets s ON s.id = p.problem_set_id "
+                "WHERE s.name = :n"
+            ),
+            {"n": name},
+        )
+        return {(ext, idx, rule): bool(pos) for ext, idx, rule, pos in rows}
+
+
+def test_adaptive_budget_labels_every_chunk_with_fewer_rollouts(any_db: Database) -> None:
+    for name, budget in (("ex", "exhaustive"), ("ad", "adaptive")):
+        synth_set(any_db, name, problems=30, seed=9, recovery_rate=0.0)
+        _annotate(any_db, name, 16, budget=budget)
+        run_in_process(any_db, _runtime(any_db))
+    with any_db.session() as s:
+        rows = {r["problem_set"]: r for r in queries.progress(s)}
+    ex, ad = rows["ex"], rows["ad"]
+    assert ex["rollouts_saved"] == 0 and ex["rollouts_done"] == ex["rollouts_planned"]
+    assert ad["labelled_chunks"] == ad["chunks"] == ex["chunks"]
+    assert ad["rollouts_done"] * 4 < ex["rollouts_done"], "Abs-Q needs far fewer rollouts"
+    assert ad["rollouts_saved"] == ad["rollouts_planned"] - ad["rollouts_done"]
+    ex_labels = {k[:2]: v for k, v in _labels(any_db, "ex").items()}
+    ad_labels = {k[:2]: v for k, v in _labels(any_db, "ad").items()}
+    assert ad_labels == ex_labels, "without recovery adaptive Abs-Q labels equal the exhaustive ones"
+    assert run_in_process(any_db, _runtime(any_db)) == {}
+
+
+def test_a_new_rule_on_an_adaptive_set_samples_only_what_it_needs(sqlite: Database) -> None:
+    synth_set(sqlite, "a", problems=15, seed=4)
+    _annotate(sqlite, "a", 16, budget="adaptive")
+    run_in_process(sqlite, _runtime(sqlite))
+    with sqlite.session() as s:
+        first = {r.id for r in s.scalars(select(Rollout))}
+    from workers.qvalues import relabel_set
+
+    report = relabel_set(sqlite, "a", parse_rule("rel-ratio"))
+    assert report.undecided > 0, "Abs-Q's samples do not settle every Rel-Ratio label"
+    _annotate(sqlite, "a", 16, rule="rel-ratio")
+    run_in_process(sqlite, _runtime(sqlite))
+    with sqlite.session() as s:
+        after = {r.id for r in s.scalars(select(Rollout))}
+    assert first < after, "kept every earlier rollout and added some"
+    labels = _labels(sqlite, "a")
+    assert {rule for _, _, rule in labels} == {"abs-q", "rel-ratio:gamma=0.8"}
+    with sqlite.session() as s:
+        row = queries.progress(s)[0]
+    assert row["labelled_chunks"] == row["chunks"]
+
+
+def test_interrupted_adaptive_work_resumes_to_the_same_result(sqlite: Database, tmp_path: object) -> None:
+    """A task that dies after some rounds leaves committed rounds; the next one carries on
+    and ends with exactly the rollouts and labels of an uninterrupted run (a round is
+    committed whole when it fits in one batch, and decisions depend only on committed rounds)."""
+    from migrations import upgrade
+
+    other_url = f"sqlite:///{tmp_path}/other.db"  # type: ignore[str-bytes-safe]
+    upgrade(other_url)
+    other = Database(other_url)
+    for db in (sqlite, other):
+        synth_set(db, "r", problems=12, seed=6)
+        _annotate(db, "r", 16, budget="adaptive", rule="rel-effective")
+    run_in_process(other, _runtime(other))
+
+    class Dies(Exception):
+        pass
+
+    calls = {"n": 0}
+    real = _runtime(sqlite)
+    backend = real.backend_for(queries_set(sqlite, "r"))
+
+    class Flaky:
+        name = backend.name
+        generator = backend.generator
+
+        def generate(self, requests, params):  # type: ignore[no-untyped-def]
+            calls["n"] += 1
+            if calls["n"] % 5 == 0:
+                raise Dies("worker lost mid-round")
+            return backend.generate(requests, params)
+
+        def close(self) -> None:
+            pass
+
+    flaky = WorkerRuntime(
+        sqlite, WorkerOptions(batch_rollouts=32, name="flaky", max_attempts=50), backend_override=Flaky()
+    )
+    outcomes = run_in_process(sqlite, flaky)
+    assert outcomes.get("retry", 0) > 0 and "failed" not in outcomes
+    assert _labels(sqlite, "r") == _labels(other, "r")
+    with sqlite.session() as s, other.session() as o:
+        mine = sorted((r.prefix_len, r.sample_idx, r.reward) for r in s.scalars(select(Rollout)))
+        theirs = sorted((r.prefix_len, r.sample_idx, r.reward) for r in o.scalars(select(Rollout)))
+    assert mine == theirs
+
+
+def queries_set(db: Database, name: str):  # type: ignore[no-untyped-def]
+    with db.session() as s:
+        return queries.get_set(s, name)

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -75,19 +76,7 @@ def test_sigkill_worker_mid_run_loses_and_duplicates_nothing(cluster: Cluster, p
     victim = cluster.start_worker("victim")
     _dispatcher(cluster)
     wait_for(lambda: _rollouts(pg) > 300, 120, "the run to be under way")
-
-    def frozen_holding_a_lease() -> bool:
-        # Freeze the worker, then look: a frozen process cannot change what it holds.
-        victim.send_signal(signal.SIGSTOP)
-        with pg.engine.connect() as conn:
-            held = conn.execute(
-                text("SELECT count(*) FROM rollout_work WHERE state = 'running' AND lease_owner = 'victim'")
-            ).scalar_one()
-        if not held:
-            victim.send_signal(signal.SIGCONT)
-        return bool(held)
-
-    wait_for(frozen_holding_a_lease, 60, "the victim to hold a lease", interval=0.05)
+    _freeze_holding_a_lease(pg, victim, "victim")
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=10)
     assert not _all_done(pg)
@@ -98,6 +87,70 @@ def test_sigkill_worker_mid_run_loses_and_duplicates_nothing(cluster: Cluster, p
         retried = conn.execute(text("SELECT count(*) FROM rollout_work WHERE attempts > 1")).scalar_one()
         by_worker = dict(conn.execute(text("SELECT worker, count(*) FROM rollouts GROUP BY worker")).all())
     assert retried >= 1, "the killed worker's item was rescheduled after its lease expired"
+    assert by_worker.get("victim", 0) > 0 and by_worker.get("rescuer", 0) > 0
+
+
+def _freeze_holding_a_lease(pg: Database, proc: subprocess.Popen[bytes], owner: str) -> None:
+    """Freeze the worker, then look: a frozen process cannot change what it holds."""
+
+    def holding() -> bool:
+        proc.send_signal(signal.SIGSTOP)
+        with pg.engine.connect() as conn:
+            held = conn.execute(
+                text("SELECT count(*) FROM rollout_work WHERE state = 'running' AND lease_owner = :o"), {"o": owner}
+            ).scalar_one()
+        if not held:
+            proc.send_signal(signal.SIGCONT)
+        return bool(held)
+
+    wait_for(holding, 60, f"{owner} to hold a lease", interval=0.05)
+
+
+def test_adaptive_budget_through_the_queue_survives_a_kill(cluster: Cluster, pg: Database, tmp_path: Path) -> None:
+    """Adaptive rounds through real workers, one SIGKILLed mid-run, end exactly as an
+    uninterrupted in-process run of the same set: same rollouts, same labels."""
+    args = ("--problems", "40", "--seed", "3", "--latency-s", "0.003")
+    cluster.cli("synth", "--set", "adapt", *args)
+    cluster.cli("annotate", "--set", "adapt", "--rollouts", "16", "--budget", "adaptive", "--rule", "rel-effective")
+    victim = cluster.start_worker("victim")
+    _dispatcher(cluster)
+    wait_for(lambda: _rollouts(pg) > 150, 120, "the run to be under way")
+    _freeze_holding_a_lease(pg, victim, "victim")
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=10)
+    cluster.start_worker("rescuer")
+    wait_for(lambda: _all_done(pg), 240, "all work done after the kill")
+
+    local = dict(cluster.env, STEPQ_DATABASE_URL=f"sqlite:///{tmp_path / 'local.db'}")
+    for cmd in (
+        ["synth", "--set", "adapt", *args],
+        ["annotate", "--set", "adapt", "--rollouts", "16", "--budget", "adaptive", "--rule", "rel-effective"],
+    ):
+        subprocess.run([sys.executable, "-m", "stepq", *cmd], env=local, check=True, capture_output=True)
+    from workers.annotate import WorkerOptions, WorkerRuntime
+    from workers.embedded import run_in_process
+
+    other = Database(local["STEPQ_DATABASE_URL"])
+    run_in_process(other, WorkerRuntime(other, WorkerOptions(batch_rollouts=16, name="local")))
+    query = (
+        "SELECT p.external_id, r.prefix_len, r.sample_idx, r.reward FROM rollouts r "
+        "JOIN trajectories t ON t.id = r.trajectory_id JOIN problems p ON p.id = t.problem_id"
+    )
+    labels = (
+        "SELECT p.external_id, c.idx, l.rule, l.positive FROM chunk_labels l JOIN chunks c ON c.id = l.chunk_id "
+        "JOIN trajectories t ON t.id = c.trajectory_id JOIN problems p ON p.id = t.problem_id"
+    )
+    with pg.engine.connect() as a, other.engine.connect() as b:
+        assert sorted(a.execute(text(query)).all()) == sorted(b.execute(text(query)).all())
+        got = {(e, i, r): bool(p) for e, i, r, p in a.execute(text(labels))}
+        want = {(e, i, r): bool(p) for e, i, r, p in b.execute(text(labels))}
+        chunks = a.execute(text("SELECT count(*) FROM chunks")).scalar_one()
+        saved = a.execute(text("SELECT rollouts_saved FROM annotation_progress")).scalar_one()
+    assert got == want and len(got) == chunks
+    assert saved > 0
+    with pg.engine.connect() as conn:
+        by_worker = dict(conn.execute(text("SELECT worker, count(*) FROM rollouts GROUP BY worker")).all())
+    other.dispose()
     assert by_worker.get("victim", 0) > 0 and by_worker.get("rescuer", 0) > 0
 
 

@@ -144,7 +144,9 @@ class Adaptive:
             rolls = [r for i, r in obs.rewards.get(k, {}).items() if i < cap]
             eff.append((len(rolls) + t, sum(rolls) + t * int(obs.outcome)))
         alive: list[bool | None] = [True if c > 0 else False if s >= m else None for s, c in eff]
-        alive.append(obs.outcome)
+        # The trajectory's own success makes its prefixes alive only if the rollout policy
+        # could have written it, i.e. when it is a sample of that policy.
+        alive.append(obs.outcome if (t or not obs.outcome) else None)
         last_alive = max((k for k, a in enumerate(alive) if a), default=-1)
         first_dead = min((k for k, a in enumerate(alive) if a is False), default=n + 1)
         for k in range(n + 1):
@@ -158,6 +160,7 @@ class Adaptive:
                 if idx:
                     requests[k] = idx
 
+        alive[n] = obs.outcome
         undecided = [k for k in range(n + 1) if alive[k] is None]
         if undecided:  # binary search between the last alive and the first dead prefix
             ask(undecided[len(undecided) // 2])
@@ -180,7 +183,8 @@ class Adaptive:
             before, after = dist(i - 1), dist(i)
             p_pos = sum(pb * pa for xb, pb in before for xa, pa in after if rule(xb, xa))
             early = all(k == n or alive[k] is False or eff[k][0] >= self.min_samples for k in (i - 1, i))
-            if not early and len(before) * len(after) > 1 and 0 < p_pos < 1:
+            certain = p_pos <= 1e-9 or p_pos >= 1 - 1e-9  # whatever the unknown Q-values are
+            if not early and not certain:
                 labels.append(None)
                 ask(i - 1)
                 ask(i)
@@ -192,8 +196,12 @@ class Adaptive:
                 labels.append(p_pos >= 0.5)  # the budget is spent: the likelier label
             else:
                 labels.append(None)
-                ask(i - 1)
-                ask(i)
+                # sample the less-known side of the chunk (both when equally known)
+                sides = [k for k in (i - 1, i) if self._can_sample(obs, k, cap)]
+                fewest = min(eff[k][0] for k in sides)
+                for k in sides:
+                    if eff[k][0] == fewest:
+                        ask(k)
         return Decision(requests, labels, q)
 
 

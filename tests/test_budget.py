@@ -1,0 +1,124 @@
+"""Budget policies as pure functions: what to sample next and which labels are settled."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from models.errors import ConfigError
+from workers.budget import Adaptive, Exhaustive, Observation, parse_budget, posterior
+from workers.labels import parse_rule
+
+ABS = parse_rule("abs-q")
+RATIO = parse_rule("rel-ratio")
+EFF = parse_rule("rel-effective")
+
+
+def _obs(n: int, outcome: bool, rewards: dict[int, list[int]], m: int = 8, counted: bool = True) -> Observation:
+    return Observation(n, m, outcome, {k: dict(enumerate(rs)) for k, rs in rewards.items()}, counted)
+
+
+def test_exhaustive_asks_for_every_missing_sample_and_labels_when_complete() -> None:
+    d = Exhaustive().decide(_obs(2, False, {0: [1, 0, 1, 0], 1: [0] * 8}), ABS)
+    assert d.requests == {0: [4, 5, 6, 7]}
+    assert d.labels == [False, False], "abs-q of chunk 1 needs only the complete Q(1)"
+    assert Exhaustive().decide(_obs(2, False, {0: [1, 0, 1, 0], 1: [0] * 8}), RATIO).labels == [None, False]
+    done = Exhaustive().decide(_obs(2, False, {0: [1] + [0] * 7, 1: [0] * 8}), ABS)
+    assert done.done and done.labels == [False, False] and done.q == [0.125, 0.0, 0.0]
+
+
+def test_adaptive_abs_q_needs_nothing_for_a_correct_trajectory() -> None:
+    d = Adaptive().decide(_obs(5, True, {}), ABS)
+    assert d.done and d.labels == [True] * 5
+
+
+def test_without_the_trajectory_as_a_sample_a_correct_trajectory_is_sampled() -> None:
+    d = Adaptive().decide(_obs(5, True, {}, counted=False), ABS)
+    assert not d.done and d.labels[-1] is True
+
+
+def test_adaptive_abs_q_binary_search_finds_the_first_dead_prefix() -> None:
+    # 8 chunks, prefixes 0..3 alive (a success in every round), 4..7 dead.
+    n, m = 8, 8
+    truth_alive = [k < 4 for k in range(n)]
+    rewards: dict[int, dict[int, int]] = {}
+    probes = []
+    policy = Adaptive(round_size=4)
+    for _ in range(50):
+        d = policy.decide(Observation(n, m, False, rewards, True), ABS)
+        if d.done:
+            break
+        assert len(d.requests) == 1, "abs-q probes one prefix per round"
+        ((k, idx),) = d.requests.items()
+        probes.append(k)
+        for i in idx:
+            rewards.setdefault(k, {})[i] = int(truth_alive[k] and i == idx[0])
+    assert d.labels == [True, True, True, False, False, False, False, False]
+    assert len(set(probes)) <= 4, f"binary search, not a scan: {probes}"
+    assert sum(len(v) for v in rewards.values()) < n * (m - 1) / 2
+
+
+def test_dead_prefix_makes_later_prefixes_dead_and_success_makes_earlier_alive() -> None:
+    # prefix 2 has a success, prefix 3 is dead after the full budget (7 rollouts + trajectory).
+    d = Adaptive().decide(_obs(6, False, {2: [0, 1, 0, 0], 3: [0] * 7}), ABS)
+    assert d.labels == [True, True, False, False, False, False]
+    assert d.done
+
+
+def test_relative_rule_chunk_after_a_dead_prefix_is_negative_without_sampling_it() -> None:
+    d = Adaptive().decide(_obs(3, False, {0: [1] * 7, 1: [0] * 7}), RATIO)
+    assert d.labels[1:] == [False, False]
+
+
+def test_relative_rule_samples_until_confident() -> None:
+    policy = Adaptive(round_size=4, confidence=0.9, min_samples=4)
+    d = policy.decide(_obs(2, True, {}), RATIO)
+    assert d.requests and d.labels[0] is None, "no decision on the prior alone"
+    assert d.labels[1] is True, "Q_n = 1 is never below gamma * Q_{n-1}"
+    clear = policy.decide(_obs(2, True, {0: [1, 1, 1, 1, 1, 1, 1], 1: [0, 0, 0, 0, 0, 0, 1]}), RATIO)
+    assert clear.labels[0] is False
+
+
+def test_spent_budget_takes_the_likelier_label() -> None:
+    policy = Adaptive(confidence=0.99)
+    d = policy.decide(_obs(2, True, {0: [1, 0, 1, 0, 1, 0, 1], 1: [1, 0, 1, 0, 1, 0, 0]}), RATIO)
+    assert d.done and d.labels[0] in (True, False)
+
+
+@pytest.mark.parametrize("rule", [ABS, RATIO, EFF])
+def test_adaptive_always_terminates_within_the_budget(rule: object) -> None:
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(1, 6)
+        q = sorted((rng.random() for _ in range(n)), reverse=True)
+        outcome = rng.random() < 0.5
+        rewards: dict[int, dict[int, int]] = {}
+        policy = Adaptive(round_size=rng.randint(1, 5))
+        for _ in range(100):
+            d = policy.decide(Observation(n, 8, outcome, rewards, rng.random() < 0.5), rule)  # type: ignore[arg-type]
+            if d.done:
+                break
+            for k, idx in d.requests.items():
+                assert all(i not in rewards.get(k, {}) and i < 8 for i in idx)
+                for i in idx:
+                    rewards.setdefault(k, {})[i] = int(rng.random() < q[k])
+        assert d.done and all(label is not None for label in d.labels)
+        assert all(len(v) <= 8 for v in rewards.values())
+
+
+def test_posterior_is_a_distribution_centred_on_the_data() -> None:
+    dist = posterior(16, 12)
+    assert abs(sum(p for _, p in dist) - 1) < 1e-9
+    mean = sum(x * p for x, p in dist)
+    assert abs(mean - 12.5 / 17) < 0.02
+
+
+def test_parse_budget() -> None:
+    assert parse_budget("exhaustive").spec == "exhaustive"
+    a = parse_budget("adaptive:confidence=0.9,round=2,min=3")
+    assert isinstance(a, Adaptive) and (a.confidence, a.round_size, a.min_samples) == (0.9, 2, 3)
+    assert parse_budget(a.spec) == a
+    for bad in ["lazy", "exhaustive:x=1", "adaptive:confidence=1.5", "adaptive:speed=2", "adaptive:round=x"]:
+        with pytest.raises(ConfigError):
+            parse_budget(bad)
