@@ -15,6 +15,7 @@ import click
 from models import Database
 from models.errors import BrokerError, DatabaseError, StepqError
 from stepq.settings import Settings
+from workers.backends import BACKENDS as BACKEND_NAMES
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -231,20 +232,63 @@ def label(set_name: str, rule: str, make_default: bool) -> None:
 )
 @click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--loglevel", default=None)
+@click.option(
+    "--backend",
+    type=click.Choice(BACKEND_NAMES),
+    default=None,
+    help="Generate with this backend for every set (default: each set's own backend).",
+)
+@click.option("--model", default=None, help="vllm/hf: model path or name; openai: the served model name.")
+@click.option("--base-url", default=None, help="openai: the server's base URL, e.g. http://host:8000/v1.")
+@click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--gpu-memory-utilization", type=click.FloatRange(0.05, 1.0), default=0.9, show_default=True)
+@click.option(
+    "--backend-option",
+    "backend_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Any other backend setting (repeatable), e.g. concurrency=32.",
+)
 @friendly
-def worker(name: str | None, pool: str, concurrency: int, loglevel: str | None) -> None:
+def worker(
+    name: str | None,
+    pool: str,
+    concurrency: int,
+    loglevel: str | None,
+    backend: str | None,
+    model: str | None,
+    base_url: str | None,
+    tensor_parallel_size: int,
+    gpu_memory_utilization: float,
+    backend_options: tuple[str, ...],
+) -> None:
     """Run a Celery worker that pulls rollout work (one per GPU, concurrency 1)."""
     from workers.annotate import WorkerRuntime
+    from workers.backends import make_backend
     from workers.celery_app import create_app
     from workers.grading import Grader
 
     settings = _settings()
     _setup_logging(loglevel or settings.log_level)
     _db(settings).dispose()
+    config: dict[str, Any] = {
+        "model": model,
+        "base_url": base_url,
+        "tensor_parallel_size": tensor_parallel_size,
+        "gpu_memory_utilization": gpu_memory_utilization,
+    }
+    config.update(_key_values(backend_options))
+    # The engine is built once, here, and kept warm for every task this process runs.
+    override = make_backend(backend, {k: v for k, v in config.items() if v is not None}) if backend else None
 
     def runtime() -> WorkerRuntime:
         database = Database(settings.database_url, pool_size=2, synchronous_commit=settings.synchronous_commit)
-        return WorkerRuntime(database, settings.worker_options(name), Grader(timeout_s=settings.grade_timeout_s))
+        return WorkerRuntime(
+            database,
+            settings.worker_options(name),
+            Grader(timeout_s=settings.grade_timeout_s),
+            backend_override=override,
+        )
 
     app = create_app(settings.celery_options(), runtime)
     argv = [
@@ -259,6 +303,21 @@ def worker(name: str | None, pool: str, concurrency: int, loglevel: str | None) 
     if name:
         argv.append(f"--hostname={name}@%h")
     app.worker_main(argv)
+
+
+def _key_values(items: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            from models.errors import ConfigError
+
+            raise ConfigError(f"expected KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
 
 
 @main.command()

@@ -117,11 +117,11 @@ class Cluster:
     logs: Path
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    def start_worker(self, name: str) -> subprocess.Popen[bytes]:
+    def start_worker(self, name: str, *extra: str) -> subprocess.Popen[bytes]:
         log = self.logs / f"{name}.log"
         handle = log.open("wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "stepq", "worker", "--name", name, "--loglevel", "INFO"],
+            [sys.executable, "-m", "stepq", "worker", "--name", name, "--loglevel", "INFO", *extra],
             env=self.env,
             stdout=handle,
             stderr=subprocess.STDOUT,

@@ -19,6 +19,7 @@ from sqlalchemy import text
 from models import Database, queries
 from tests.conftest import Cluster, wait_for
 from tests.pipeline_checks import assert_exact, label_accuracy
+from workers.backends.synthetic_server import FailurePlan, SyntheticCompletionsServer
 
 pytestmark = pytest.mark.integration
 
@@ -52,13 +53,39 @@ def _prepare(cluster: Cluster, name: str, problems: int, m: int, *, seed: int = 
     cluster.cli("annotate", "--set", name, "--rollouts", str(m))
 
 
-def test_annotation_is_exact_through_the_queue(cluster: Cluster, pg: Database) -> None:
+@pytest.mark.parametrize("backend", ["synthetic", "openai"])
+def test_annotation_is_exact_through_the_queue(cluster: Cluster, pg: Database, backend: str) -> None:
+    """60 problems, M = 8, two worker processes; with ``openai`` the workers generate through
+    a real OpenAI-compatible server on loopback that fails its first requests (retried)."""
     _prepare(cluster, "exact", problems=60, m=8)
-    cluster.start_worker("w1")
-    cluster.start_worker("w2")
-    _dispatcher(cluster)
-    wait_for(lambda: _all_done(pg), 180, "all work done")
+    extra: tuple[str, ...] = ()
+    server = None
+    if backend == "openai":
+        server = SyntheticCompletionsServer(failures=FailurePlan(first=5, status=503)).start()
+        extra = (
+            "--backend",
+            "openai",
+            "--base-url",
+            server.url,
+            "--model",
+            "synthetic",
+            "--backend-option",
+            "backoff_s=0.05",
+        )
+    try:
+        cluster.start_worker("w1", *extra)
+        cluster.start_worker("w2", *extra)
+        _dispatcher(cluster)
+        wait_for(lambda: _all_done(pg), 180, "all work done")
+    finally:
+        if server is not None:
+            server.stop()
     total = assert_exact(pg, "exact", 8)
+    if server is not None:
+        assert server.requests == total + 5, "one request per sample, plus the 5 failed ones retried"
+        with pg.engine.connect() as conn:
+            generators = {g for (g,) in conn.execute(text("SELECT DISTINCT generator FROM rollouts"))}
+        assert generators == {"openai:synthetic[t=1,p=1,max=8192]"}
     assert total > 60 * 3 * 8
     with pg.engine.connect() as conn:
         workers = {w for (w,) in conn.execute(text("SELECT DISTINCT worker FROM rollouts"))}

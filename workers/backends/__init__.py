@@ -15,7 +15,22 @@ def make_backend(name: str, config: dict[str, Any] | None = None) -> GenerationB
         from workers.backends.synthetic import SyntheticBackend
 
         return SyntheticBackend.from_config(config)
-    raise ConfigError(f"unknown generation backend '{name}' (available: synthetic)")
+    if name == "openai":
+        from workers.backends.openai_server import OpenAICompletionsBackend
+
+        return OpenAICompletionsBackend.from_config(config)
+    if name == "vllm":
+        from workers.backends.vllm_engine import VLLMBackend
+
+        return VLLMBackend.from_config(config)
+    if name == "hf":
+        from workers.backends.hf import HFBackend
+
+        return HFBackend.from_config(config)
+    raise ConfigError(f"unknown generation backend '{name}' (one of: {', '.join(BACKENDS)})")
+
+
+BACKENDS = ("synthetic", "openai", "vllm", "hf")
 
 
 __all__ = ["Completion", "GenerationBackend", "GenerationRequest", "SamplingParams", "generator_id", "make_backend"]

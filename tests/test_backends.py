@@ -1,0 +1,315 @@
+"""Generation backends: request building and result parsing, the OpenAI-compatible client
+against a real loopback server (retries included), vLLM against a stand-in engine, and
+transformers on a tiny model built here.  Plus exact continuation for every backend."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from models import Database, queries
+from workers.annotate import WorkerOptions, WorkerRuntime
+from workers.backends import GenerationBackend, GenerationRequest, SamplingParams, make_backend
+from workers.backends.hf import HFBackend, cut_at_stop
+from workers.backends.openai_server import OpenAICompletionsBackend, ServerError, build_calls, parse_response
+from workers.backends.synthetic_server import FailurePlan, SyntheticCompletionsServer
+from workers.backends.vllm_engine import VLLMBackend, build_engine_calls, read_engine_outputs
+from workers.embedded import run_in_process
+from workers.planning import configure_annotation
+from workers.synth import synth_set
+from workers.synthetic import PROMPT_TEMPLATE, SyntheticPolicy, make_problem
+
+CTX = PROMPT_TEMPLATE.format(question=make_problem(1).question)
+
+
+@pytest.fixture
+def server() -> Iterator[SyntheticCompletionsServer]:
+    srv = SyntheticCompletionsServer().start()
+    yield srv
+    srv.stop()
+
+
+# --- OpenAI-compatible completions ----------------------------------------------------
+
+
+def test_build_calls_per_sample_and_n() -> None:
+    reqs = [GenerationRequest("a", (1, 2)), GenerationRequest("b", (3,))]
+    params = SamplingParams(temperature=0.7, max_tokens=9, stop=("\n\n",))
+    calls = build_calls(reqs, params, "m", per_sample_seeds=True)
+    assert [(c.request_index, c.body["seed"], c.body["n"], c.body["prompt"]) for c in calls] == [
+        (0, 1, 1, "a"),
+        (0, 2, 1, "a"),
+        (1, 3, 1, "b"),
+    ]
+    assert calls[0].body["stop"] == ["\n\n"] and calls[0].body["temperature"] == 0.7
+    grouped = build_calls(reqs, params, "m", per_sample_seeds=False)
+    assert [(c.body["n"], c.body["seed"]) for c in grouped] == [(2, 1), (1, 3)]
+
+
+def test_parse_response() -> None:
+    payload = {
+        "choices": [{"index": 1, "text": "b"}, {"index": 0, "text": "a", "finish_reason": "length"}],
+        "usage": {"completion_tokens": 10},
+    }
+    assert [(c.text, c.tokens, c.finish_reason) for c in parse_response(payload, 2)] == [
+        ("a", 5, "length"),
+        ("b", 5, "stop"),
+    ]
+    with pytest.raises(ServerError):
+        parse_response({"choices": []}, 1)
+
+
+def test_openai_backend_against_the_loopback_server(server: SyntheticCompletionsServer) -> None:
+    backend = OpenAICompletionsBackend(server.url, "synthetic", concurrency=4)
+    reqs = [GenerationRequest(CTX, (1, 2, 3)), GenerationRequest(CTX, (1,))]
+    out = backend.generate(reqs, SamplingParams())
+    assert [len(o) for o in out] == [3, 1]
+    assert out[0][0].text == out[1][0].text, "same seed, same sample"
+    policy = SyntheticPolicy()
+    assert out[0][1].text == policy.continue_text(CTX, "", 2)
+    assert backend.usage["completion_tokens"] == sum(c.tokens for o in out for c in o) > 0
+    assert server.prompts == [CTX] * 4
+
+
+@pytest.mark.parametrize("status", [503, 429, 500])
+def test_openai_backend_retries_transient_failures(status: int) -> None:
+    srv = SyntheticCompletionsServer(failures=FailurePlan(first=3, status=status)).start()
+    try:
+        backend = OpenAICompletionsBackend(srv.url, "synthetic", concurrency=1, backoff_s=0.01)
+        out = backend.generate([GenerationRequest(CTX, (5,))], SamplingParams())
+        assert len(out[0]) == 1 and backend.retries == 3 and srv.requests == 4
+    finally:
+        srv.stop()
+
+
+def test_openai_backend_gives_up_clearly() -> None:
+    srv = SyntheticCompletionsServer(failures=FailurePlan(first=100, status=503)).start()
+    try:
+        backend = OpenAICompletionsBackend(srv.url, "synthetic", max_retries=2, backoff_s=0.01)
+        with pytest.raises(ServerError, match="HTTP 503"):
+            backend.generate([GenerationRequest(CTX, (5,))], SamplingParams())
+        assert srv.requests == 3
+    finally:
+        srv.stop()
+    bad = SyntheticCompletionsServer(failures=FailurePlan(first=100, status=400)).start()
+    try:
+        backend = OpenAICompletionsBackend(bad.url, "synthetic", max_retries=5, backoff_s=0.01)
+        with pytest.raises(ServerError, match="HTTP 400"):
+            backend.generate([GenerationRequest(CTX, (5,))], SamplingParams())
+        assert bad.requests == 1, "a 400 is not retried"
+    finally:
+        bad.stop()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    backend = OpenAICompletionsBackend(f"http://127.0.0.1:{port}/v1", "x", max_retries=1, backoff_s=0.01)
+    with pytest.raises(ServerError):
+        backend.generate([GenerationRequest(CTX, (1,))], SamplingParams())
+
+
+# --- vLLM -------------------------------------------------------------------------------
+
+
+@dataclass
+class _Sample:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+
+
+@dataclass
+class _RequestOutput:
+    prompt: str
+    outputs: list[_Sample]
+
+
+@dataclass
+class StandInSamplingParams:
+    """Stand-in for vllm.SamplingParams: the fields stepq sets."""
+
+    n: int = 1
+    seed: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 16
+    stop: list[str] | None = None
+
+
+class StandInVLLMEngine:
+    """A stand-in for ``vllm.LLM`` (vLLM needs CUDA): same ``generate`` signature and output
+    shape, continuing prompts with the synthetic policy.  It says what it is."""
+
+    stand_in = True
+
+    def __init__(self) -> None:
+        self.policy = SyntheticPolicy()
+        self.prompts: list[str] = []
+        self.calls = 0
+
+    def generate(
+        self, prompts: Sequence[str], sampling_params: Sequence[StandInSamplingParams], use_tqdm: bool = True
+    ) -> list[_RequestOutput]:
+        self.calls += 1
+        assert len(prompts) == len(sampling_params) and not use_tqdm
+        out = []
+        for prompt, sp in zip(prompts, sampling_params, strict=True):
+            self.prompts.append(prompt)
+            head, _, prefix = prompt.rpartition("Solution:\n")
+            texts = [self.policy.continue_text(head + "Solution:\n", prefix, (sp.seed or 0) + i) for i in range(sp.n)]
+            out.append(_RequestOutput(prompt, [_Sample(t, list(range(len(t.split()))), "stop") for t in texts]))
+        return out
+
+
+def test_vllm_requests_and_results() -> None:
+    reqs = [GenerationRequest("p0", (7, 8)), GenerationRequest("p1", (9,))]
+    params = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=8192, stop=("</chunk>",))
+    calls = build_engine_calls(reqs, params, per_sample_seeds=True)
+    assert [(c.request_index, c.prompt, c.sampling["seed"], c.sampling["n"]) for c in calls] == [
+        (0, "p0", 7, 1),
+        (0, "p0", 8, 1),
+        (1, "p1", 9, 1),
+    ]
+    assert calls[0].sampling == {
+        "temperature": 1.0,
+        "top_p": 0.95,
+        "max_tokens": 8192,
+        "stop": ["</chunk>"],
+        "n": 1,
+        "seed": 7,
+    }
+    grouped = build_engine_calls(reqs, params, per_sample_seeds=False)
+    assert [(c.sampling["n"], c.sampling["seed"]) for c in grouped] == [(2, 7), (1, 9)]
+    outputs = [
+        _RequestOutput("p0", [_Sample("a", [1, 2], "stop"), _Sample("b", [3], "length")]),
+        _RequestOutput("p1", [_Sample("c", [], "stop")]),
+    ]
+    parsed = read_engine_outputs(grouped, outputs, 2)
+    assert [[(c.text, c.tokens, c.finish_reason) for c in row] for row in parsed] == [
+        [("a", 2, "stop"), ("b", 1, "length")],
+        [("c", 0, "stop")],
+    ]
+    with pytest.raises(RuntimeError):
+        read_engine_outputs(grouped, outputs[:1], 2)
+
+
+def test_vllm_backend_with_a_stand_in_engine() -> None:
+    engine = StandInVLLMEngine()
+    backend = VLLMBackend("models/policy-7b", engine=engine, sampling_factory=StandInSamplingParams)
+    assert backend.generator == "vllm:models/policy-7b (stand-in engine)"
+    reqs = [GenerationRequest(CTX, (1, 2)), GenerationRequest(CTX + "Step 1: x", (3,))]
+    out = backend.generate(reqs, SamplingParams())
+    assert engine.calls == 1, "a whole batch of prefixes in one generate call"
+    assert [len(o) for o in out] == [2, 1]
+    assert out[0][0].text == SyntheticPolicy().continue_text(CTX, "", 1)
+
+
+def test_vllm_backend_says_when_vllm_is_missing() -> None:
+    from models.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="vLLM is not installed"):
+        make_backend("vllm", {"model": "x"})
+
+
+# --- transformers -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.tiny_models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+def test_hf_backend_seeding_stopping_tokens_batching(tiny_model: Path) -> None:
+    backend = HFBackend(str(tiny_model), batch_size=3)
+    params = SamplingParams(max_tokens=10)
+    reqs = [GenerationRequest(CTX, (1, 2)), GenerationRequest("short", (3,))]
+    a, b = backend.generate(reqs, params), backend.generate(reqs, params)
+    assert a == b, "same seeds, same completions"
+    assert [len(row) for row in a] == [2, 1]
+    assert all(0 < c.tokens <= 10 for row in a for c in row)
+    other = backend.generate([GenerationRequest(CTX, (4, 5)), GenerationRequest("short", (6,))], params)
+    assert other != a, "other seeds, other completions"
+    exact = HFBackend(str(tiny_model), per_sample_seeds=True)
+    alone = exact.generate([GenerationRequest(CTX, (1,))], params)[0][0]
+    together = exact.generate([GenerationRequest("short", (9,)), GenerationRequest(CTX, (1,))], params)[1][0]
+    assert alone == together, "per-sample seeds do not depend on the batch"
+    full = backend.generate([GenerationRequest(CTX, (1,))], SamplingParams(max_tokens=40))[0][0]
+    stop = next(ch for ch in full.text[1:] if ch.strip())
+    cut = backend.generate([GenerationRequest(CTX, (1,))], SamplingParams(max_tokens=40, stop=(stop,)))[0][0]
+    assert cut.text == full.text[: full.text.index(stop, 1) if full.text[0] == stop else full.text.index(stop)]
+    assert cut.finish_reason == "stop" and cut.tokens == len(cut.text)
+
+
+def test_cut_at_stop() -> None:
+    assert cut_at_stop("abc</chunk>def", ["</chunk>"]) == ("abc", True)
+    assert cut_at_stop("abcdef", ["x", "d"]) == ("abc", True)
+    assert cut_at_stop("abc", []) == ("abc", False)
+
+
+# --- exact continuation, every backend ----------------------------------------------------
+
+
+class Recording:
+    """Wraps a backend and records the contexts it was asked to continue."""
+
+    def __init__(self, inner: GenerationBackend) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.contexts: list[str] = []
+
+    @property
+    def generator(self) -> str:
+        return self.inner.generator
+
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> Any:
+        self.contexts.extend(r.context for r in requests)
+        return self.inner.generate(requests, params)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.mark.parametrize("kind", ["synthetic", "openai", "vllm", "hf"])
+def test_rollouts_continue_the_exact_trajectory_prefix(
+    kind: str, sqlite: Database, server: SyntheticCompletionsServer, tiny_model: Path
+) -> None:
+    synth_set(sqlite, "x", problems=3, seed=2)
+    configure_annotation(sqlite, "x", 2)
+    transport: list[str]
+    if kind == "synthetic":
+        inner: GenerationBackend = make_backend("synthetic")
+    elif kind == "openai":
+        inner = OpenAICompletionsBackend(server.url, "synthetic")
+    elif kind == "vllm":
+        engine = StandInVLLMEngine()
+        inner = VLLMBackend("m", engine=engine, sampling_factory=StandInSamplingParams)
+    else:
+        inner = HFBackend(str(tiny_model), batch_size=8)
+    backend = Recording(inner)
+    run_in_process(sqlite, WorkerRuntime(sqlite, WorkerOptions(name="t"), backend_override=backend))
+    expected = set()
+    with sqlite.session() as s:
+        for tid in queries.set_trajectory_ids(s, queries.get_set(s, "x").id):
+            ctx = queries.load_work_context(s, tid)
+            prefix = ctx.trajectory.prompt
+            for chunk in ctx.chunks:
+                expected.add(prefix)
+                prefix += chunk.text
+            assert prefix == ctx.trajectory.prompt + ctx.trajectory.text
+    assert set(backend.contexts) == expected
+    if kind == "openai":
+        transport = server.prompts
+    elif kind == "vllm":
+        transport = engine.prompts
+    elif kind == "hf":
+        tok = inner.tokenizer  # type: ignore[attr-defined]
+        transport = [tok.decode(tok(c, add_special_tokens=False)["input_ids"]) for c in backend.contexts]
+    else:
+        transport = backend.contexts
+    assert set(transport) == expected, "what reached the model is byte-identical to the prefix"

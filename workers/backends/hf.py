@@ -1,0 +1,121 @@
+"""Hugging Face transformers, CPU or GPU: batched sampling from a local model directory.
+
+For small models, CPU workers and checks; GPU fleets use vLLM.  Contexts are tokenised as
+raw text (no chat template: it was applied once when the trajectory was sampled) and left
+padded into micro-batches.  ``transformers`` draws from the global torch RNG, so seeding is
+per micro-batch: the same requests give the same completions; with ``per_sample_seeds``
+every sample is generated alone under its own seed, exact but slower.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from workers.backends.base import Completion, GenerationRequest, SamplingParams
+from workers.synthetic import derive_seed
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    """Text up to (not including) the first stop string, and whether one was found."""
+    cut = min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+class HFBackend:
+    name = "hf"
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        device: str | None = None,
+        dtype: str = "auto",
+        batch_size: int = 16,
+        per_sample_seeds: bool = False,
+    ) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.model_path = model_path
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.batch_size = batch_size
+        self.per_sample_seeds = per_sample_seeds
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        torch_dtype = getattr(torch, dtype) if dtype != "auto" else "auto"
+        loaded: Any = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True, dtype=torch_dtype)
+        self.model: Any = loaded.to(self.device)
+        self.model.eval()
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> HFBackend:
+        from models.errors import ConfigError
+
+        if not config.get("model"):
+            raise ConfigError("the hf backend needs model: a local model directory")
+        return cls(
+            str(config["model"]),
+            device=config.get("device"),
+            dtype=str(config.get("dtype", "auto")),
+            batch_size=int(config.get("batch_size", 16)),
+            per_sample_seeds=bool(config.get("per_sample_seeds", False)),
+        )
+
+    @property
+    def generator(self) -> str:
+        return f"hf:{self.model_path}"
+
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
+        items = [(r, j, req.context, seed) for r, req in enumerate(requests) for j, seed in enumerate(req.seeds)]
+        out: list[list[Completion | None]] = [[None] * req.n for req in requests]
+        size = 1 if self.per_sample_seeds else self.batch_size
+        for start in range(0, len(items), size):
+            part = items[start : start + size]
+            for (r, j, _, _), completion in zip(part, self._generate_batch(part, params), strict=True):
+                out[r][j] = completion
+        return [[c for c in row if c is not None] for row in out]
+
+    def _generate_batch(self, part: Sequence[tuple[int, int, str, int]], params: SamplingParams) -> list[Completion]:
+        import torch
+
+        contexts = [ctx for _, _, ctx, _ in part]
+        enc = self.tokenizer(contexts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        torch.manual_seed(derive_seed(*(seed for _, _, _, seed in part)))
+        with torch.no_grad():
+            generated = self.model.generate(
+                **enc,
+                do_sample=params.temperature > 0,
+                temperature=params.temperature if params.temperature > 0 else None,
+                top_p=params.top_p,
+                max_new_tokens=params.max_tokens,
+                pad_token_id=self.tokenizer.pad_token_id,
+                eos_token_id=self.tokenizer.eos_token_id,
+            )
+        new = generated[:, enc["input_ids"].shape[1] :]
+        completions = []
+        for row in new.tolist():
+            length = len(row)
+            if self.tokenizer.eos_token_id in row:
+                length = row.index(self.tokenizer.eos_token_id)
+            text = str(self.tokenizer.decode(row[:length], skip_special_tokens=True))
+            text, stopped = cut_at_stop(text, params.stop)
+            if stopped:
+                length = len(self.tokenizer.encode(text, add_special_tokens=False))
+            reason = "stop" if stopped or length < len(row) else "length"
+            completions.append(Completion(text, length, reason))
+        return completions
+
+    def format_prompt(self, user_text: str) -> str:
+        if getattr(self.tokenizer, "chat_template", None):
+            return str(
+                self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": user_text}], tokenize=False, add_generation_prompt=True
+                )
+            )
+        return user_text
+
+    def close(self) -> None:
+        return None

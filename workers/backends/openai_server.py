@@ -1,0 +1,181 @@
+"""Any OpenAI-compatible ``/v1/completions`` server (``vllm serve``, SGLang, TGI, …).
+
+Rollouts continue raw text, so this uses the completions endpoint, never chat: the context
+is sent as the prompt exactly as stored.  Requests run with bounded concurrency; timeouts,
+429 and 5xx are retried with exponential backoff (honouring ``Retry-After``); anything
+else is an error at once.  Token usage comes from the server's ``usage``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from models.errors import StepqError
+from workers.backends.base import Completion, GenerationRequest, SamplingParams
+
+RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+
+
+class ServerError(StepqError):
+    """The completions server failed for good (after retries, or with a non-retryable status)."""
+
+
+@dataclass(frozen=True)
+class ServerCall:
+    """One HTTP request: a prompt with n samples from one seed."""
+
+    request_index: int
+    sample_offset: int
+    body: dict[str, Any]
+
+
+def build_calls(
+    requests: Sequence[GenerationRequest], params: SamplingParams, model: str, per_sample_seeds: bool
+) -> list[ServerCall]:
+    """One call per sample (exact per-sample seeds) or one per request (``n``, first seed)."""
+    base: dict[str, Any] = {
+        "model": model,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "max_tokens": params.max_tokens,
+    }
+    if params.stop:
+        base["stop"] = list(params.stop)
+    calls: list[ServerCall] = []
+    for r, req in enumerate(requests):
+        if per_sample_seeds:
+            calls.extend(
+                ServerCall(r, j, {**base, "prompt": req.context, "n": 1, "seed": seed})
+                for j, seed in enumerate(req.seeds)
+            )
+        elif req.n:
+            calls.append(ServerCall(r, 0, {**base, "prompt": req.context, "n": req.n, "seed": req.seeds[0]}))
+    return calls
+
+
+def parse_response(payload: dict[str, Any], n: int) -> list[Completion]:
+    """Completions in choice order; tokens from ``usage`` split evenly when n > 1 lacks detail."""
+    choices = sorted(payload.get("choices") or [], key=lambda c: c.get("index", 0))
+    if len(choices) != n:
+        raise ServerError(f"server returned {len(choices)} choices, expected {n}")
+    usage = payload.get("usage") or {}
+    total = usage.get("completion_tokens")
+    out = []
+    for choice in choices:
+        text = choice.get("text")
+        if not isinstance(text, str):
+            raise ServerError("server returned a choice without text")
+        tokens = total // n if isinstance(total, int) else len(text.split())
+        out.append(Completion(text, tokens, choice.get("finish_reason") or "stop"))
+    return out
+
+
+class OpenAICompletionsBackend:
+    name = "openai"
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        concurrency: int = 16,
+        timeout_s: float = 600.0,
+        max_retries: int = 6,
+        backoff_s: float = 1.0,
+        per_sample_seeds: bool = True,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.api_key = api_key
+        self.concurrency = concurrency
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.per_sample_seeds = per_sample_seeds
+        self.retries = 0
+        self.usage = {"prompt_tokens": 0, "completion_tokens": 0}
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="stepq-openai")
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> OpenAICompletionsBackend:
+        import os
+
+        if not config.get("base_url") or not config.get("model"):
+            from models.errors import ConfigError
+
+            raise ConfigError("the openai backend needs base_url and model")
+        return cls(
+            config["base_url"],
+            config["model"],
+            api_key=config.get("api_key") or os.environ.get("STEPQ_OPENAI_API_KEY"),
+            concurrency=int(config.get("concurrency", 16)),
+            timeout_s=float(config.get("timeout_s", 600)),
+            max_retries=int(config.get("max_retries", 6)),
+            backoff_s=float(config.get("backoff_s", 1.0)),
+            per_sample_seeds=bool(config.get("per_sample_seeds", True)),
+        )
+
+    @property
+    def generator(self) -> str:
+        return f"openai:{self.model}"
+
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
+        calls = build_calls(requests, params, self.model, self.per_sample_seeds)
+        results = list(self._pool.map(self._call, calls))
+        out: list[list[Completion]] = [[] for _ in requests]
+        for call, completions in zip(calls, results, strict=True):
+            out[call.request_index].extend(completions)
+        return out
+
+    def _call(self, call: ServerCall) -> list[Completion]:
+        payload = self._post("/completions", call.body)
+        usage = payload.get("usage") or {}
+        for key in self.usage:
+            if isinstance(usage.get(key), int):
+                self.usage[key] += usage[key]
+        return parse_response(payload, call.body["n"])
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        data = json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        for attempt in range(self.max_retries + 1):
+            request = urllib.request.Request(self.base_url + path, data=data, headers=headers, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                    return json.loads(response.read())
+            except urllib.error.HTTPError as exc:
+                if exc.code not in RETRY_STATUS or attempt == self.max_retries:
+                    detail = exc.read()[:300].decode(errors="replace")
+                    raise ServerError(f"{self.base_url}{path}: HTTP {exc.code}: {detail}") from None
+                wait = _retry_after(exc.headers.get("Retry-After")) or self._backoff(attempt)
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+                if attempt == self.max_retries:
+                    raise ServerError(f"{self.base_url}{path}: {exc}") from None
+                wait = self._backoff(attempt)
+            self.retries += 1
+            time.sleep(wait)
+        raise AssertionError("unreachable")
+
+    def _backoff(self, attempt: int) -> float:
+        return self.backoff_s * (2**attempt) * (0.5 + random.random() / 2)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return max(0.0, float(value)) if value else None
+    except ValueError:
+        return None

@@ -1,0 +1,145 @@
+"""vLLM in-process: one long-lived engine per worker process (the GPU worker's default).
+
+The engine is built once when the worker starts and reused by every task.  Prefix caching
+is on, and one ``generate`` call takes every prefix of a trajectory with its samples, so
+the shared problem and chunk prefixes are computed once.  Contexts are raw prompts
+(``prompt + chunks[:k]`` as stored): the chat template was applied once, when the
+trajectory was sampled, and is never applied again to a continuation.
+
+The logic that builds requests and reads results is plain functions, tested without a
+GPU; the backend itself is tested against a stand-in engine with vLLM's interface.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from workers.backends.base import Completion, GenerationRequest, SamplingParams
+
+
+@dataclass(frozen=True)
+class EngineCall:
+    """One prompt for ``LLM.generate`` with the keyword arguments of its ``SamplingParams``."""
+
+    request_index: int
+    prompt: str
+    sampling: dict[str, Any]
+
+
+def build_engine_calls(
+    requests: Sequence[GenerationRequest], params: SamplingParams, per_sample_seeds: bool
+) -> list[EngineCall]:
+    """Per-sample seeds: one prompt per sample (``n=1, seed=s``), so sample j of a prefix is
+    the same draw on every retry; otherwise one prompt per request with ``n`` samples."""
+    base: dict[str, Any] = {
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "max_tokens": params.max_tokens,
+    }
+    if params.stop:
+        base["stop"] = list(params.stop)
+    calls: list[EngineCall] = []
+    for r, req in enumerate(requests):
+        if per_sample_seeds:
+            calls.extend(EngineCall(r, req.context, {**base, "n": 1, "seed": seed}) for seed in req.seeds)
+        elif req.n:
+            calls.append(EngineCall(r, req.context, {**base, "n": req.n, "seed": req.seeds[0]}))
+    return calls
+
+
+def read_engine_outputs(calls: Sequence[EngineCall], outputs: Sequence[Any], n_requests: int) -> list[list[Completion]]:
+    """Map ``RequestOutput``s (in prompt order) back to one completion list per request."""
+    if len(outputs) != len(calls):
+        raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(calls)} prompts")
+    out: list[list[Completion]] = [[] for _ in range(n_requests)]
+    for call, result in zip(calls, outputs, strict=True):
+        if len(result.outputs) != call.sampling["n"]:
+            raise RuntimeError(f"engine returned {len(result.outputs)} samples, expected {call.sampling['n']}")
+        for sample in result.outputs:
+            out[call.request_index].append(
+                Completion(sample.text, len(sample.token_ids), sample.finish_reason or "stop")
+            )
+    return out
+
+
+class VLLMBackend:
+    name = "vllm"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        engine: Any | None = None,
+        sampling_factory: Callable[..., Any] | None = None,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.9,
+        max_model_len: int | None = None,
+        dtype: str = "auto",
+        per_sample_seeds: bool = True,
+    ) -> None:
+        self.model = model
+        self.per_sample_seeds = per_sample_seeds
+        if engine is None:
+            from vllm import LLM
+            from vllm import SamplingParams as VLLMSamplingParams
+
+            kwargs: dict[str, Any] = {
+                "model": model,
+                "tensor_parallel_size": tensor_parallel_size,
+                "gpu_memory_utilization": gpu_memory_utilization,
+                "enable_prefix_caching": True,
+                "dtype": dtype,
+            }
+            if max_model_len:
+                kwargs["max_model_len"] = max_model_len
+            engine = LLM(**kwargs)
+            sampling_factory = VLLMSamplingParams
+        if sampling_factory is None:
+            raise ValueError("a custom engine needs its SamplingParams factory")
+        self.engine = engine
+        self.sampling_factory = sampling_factory
+        self.stand_in = bool(getattr(engine, "stand_in", False))
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> VLLMBackend:
+        from models.errors import ConfigError
+
+        if not config.get("model"):
+            raise ConfigError("the vllm backend needs a model (a local path or a hub name)")
+        try:
+            return cls(
+                config["model"],
+                tensor_parallel_size=int(config.get("tensor_parallel_size", 1)),
+                gpu_memory_utilization=float(config.get("gpu_memory_utilization", 0.9)),
+                max_model_len=config.get("max_model_len"),
+                dtype=str(config.get("dtype", "auto")),
+                per_sample_seeds=bool(config.get("per_sample_seeds", True)),
+            )
+        except ImportError:
+            raise ConfigError("vLLM is not installed: pip install 'stepq[vllm]' on a GPU machine") from None
+
+    @property
+    def generator(self) -> str:
+        return f"vllm:{self.model}" + (" (stand-in engine)" if self.stand_in else "")
+
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
+        calls = build_engine_calls(requests, params, self.per_sample_seeds)
+        if not calls:
+            return [[] for _ in requests]
+        sampling = [self.sampling_factory(**call.sampling) for call in calls]
+        outputs = self.engine.generate([call.prompt for call in calls], sampling, use_tqdm=False)
+        return read_engine_outputs(calls, outputs, len(requests))
+
+    def format_prompt(self, user_text: str) -> str:
+        """Apply the model's chat template once, as the policy sees the problem."""
+        tokenizer = self.engine.get_tokenizer()
+        return str(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": user_text}], tokenize=False, add_generation_prompt=True
+            )
+        )
+
+    def close(self) -> None:
+        return None
