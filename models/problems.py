@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Integer, String, Text, UniqueConstraint, func
+from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Integer, String, Text, UniqueConstraint, false, func
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.base import Base
@@ -44,4 +44,6 @@ class Problem(Base):
     question: Mapped[str] = mapped_column(Text)
     reference_answer: Mapped[str] = mapped_column(Text)
     meta: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    excluded: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """Left out of annotation (e.g. by the prompt filter: all samples right or all wrong)."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

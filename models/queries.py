@@ -113,7 +113,7 @@ def plan_work(session: Session, set_id: int | None = None) -> int:
         in_set = (
             select(Trajectory.id)
             .join(Problem, Problem.id == Trajectory.problem_id)
-            .where(Problem.problem_set_id == sid)
+            .where(Problem.problem_set_id == sid, Problem.excluded.is_(False))
         )
         missing = in_set.where(~select(RolloutWork.id).where(RolloutWork.trajectory_id == Trajectory.id).exists())
         rows = [
@@ -434,6 +434,18 @@ def progress(session: Session) -> list[dict[str, Any]]:
     """One row per problem set from the ``annotation_progress`` view."""
     rows = session.execute(text("SELECT * FROM annotation_progress ORDER BY problem_set"))
     return [dict(r._mapping) for r in rows]
+
+
+def segmentation_stats(session: Session) -> list[dict[str, Any]]:
+    """Chunks per trajectory and chunk length per set and segmentation method (a view)."""
+    rows = session.execute(text("SELECT * FROM segmentation_stats ORDER BY problem_set, segmentation"))
+    return [
+        {
+            k: (round(float(v), 2) if k.endswith("_chunk") or k == "chunks_per_trajectory" else v)
+            for k, v in r._mapping.items()
+        }
+        for r in rows
+    ]
 
 
 def recent_rollouts_by_set(session: Session, since_epoch: float) -> dict[str, int]:

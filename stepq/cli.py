@@ -397,3 +397,109 @@ def flower(port: int, address: str) -> None:
         raise ConfigError("Flower is not installed: pip install 'stepq[flower]'") from None
     settings = _settings()
     create_app(settings.celery_options()).start(["flower", f"--port={port}", f"--address={address}"])
+
+
+def _backend_from_options(backend: str, model: str | None, base_url: str | None, options: tuple[str, ...]) -> Any:
+    from workers.backends import make_backend
+
+    config: dict[str, Any] = {"model": model, "base_url": base_url, **_key_values(options)}
+    return make_backend(backend, {k: v for k, v in config.items() if v is not None})
+
+
+@main.command()
+@click.option("--set", "set_name", required=True)
+@click.option("--samples", type=click.IntRange(min=1), required=True, help="Trajectories per problem (K).")
+@click.option("--template", default=None, help="chunk (StepWiser <chunk> tags), step ('Step n:') or synthetic.")
+@click.option("--template-file", type=click.Path(path_type=Path), default=None, help="A template with {question}.")
+@click.option(
+    "--segmentation",
+    type=click.Choice(["auto", "chunk-tags", "step-markers", "blank-lines", "llm"]),
+    default="auto",
+    show_default=True,
+)
+@click.option(
+    "--filter-mixed",
+    is_flag=True,
+    help="Keep only problems whose K outcomes are neither all right nor "
+    "all wrong (the paper's prompt filter); the others are excluded from annotation.",
+)
+@click.option("--backend", type=click.Choice(BACKEND_NAMES), default=None, help="Default: the set's backend.")
+@click.option("--model", default=None)
+@click.option("--base-url", default=None)
+@click.option("--backend-option", "backend_options", multiple=True, metavar="KEY=VALUE")
+@click.option("--segmenter-model", default=None, help="With --segmentation llm: the segmenting model (same backend).")
+@click.option("--temperature", type=float, default=1.0, show_default=True)
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--max-tokens", type=int, default=8192, show_default=True)
+@friendly
+def generate(
+    set_name: str,
+    samples: int,
+    template: str | None,
+    template_file: Path | None,
+    segmentation: str,
+    filter_mixed: bool,
+    backend: str | None,
+    model: str | None,
+    base_url: str | None,
+    backend_options: tuple[str, ...],
+    segmenter_model: str | None,
+    temperature: float,
+    top_p: float,
+    max_tokens: int,
+) -> None:
+    """Sample K policy trajectories per problem (only the missing ones), then segment them."""
+    from models import queries
+    from workers.backends import SamplingParams
+    from workers.generate import generate_trajectories
+    from workers.prompts import load_template
+
+    settings = _settings()
+    database = _db(settings, migrate=settings.embedded)
+    with database.session() as s:
+        pset = queries.get_set(s, set_name)
+        name, config = backend or pset.backend, dict(pset.backend_config)
+    policy = _backend_from_options(name, model, base_url, backend_options) if backend else None
+    if policy is None:
+        from workers.backends import make_backend
+
+        policy = make_backend(name, config)
+    chosen = template or ("synthetic" if name == "synthetic" else "chunk")
+    segmenter = None
+    if segmentation == "llm":
+        segmenter = _backend_from_options(name, segmenter_model or model, base_url, backend_options)
+    report = generate_trajectories(
+        database,
+        set_name,
+        policy,
+        samples=samples,
+        template=load_template(None if template_file else chosen, template_file),
+        params=SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens),
+        segmentation=segmentation,
+        segmenter=segmenter,
+        filter_mixed=filter_mixed,
+    )
+    methods = ", ".join(f"{k} {v}" for k, v in sorted(report.segmentation.items())) or "none"
+    click.echo(
+        f"set '{set_name}': {report.new_trajectories} new trajectories for {report.problems} problems "
+        f"(segmentation: {methods})"
+    )
+    if filter_mixed:
+        click.echo(f"prompt filter: {report.excluded_problems} problems excluded (all right or all wrong)")
+
+
+@main.command("serve-synthetic")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--error-rate", type=click.FloatRange(0, 1), default=0.1, show_default=True)
+@click.option("--recovery-rate", type=click.FloatRange(0, 1), default=0.001, show_default=True)
+def serve_synthetic(host: str, port: int, error_rate: float, recovery_rate: float) -> None:
+    """Serve the synthetic policy as an OpenAI-compatible /v1/completions endpoint."""
+    from workers.backends.synthetic_server import SyntheticCompletionsServer
+
+    server = SyntheticCompletionsServer(host, port, error_rate=error_rate, recovery_rate=recovery_rate)
+    click.echo(f"serving the synthetic policy at {server.url}/completions")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        server.stop()

@@ -17,6 +17,7 @@ def collect(db: Database) -> dict[str, Any]:
         recent = queries.recent_rollouts_by_set(s, time.time() - RATE_WINDOW_S)
         work = queries.work_counts(s)
         workers = queries.active_workers(s, time.time() - 120)
+        segmentation = queries.segmentation_stats(s)
     sets = []
     for r in rows:
         rate = recent.get(r["problem_set"], 0) / RATE_WINDOW_S
@@ -41,7 +42,7 @@ def collect(db: Database) -> dict[str, Any]:
                 "eta_s": (round(left / rate) if rate > 0 else None) if left else 0,
             }
         )
-    return {"sets": sets, "work": work, "workers": workers}
+    return {"sets": sets, "work": work, "workers": workers, "segmentation": segmentation}
 
 
 def _eta(seconds: int | None) -> str:

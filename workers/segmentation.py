@@ -34,7 +34,7 @@ class Segmentation:
         return "".join(self.chunks)
 
 
-def _cut(text: str, starts: Sequence[int], *, preamble_joins_first: bool = False) -> list[str]:
+def cut_at(text: str, starts: Sequence[int], *, preamble_joins_first: bool = False) -> list[str]:
     """Cut ``text`` at ``starts``; optionally text before the first start joins the first chunk."""
     bounds = sorted({s for s in starts if 0 < s < len(text)})
     if preamble_joins_first and starts and min(starts) > 0:
@@ -48,7 +48,7 @@ def split_chunk_tags(text: str) -> list[str]:
     starts = [m.start() for m in re.finditer(re.escape(CHUNK_OPEN), text)]
     if not starts:
         raise SegmentationError("no <chunk> tags in the text")
-    return _cut(text, starts, preamble_joins_first=True)
+    return cut_at(text, starts, preamble_joins_first=True)
 
 
 def split_step_markers(text: str) -> list[str]:
@@ -56,7 +56,7 @@ def split_step_markers(text: str) -> list[str]:
     starts = [m.start() for m in _STEP_MARKER.finditer(text)]
     if not starts:
         raise SegmentationError("no 'Step n:' markers in the text")
-    return _cut(text, starts, preamble_joins_first=True)
+    return cut_at(text, starts, preamble_joins_first=True)
 
 
 def split_blank_lines(text: str, max_chars: int = 600) -> list[str]:
@@ -65,7 +65,7 @@ def split_blank_lines(text: str, max_chars: int = 600) -> list[str]:
     Merging keeps one-line paragraphs ("So:", a lone equation) from becoming chunks of
     their own, which would spend a whole prefix of rollouts on no reasoning at all.
     """
-    pieces = _cut(text, [m.end() for m in _BLANK_LINES.finditer(text)])
+    pieces = cut_at(text, [m.end() for m in _BLANK_LINES.finditer(text)])
     merged: list[str] = []
     for piece in pieces:
         if merged and len(merged[-1]) + len(piece) <= max_chars:

@@ -1,0 +1,147 @@
+"""Policy sampling: K trajectories per problem, stored with text, answer, outcome, chunks.
+
+Incremental like everything else: sample t of a problem has a fixed seed and a fixed
+source key, so raising K samples only the missing ones and a rerun adds nothing.  The
+paper's prompt filter (``filter_mixed``) keeps only problems whose K outcomes are neither
+all right nor all wrong: the others are marked ``excluded`` and never annotated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+
+from models import Database, queries
+from models.problems import Problem
+from models.trajectories import Trajectory
+from workers.backends import GenerationBackend, GenerationRequest, SamplingParams, generator_id
+from workers.grading import Grader, extract_boxed
+from workers.llm_segment import segment_with_model
+from workers.prompts import render
+from workers.segmentation import Segmentation, segment
+from workers.synthetic import derive_seed
+
+
+@dataclass(frozen=True)
+class GenerateReport:
+    problems: int
+    new_trajectories: int
+    excluded_problems: int
+    segmentation: dict[str, int]
+
+
+def generate_trajectories(
+    db: Database,
+    set_name: str,
+    backend: GenerationBackend,
+    *,
+    samples: int,
+    template: str,
+    params: SamplingParams,
+    segmentation: str = "auto",
+    segmenter: GenerationBackend | None = None,
+    filter_mixed: bool = False,
+    problems_per_call: int = 32,
+    grader: Grader | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> GenerateReport:
+    grader = grader or Grader()
+    generator = generator_id(backend, params)
+    format_prompt = getattr(backend, "format_prompt", None)
+    with db.session() as s:
+        pset = queries.get_set(s, set_name)
+        set_id, set_seed = pset.id, pset.seed
+        problems = list(
+            s.execute(
+                select(Problem.id, Problem.external_id, Problem.question, Problem.reference_answer)
+                .where(Problem.problem_set_id == set_id)
+                .order_by(Problem.id)
+            )
+        )
+        have: dict[int, set[str]] = {}
+        for pid, key in s.execute(
+            select(Trajectory.problem_id, Trajectory.source_key)
+            .join(Problem, Problem.id == Trajectory.problem_id)
+            .where(Problem.problem_set_id == set_id)
+        ):
+            have.setdefault(pid, set()).add(key)
+    methods: dict[str, int] = {}
+    new = 0
+    for start in range(0, len(problems), problems_per_call):
+        part = problems[start : start + problems_per_call]
+        requests, wanted = [], []
+        for pid, ext, question, _ in part:
+            missing = [t for t in range(samples) if f"policy:{t}" not in have.get(pid, set())]
+            if not missing:
+                continue
+            user = render(template, question)
+            prompt = format_prompt(user) if format_prompt else user
+            requests.append(GenerationRequest(prompt, tuple(derive_seed(set_seed, ext, "policy", t) for t in missing)))
+            wanted.append((pid, missing))
+        if not requests:
+            continue
+        outputs = backend.generate(requests, params)
+        texts = [c.text for comps in outputs for c in comps]
+        segs = _segment(texts, segmentation, segmenter)
+        answers = {pid: ref for pid, _, _, ref in part}
+        i = 0
+        with db.session() as s:
+            for req, (pid, missing), comps in zip(requests, wanted, outputs, strict=True):
+                for t, seed, comp in zip(missing, req.seeds, comps, strict=True):
+                    seg = segs[i]
+                    i += 1
+                    if not comp.text:
+                        continue
+                    methods[seg.method] = methods.get(seg.method, 0) + 1
+                    grade = grader.grade(comp.text, answers[pid]) if answers[pid] else None
+                    tid = queries.add_trajectory(
+                        s,
+                        {
+                            "problem_id": pid,
+                            "source_key": f"policy:{t}",
+                            "prompt": req.context,
+                            "text": comp.text,
+                            "final_answer": extract_boxed(comp.text),
+                            "outcome": None if grade is None else bool(grade.reward),
+                            "n_chunks": len(seg.chunks),
+                            "segmentation": seg.method,
+                            "generator": generator,
+                            "seed": seed,
+                        },
+                        [{"idx": k + 1, "text": c, "ground_truth": None} for k, c in enumerate(seg.chunks)],
+                    )
+                    new += tid is not None
+        if on_progress:
+            on_progress(len(part))
+    excluded = apply_prompt_filter(db, set_id, samples) if filter_mixed else 0
+    return GenerateReport(len(problems), new, excluded, methods)
+
+
+def _segment(texts: list[str], method: str, segmenter: GenerationBackend | None) -> list[Segmentation]:
+    if method == "llm":
+        if segmenter is None:
+            raise ValueError("llm segmentation needs a segmenter backend")
+        nonempty = [t for t in texts if t]
+        by_text = dict(zip(nonempty, segment_with_model(nonempty, segmenter), strict=True))
+        return [by_text.get(t, Segmentation("empty", ())) for t in texts]
+    return [segment(t, method) if t else Segmentation("empty", ()) for t in texts]
+
+
+def apply_prompt_filter(db: Database, set_id: int, samples: int) -> int:
+    """Exclude problems whose first ``samples`` outcomes are all right or all wrong."""
+    with db.session() as s:
+        rows = s.execute(
+            select(Trajectory.problem_id, Trajectory.outcome)
+            .join(Problem, Problem.id == Trajectory.problem_id)
+            .where(Problem.problem_set_id == set_id, Trajectory.source_key.like("policy:%"))
+        ).all()
+        outcomes: dict[int, list[bool]] = {}
+        for pid, outcome in rows:
+            outcomes.setdefault(pid, []).append(bool(outcome))
+        excluded = [pid for pid, o in outcomes.items() if len(o) >= samples and len(set(o)) == 1]
+        s.execute(update(Problem).where(Problem.problem_set_id == set_id).values(excluded=False))
+        if excluded:
+            s.execute(update(Problem).where(Problem.id.in_(excluded)).values(excluded=True))
+    return len(excluded)
