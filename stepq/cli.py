@@ -188,13 +188,47 @@ def synth(
 @click.option("--rollouts", "m", type=click.IntRange(min=1), required=True, help="Rollouts per prefix (M).")
 @click.option("--rule", default=None, help="Label rule, e.g. abs-q or rel-ratio:gamma=0.7.")
 @click.option("--budget", default=None, help="exhaustive, or adaptive[:confidence=C,min=N,round=R].")
+@click.option("--backend", type=click.Choice(BACKEND_NAMES), default=None, help="The set's generation backend.")
+@click.option("--model", default=None, help="Backend model (path or served name).")
+@click.option("--base-url", default=None, help="openai: the server's base URL.")
+@click.option("--backend-option", "backend_options", multiple=True, metavar="KEY=VALUE")
+@click.option("--temperature", type=float, default=None, help="Rollout sampling temperature (default 1.0).")
+@click.option("--top-p", type=float, default=None)
+@click.option("--max-tokens", type=int, default=None, help="Most new tokens per rollout (default 8192).")
 @friendly
-def annotate(set_name: str, m: int, rule: str | None, budget: str | None) -> None:
+def annotate(
+    set_name: str,
+    m: int,
+    rule: str | None,
+    budget: str | None,
+    backend: str | None,
+    model: str | None,
+    base_url: str | None,
+    backend_options: tuple[str, ...],
+    temperature: float | None,
+    top_p: float | None,
+    max_tokens: int | None,
+) -> None:
     """Set a problem set's budget and plan its missing rollouts (only what is missing)."""
     from workers.planning import configure_annotation
 
     settings = _settings()
-    report = configure_annotation(_db(settings, migrate=settings.embedded), set_name, m, rule=rule, budget=budget)
+    config = {
+        k: v for k, v in {"model": model, "base_url": base_url, **_key_values(backend_options)}.items() if v is not None
+    }
+    sampling = {
+        k: v for k, v in {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}.items() if v is not None
+    }
+    report = configure_annotation(
+        _db(settings, migrate=settings.embedded),
+        set_name,
+        m,
+        rule=rule,
+        budget=budget,
+        backend=backend,
+        backend_config=config,
+        sampling=sampling,
+    )
     click.echo(
         f"set '{set_name}': M={report.rollouts_per_prefix}, rule {report.label_rule}, "
         f"budget {report.budget_policy}; {report.work_items} work items planned or reopened"

@@ -120,3 +120,23 @@ def test_settings_from_the_environment(tmp_path: Path, monkeypatch: pytest.Monke
 
     with pytest.raises(ConfigError, match="VISIBILITY_TIMEOUT_S must exceed"):
         Settings.from_env({"STEPQ_VISIBILITY_TIMEOUT_S": "10", "STEPQ_LEASE_TTL_S": "60"})
+
+
+def test_a_sets_backend_and_sampling_come_from_annotate(tmp_path: Path) -> None:
+    from workers.backends.synthetic_server import SyntheticCompletionsServer
+
+    server = SyntheticCompletionsServer().start()
+    try:
+        assert _run(["synth", "--set", "remote", "--problems", "3"], tmp_path).returncode == 0
+        proc = _run(["annotate", "--set", "remote", "--rollouts", "2", "--backend", "openai", "--base-url",
+                     server.url, "--model", "synthetic", "--temperature", "0.7"], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        proc = _run(["run", "--set", "remote", "--rollouts", "2"], tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    finally:
+        server.stop()
+    with sqlite3.connect(tmp_path / "stepq.db") as conn:
+        generators = {g for (g,) in conn.execute("SELECT DISTINCT generator FROM rollouts")}
+        n = conn.execute("SELECT count(*) FROM rollouts").fetchone()[0]
+    assert generators == {"openai:synthetic[t=0.7,p=1,max=8192]"}
+    assert n == len(server.prompts) > 0

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from models import Database, queries
+from models.errors import ConfigError
+from workers.backends import BACKENDS
 from workers.budget import parse_budget
 from workers.labels import parse_rule
 
@@ -18,9 +21,17 @@ class PlanReport:
 
 
 def configure_annotation(
-    db: Database, set_name: str, m: int, *, rule: str | None = None, budget: str | None = None
+    db: Database,
+    set_name: str,
+    m: int,
+    *,
+    rule: str | None = None,
+    budget: str | None = None,
+    backend: str | None = None,
+    backend_config: dict[str, Any] | None = None,
+    sampling: dict[str, Any] | None = None,
 ) -> PlanReport:
-    """Set M (and optionally the rule and budget), then plan work.
+    """Set M (and optionally the rule, budget, backend and sampling), then plan work.
 
     New trajectories get work items; when M, the rule or the budget changed, the set's
     finished items are reopened, and each task works out from the stored rollouts what,
@@ -34,6 +45,12 @@ def configure_annotation(
             pset.label_rule = parse_rule(rule).key
         if budget is not None:
             pset.budget_policy = parse_budget(budget).spec
+        if backend is not None:
+            if backend not in BACKENDS:
+                raise ConfigError(f"unknown generation backend '{backend}' (one of: {', '.join(BACKENDS)})")
+            pset.backend, pset.backend_config = backend, dict(backend_config or {})
+        if sampling:
+            pset.sampling = {**pset.sampling, **sampling}
         s.flush()
         planned = queries.plan_work(s, pset.id)
         if (pset.rollouts_per_prefix, pset.label_rule, pset.budget_policy) != before:
