@@ -128,8 +128,24 @@ def test_a_sets_backend_and_sampling_come_from_annotate(tmp_path: Path) -> None:
     server = SyntheticCompletionsServer().start()
     try:
         assert _run(["synth", "--set", "remote", "--problems", "3"], tmp_path).returncode == 0
-        proc = _run(["annotate", "--set", "remote", "--rollouts", "2", "--backend", "openai", "--base-url",
-                     server.url, "--model", "synthetic", "--temperature", "0.7"], tmp_path)
+        proc = _run(
+            [
+                "annotate",
+                "--set",
+                "remote",
+                "--rollouts",
+                "2",
+                "--backend",
+                "openai",
+                "--base-url",
+                server.url,
+                "--model",
+                "synthetic",
+                "--temperature",
+                "0.7",
+            ],
+            tmp_path,
+        )
         assert proc.returncode == 0, proc.stderr
         proc = _run(["run", "--set", "remote", "--rollouts", "2"], tmp_path)
         assert proc.returncode == 0, proc.stderr

@@ -70,3 +70,30 @@ def generator_id(backend: GenerationBackend, params: SamplingParams) -> str:
     """The identity recorded on rows: which policy, with which sampling settings.  Two
     samples are draws of the same distribution only when these are equal."""
     return f"{backend.generator}[{params.describe()}]"
+
+
+@dataclass(frozen=True)
+class EngineCall:
+    """One prompt for an engine or server, with its sampling settings (``n`` and ``seed``)."""
+
+    request_index: int
+    prompt: str
+    sampling: dict[str, Any]
+
+
+def split_calls(
+    requests: Sequence[GenerationRequest], params: SamplingParams, per_sample_seeds: bool
+) -> list[EngineCall]:
+    """Per-sample seeds: one call per sample (``n=1, seed=s``), so sample j of a prefix is the
+    same draw on every retry; otherwise one call per request with ``n`` samples and its first
+    seed.  The sampling keys are those of vLLM's SamplingParams and the OpenAI API alike."""
+    base: dict[str, Any] = {"temperature": params.temperature, "top_p": params.top_p, "max_tokens": params.max_tokens}
+    if params.stop:
+        base["stop"] = list(params.stop)
+    calls: list[EngineCall] = []
+    for r, req in enumerate(requests):
+        if per_sample_seeds:
+            calls.extend(EngineCall(r, req.context, {**base, "n": 1, "seed": seed}) for seed in req.seeds)
+        elif req.n:
+            calls.append(EngineCall(r, req.context, {**base, "n": req.n, "seed": req.seeds[0]}))
+    return calls

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from models.errors import StepqError
-from workers.backends.base import Completion, GenerationRequest, SamplingParams
+from workers.backends.base import Completion, GenerationRequest, SamplingParams, split_calls
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
@@ -33,32 +33,17 @@ class ServerCall:
     """One HTTP request: a prompt with n samples from one seed."""
 
     request_index: int
-    sample_offset: int
     body: dict[str, Any]
 
 
 def build_calls(
     requests: Sequence[GenerationRequest], params: SamplingParams, model: str, per_sample_seeds: bool
 ) -> list[ServerCall]:
-    """One call per sample (exact per-sample seeds) or one per request (``n``, first seed)."""
-    base: dict[str, Any] = {
-        "model": model,
-        "temperature": params.temperature,
-        "top_p": params.top_p,
-        "max_tokens": params.max_tokens,
-    }
-    if params.stop:
-        base["stop"] = list(params.stop)
-    calls: list[ServerCall] = []
-    for r, req in enumerate(requests):
-        if per_sample_seeds:
-            calls.extend(
-                ServerCall(r, j, {**base, "prompt": req.context, "n": 1, "seed": seed})
-                for j, seed in enumerate(req.seeds)
-            )
-        elif req.n:
-            calls.append(ServerCall(r, 0, {**base, "prompt": req.context, "n": req.n, "seed": req.seeds[0]}))
-    return calls
+    """One request per sample (exact per-sample seeds) or one per request (``n``, first seed)."""
+    return [
+        ServerCall(c.request_index, {"model": model, "prompt": c.prompt, **c.sampling})
+        for c in split_calls(requests, params, per_sample_seeds)
+    ]
 
 
 def parse_response(payload: dict[str, Any], n: int) -> list[Completion]:

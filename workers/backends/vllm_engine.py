@@ -13,40 +13,16 @@ GPU; the backend itself is tested against a stand-in engine with vLLM's interfac
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from workers.backends.base import Completion, GenerationRequest, SamplingParams
-
-
-@dataclass(frozen=True)
-class EngineCall:
-    """One prompt for ``LLM.generate`` with the keyword arguments of its ``SamplingParams``."""
-
-    request_index: int
-    prompt: str
-    sampling: dict[str, Any]
+from workers.backends.base import Completion, EngineCall, GenerationRequest, SamplingParams, split_calls
 
 
 def build_engine_calls(
     requests: Sequence[GenerationRequest], params: SamplingParams, per_sample_seeds: bool
 ) -> list[EngineCall]:
-    """Per-sample seeds: one prompt per sample (``n=1, seed=s``), so sample j of a prefix is
-    the same draw on every retry; otherwise one prompt per request with ``n`` samples."""
-    base: dict[str, Any] = {
-        "temperature": params.temperature,
-        "top_p": params.top_p,
-        "max_tokens": params.max_tokens,
-    }
-    if params.stop:
-        base["stop"] = list(params.stop)
-    calls: list[EngineCall] = []
-    for r, req in enumerate(requests):
-        if per_sample_seeds:
-            calls.extend(EngineCall(r, req.context, {**base, "n": 1, "seed": seed}) for seed in req.seeds)
-        elif req.n:
-            calls.append(EngineCall(r, req.context, {**base, "n": req.n, "seed": req.seeds[0]}))
-    return calls
+    """The prompts and ``SamplingParams`` keyword arguments of one ``LLM.generate`` call."""
+    return split_calls(requests, params, per_sample_seeds)
 
 
 def read_engine_outputs(calls: Sequence[EngineCall], outputs: Sequence[Any], n_requests: int) -> list[list[Completion]]:
