@@ -71,5 +71,8 @@ def run_embedded(
         ).all()
     if rows:
         agree = sum(bool(p) == bool(g) for p, g in rows) / len(rows)
-        echo(f"label accuracy against ground truth ({len(rows)} chunks): {100 * agree:.1f}%")
+        echo(
+            f"{pset.label_rule} labels agree with the synthetic step-level ground truth "
+            f"on {100 * agree:.1f}% of {len(rows)} chunks"
+        )
     echo(f"database: {db.safe_url}  (query the views: annotation_progress, chunk_q_values, work_queue)")

@@ -31,7 +31,7 @@ def test_run_completes_from_an_empty_directory_without_services(tmp_path: Path) 
     env = {"STEPQ_BROKER_URL": "redis://127.0.0.1:1/0"}
     proc = _run(["run", "--synthetic", "20", "--rollouts", "4"], tmp_path, env)
     assert proc.returncode == 0, proc.stderr
-    assert "label accuracy against ground truth" in proc.stdout
+    assert "abs-q labels agree with the synthetic step-level ground truth" in proc.stdout
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("stepq.db-")) == ["stepq.db"]
     with sqlite3.connect(tmp_path / "stepq.db") as conn:
         done, planned, labelled, chunks = conn.execute(

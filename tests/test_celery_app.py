@@ -1,0 +1,41 @@
+"""The Celery app's contract: JSON only, late acks, prefetch 1, and messages that route
+through the default exchange straight onto the Redis list the workers read."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+
+import redis
+
+from stepq.settings import Settings
+from tests.conftest import REDIS_URL
+from workers.celery_app import TASK_NAME, CeleryOptions, create_app, publisher, redis_queue_depth
+
+
+def test_configuration_for_long_gpu_tasks() -> None:
+    app = create_app(CeleryOptions("redis://127.0.0.1:6379/0", "q", 7200))
+    conf = app.conf
+    assert conf.accept_content == ["json"] and conf.task_serializer == "json"
+    assert conf.task_acks_late is True and conf.worker_prefetch_multiplier == 1
+    assert conf.broker_transport_options["visibility_timeout"] == 7200
+    assert TASK_NAME in app.tasks
+    settings = Settings.from_env({"STEPQ_DATABASE_URL": "sqlite:///x.db"})
+    assert settings.celery_options().visibility_timeout_s > settings.lease_ttl_s
+
+
+def test_published_messages_are_json_on_the_queue_list(redis_client: redis.Redis) -> None:
+    queue = f"stepq.test.{uuid.uuid4().hex[:6]}"
+    app = create_app(CeleryOptions(REDIS_URL, queue))
+    publisher(app)([11, 12])
+    depth = redis_queue_depth(REDIS_URL, queue)
+    assert depth() == 2
+    raw = [json.loads(m) for m in redis_client.lrange(queue, 0, -1)]
+    assert {m["content-type"] for m in raw} == {"application/json"}
+    bodies = [json.loads(base64.b64decode(m["body"])) for m in raw]
+    assert sorted(b[0][0] for b in bodies) == [11, 12]
+    assert all(m["headers"]["task"] == TASK_NAME for m in raw)
+    redis_client.flushdb()  # a broker that lost everything, bindings included
+    publisher(app)([13])
+    assert depth() == 1, "still routed without Celery's exchange bindings"
