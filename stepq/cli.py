@@ -382,6 +382,20 @@ def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
 
 
 @main.command()
+@click.option("--set", "set_name", default=None, help="Only this problem set (default: all).")
+@friendly
+def retry(set_name: str | None) -> None:
+    """Give failed work items another round of attempts (after fixing what made them fail)."""
+    from models import queries
+
+    database = _db(_settings())
+    with database.session() as s:
+        set_id = queries.get_set(s, set_name).id if set_name else None
+        n = queries.retry_failed(s, set_id)
+    click.echo(f"{n} failed work items are pending again")
+
+
+@main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @friendly
 def status(as_json: bool) -> None:

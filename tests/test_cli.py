@@ -156,3 +156,23 @@ def test_a_sets_backend_and_sampling_come_from_annotate(tmp_path: Path) -> None:
         n = conn.execute("SELECT count(*) FROM rollouts").fetchone()[0]
     assert generators == {"openai:synthetic[t=0.7,p=1,max=8192]"}
     assert n == len(server.prompts) > 0
+
+
+def test_retry_brings_failed_work_back(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'stepq.db'}"
+    from migrations import upgrade
+
+    upgrade(url)
+    synth_set(Database(url), "s", problems=2)
+    env = {"STEPQ_DATABASE_URL": url}
+    assert _run(["annotate", "--set", "s", "--rollouts", "2"], tmp_path, env).returncode == 0
+    with sqlite3.connect(tmp_path / "stepq.db") as conn:
+        conn.execute("UPDATE rollout_work SET state = 'failed', attempts = 5, last_error = 'x'")
+    proc = _run(["retry", "--set", "s"], tmp_path, env)
+    assert proc.returncode == 0 and "2 failed work items are pending again" in proc.stdout
+    with sqlite3.connect(tmp_path / "stepq.db") as conn:
+        assert (
+            conn.execute("SELECT state, attempts, last_error FROM rollout_work").fetchall()
+            == [("pending", 0, None)] * 2
+        )
+    assert _run(["retry", "--set", "nope"], tmp_path, env).returncode == 4
