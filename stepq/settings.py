@@ -34,6 +34,8 @@ class Settings:
     lost_grace_s: float = 10.0
     dispatch_interval_s: float = 2.0
     grade_timeout_s: int = 3
+    store_rollout_text: bool = True
+    """Keep rollout texts; at tens of millions of rollouts dropping them saves most of the space."""
     synchronous_commit: bool = False
     """PostgreSQL synchronous_commit for workers; off is safe here (see models.db)."""
     log_level: str = "INFO"
@@ -83,7 +85,11 @@ class Settings:
 
     def worker_options(self, name: str | None = None) -> WorkerOptions:
         return WorkerOptions(
-            lease_ttl_s=self.lease_ttl_s, batch_rollouts=self.batch_rollouts, max_attempts=self.max_attempts, name=name
+            store_text=self.store_rollout_text,
+            lease_ttl_s=self.lease_ttl_s,
+            batch_rollouts=self.batch_rollouts,
+            max_attempts=self.max_attempts,
+            name=name,
         )
 
     def celery_options(self) -> CeleryOptions:

@@ -196,3 +196,13 @@ def test_interrupted_adaptive_work_resumes_to_the_same_result(sqlite: Database, 
 def queries_set(db: Database, name: str):  # type: ignore[no-untyped-def]
     with db.session() as s:
         return queries.get_set(s, name)
+
+
+def test_rollout_text_can_be_dropped(sqlite: Database) -> None:
+    synth_set(sqlite, "t", problems=3, seed=1)
+    _annotate(sqlite, "t", 2)
+    run_in_process(sqlite, WorkerRuntime(sqlite, WorkerOptions(name="t", store_text=False)))
+    with sqlite.session() as s:
+        rows = list(s.scalars(select(Rollout)))
+    assert rows and all(r.text == "" and r.final_answer for r in rows)
+    assert_exact(sqlite, "t", 2)
