@@ -370,7 +370,7 @@ def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
     app = create_app(settings.celery_options())
     dispatcher = Dispatcher(
         database,
-        publisher(app),
+        publisher(app, settings.items_per_task),
         options=settings.dispatch_options(),
         queue_depth=redis_queue_depth(settings.broker_url, settings.queue),
     )

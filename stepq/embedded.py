@@ -54,7 +54,11 @@ def run_embedded(
     ) as bar:
         task = bar.add_task(set_name, total=total)
         outcomes = run_in_process(
-            db, runtime, on_item=lambda _id, _st: bar.advance(task), options=settings.dispatch_options()
+            db,
+            runtime,
+            on_item=lambda _id, _st: bar.advance(task),
+            options=settings.dispatch_options(),
+            items_per_task=settings.items_per_task,
         )
     echo(f"work items: {outcomes}")
     echo(render(collect(db)))

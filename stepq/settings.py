@@ -27,7 +27,9 @@ class Settings:
     lease_ttl_s: float = 300.0
     """How long a worker's claim on a trajectory lasts without a heartbeat (batch commit)."""
     batch_rollouts: int = 128
-    """Rollouts generated, graded and committed together: the most a crash can lose."""
+    """Rollouts per trajectory generated, graded and committed together: the most a crash loses."""
+    items_per_task: int = 4
+    """Trajectories per Celery task; their batches share one engine call."""
     max_attempts: int = 5
     visibility_timeout_s: int = 12 * 3600
     requeue_after_s: float = 900.0
@@ -73,7 +75,7 @@ class Settings:
             object.__setattr__(
                 self, "database_url", "postgresql+psycopg://" + self.database_url[len("postgresql://") :]
             )
-        for name in ("lease_ttl_s", "batch_rollouts", "max_attempts", "visibility_timeout_s"):
+        for name in ("lease_ttl_s", "batch_rollouts", "items_per_task", "max_attempts", "visibility_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{PREFIX}{name.upper()} must be positive")
         if self.visibility_timeout_s <= self.lease_ttl_s:

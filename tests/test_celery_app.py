@@ -28,14 +28,14 @@ def test_configuration_for_long_gpu_tasks() -> None:
 def test_published_messages_are_json_on_the_queue_list(redis_client: redis.Redis) -> None:
     queue = f"stepq.test.{uuid.uuid4().hex[:6]}"
     app = create_app(CeleryOptions(REDIS_URL, queue))
-    publisher(app)([11, 12])
+    publisher(app, items_per_task=2)([11, 12, 13])
     depth = redis_queue_depth(REDIS_URL, queue)
     assert depth() == 2
     raw = [json.loads(m) for m in redis_client.lrange(queue, 0, -1)]
     assert {m["content-type"] for m in raw} == {"application/json"}
     bodies = [json.loads(base64.b64decode(m["body"])) for m in raw]
-    assert sorted(b[0][0] for b in bodies) == [11, 12]
+    assert sorted(b[0][0] for b in bodies) == [[11, 12], [13]], "ids travel in groups, as JSON"
     assert all(m["headers"]["task"] == TASK_NAME for m in raw)
     redis_client.flushdb()  # a broker that lost everything, bindings included
-    publisher(app)([13])
+    publisher(app)([14])
     assert depth() == 1, "still routed without Celery's exchange bindings"

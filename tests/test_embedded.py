@@ -206,3 +206,43 @@ def test_rollout_text_can_be_dropped(sqlite: Database) -> None:
         rows = list(s.scalars(select(Rollout)))
     assert rows and all(r.text == "" and r.final_answer for r in rows)
     assert_exact(sqlite, "t", 2)
+
+
+def test_several_items_per_task_share_engine_calls(sqlite: Database) -> None:
+    """Four trajectories per task: one generate call carries all their batches, and the
+    result is the same as one trajectory at a time."""
+    synth_set(sqlite, "g", problems=8, seed=2)
+    _annotate(sqlite, "g", 4, budget="adaptive", rule="rel-ratio")
+    real = _runtime(sqlite)
+    backend = real.backend_for(queries_set(sqlite, "g"))
+    calls: list[int] = []
+
+    class Counting:
+        name = backend.name
+        generator = backend.generator
+
+        def generate(self, requests, params):  # type: ignore[no-untyped-def]
+            calls.append(len({r.context.split("Solution:")[0] for r in requests}))
+            return backend.generate(requests, params)
+
+        def close(self) -> None:
+            pass
+
+    rt = WorkerRuntime(sqlite, WorkerOptions(batch_rollouts=32, name="g"), backend_override=Counting())
+    assert run_in_process(sqlite, rt, items_per_task=4) == {"done": 8}
+    assert max(calls) > 1, "one engine call served several trajectories"
+    together = _labels(sqlite, "g")
+    with sqlite.session() as s:
+        rollouts_together = sorted((r.trajectory_id, r.prefix_len, r.sample_idx) for r in s.scalars(select(Rollout)))
+    from sqlalchemy import text as sql
+
+    with sqlite.engine.begin() as conn:
+        for table in ("chunk_labels", "q_values", "rollouts"):
+            conn.execute(sql(f"DELETE FROM {table}"))
+    _annotate(sqlite, "g", 4, budget="adaptive", rule="rel-ratio")
+    with sqlite.engine.begin() as conn:
+        conn.execute(sql("UPDATE rollout_work SET state = 'pending'"))
+    assert run_in_process(sqlite, _runtime(sqlite), items_per_task=1) == {"done": 8}
+    with sqlite.session() as s:
+        alone = sorted((r.trajectory_id, r.prefix_len, r.sample_idx) for r in s.scalars(select(Rollout)))
+    assert alone == rollouts_together and _labels(sqlite, "g") == together

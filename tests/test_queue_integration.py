@@ -214,7 +214,14 @@ def test_two_dispatchers_do_not_double_schedule(cluster: Cluster, pg: Database, 
         enqueued = conn.execute(text("SELECT sum(enqueue_count), max(enqueue_count) FROM rollout_work")).one()
     assert published == [0, n_traj]
     assert enqueued == (n_traj, 1)
-    assert redis_client.llen(cluster.env["STEPQ_QUEUE"]) == n_traj
+    import base64
+    import json
+
+    messages = [json.loads(m) for m in redis_client.lrange(cluster.env["STEPQ_QUEUE"], 0, -1)]
+    ids = [i for m in messages for i in json.loads(base64.b64decode(m["body"]))[0][0]]
+    with pg.engine.connect() as conn:
+        work_ids = sorted(i for (i,) in conn.execute(text("SELECT id FROM rollout_work")))
+    assert sorted(ids) == work_ids, "every work item is in exactly one message"
 
 
 def test_abs_q_labels_match_ground_truth(cluster: Cluster, pg: Database) -> None:

@@ -18,7 +18,14 @@ from models import Database, queries
 from models.errors import ConfigError, LeaseLost
 from models.problems import ProblemSet
 from models.rollouts import Rollout
-from workers.backends import GenerationBackend, GenerationRequest, SamplingParams, generator_id, make_backend
+from workers.backends import (
+    Completion,
+    GenerationBackend,
+    GenerationRequest,
+    SamplingParams,
+    generator_id,
+    make_backend,
+)
 from workers.budget import parse_budget
 from workers.grading import Grader
 from workers.labels import parse_rule
@@ -88,100 +95,154 @@ def first_batch(requests: dict[int, list[int]], size: int) -> list[tuple[int, li
     return batch
 
 
-def run_work_item(rt: WorkerRuntime, work_id: int) -> WorkOutcome:
-    """Do (the rest of) one work item; safe to call twice for the same id at once.
+class TrajectoryJob:
+    """One claimed work item while a task runs it: its budget decision and what to write."""
 
-    Loops: ask the set's budget policy what to sample next, generate and grade one batch,
-    commit it with the trajectory's Q-values and labels, and ask again, until the policy
-    wants nothing more; "done" commits with the last batch.
-    """
-    opts = rt.options
-    with rt.db.session() as s:
-        trajectory_id = queries.claim_work(s, work_id, rt.name, opts.lease_ttl_s)
-        if trajectory_id is None:
-            return WorkOutcome("skipped")
-        ctx = queries.load_work_context(s, trajectory_id)
-    written = 0
-    try:
+    def __init__(self, rt: WorkerRuntime, work_id: int, ctx: queries.WorkContext) -> None:
+        self.rt, self.work_id, self.ctx = rt, work_id, ctx
         pset, traj, problem = ctx.problem_set, ctx.trajectory, ctx.problem
         if not problem.reference_answer:
             raise ConfigError(f"problem {problem.external_id} has no reference answer to grade against")
-        policy = parse_budget(pset.budget_policy)
-        rules = [parse_rule(pset.label_rule)]
-        params = SamplingParams.from_config(pset.sampling)
-        backend = rt.backend_for(pset)
-        generator = generator_id(backend, params)
-        labeller = TrajectoryLabeller(
+        self.policy = parse_budget(pset.budget_policy)
+        self.params = SamplingParams.from_config(pset.sampling)
+        self.backend = rt.backend_for(pset)
+        self.generator = generator_id(self.backend, self.params)
+        self.labeller = TrajectoryLabeller(
             traj,
             ctx.chunks,
             pset.rollouts_per_prefix,
-            policy,
-            rules,
-            policy.counts_trajectory() and traj.generator == generator,
+            self.policy,
+            [parse_rule(pset.label_rule)],
+            self.policy.counts_trajectory() and traj.generator == self.generator,
         )
-        prefixes = [traj.prompt]
+        self.prefixes = [traj.prompt]
         for chunk in ctx.chunks:
-            prefixes.append(prefixes[-1] + chunk.text)
-        decision = labeller.decide(ctx.rewards)
-        first = True
-        while True:
-            batch = first_batch(decision.requests, opts.batch_rollouts)
-            requests = [
-                GenerationRequest(
-                    prefixes[k],
-                    tuple(derive_seed(pset.seed, problem.external_id, traj.source_key, k, j) for j in js),
+            self.prefixes.append(self.prefixes[-1] + chunk.text)
+        self.decision = self.labeller.decide(ctx.rewards)
+        self.batch: list[tuple[int, list[int]]] = []
+        self.first = True
+        self.written = 0
+
+    def next_requests(self) -> list[GenerationRequest]:
+        """The next batch: the whole round when it fits, so a crash never splits one."""
+        self.batch = first_batch(self.decision.requests, self.rt.options.batch_rollouts)
+        if not self.batch and not self.decision.done:
+            raise RuntimeError(f"budget policy {self.policy.spec} asked for nothing new yet is not done")
+        pset, problem, traj = self.ctx.problem_set, self.ctx.problem, self.ctx.trajectory
+        return [
+            GenerationRequest(
+                self.prefixes[k],
+                tuple(derive_seed(pset.seed, problem.external_id, traj.source_key, k, j) for j in js),
+            )
+            for k, js in self.batch
+        ]
+
+    def write(self, requests: list[GenerationRequest], results: list[list[Completion]]) -> bool:
+        """Grade and commit one batch with Q-values, labels and (when nothing is left) "done"."""
+        rt, opts, traj = self.rt, self.rt.options, self.ctx.trajectory
+        rows: list[dict[str, Any]] = []
+        tokens = 0
+        for (k, js), req, completions in zip(self.batch, requests, results, strict=True):
+            for j, seed, comp in zip(js, req.seeds, completions, strict=True):
+                grade = rt.grader.grade(comp.text, self.ctx.problem.reference_answer)
+                tokens += comp.tokens
+                rows.append(
+                    {
+                        "trajectory_id": traj.id,
+                        "prefix_len": k,
+                        "sample_idx": j,
+                        "seed": seed,
+                        "text": comp.text if opts.store_text else "",
+                        "final_answer": grade.answer,
+                        "reward": grade.reward,
+                        "tokens": comp.tokens,
+                        "generator": self.generator,
+                        "worker": rt.name,
+                    }
                 )
-                for k, js in batch
-            ]
-            if not batch and not decision.done:
-                raise RuntimeError(f"budget policy {policy.spec} asked for nothing new yet is not done")
-            results = backend.generate(requests, params) if requests else []
-            rows: list[dict[str, Any]] = []
-            tokens = 0
-            for (k, js), req, completions in zip(batch, requests, results, strict=True):
-                for j, seed, comp in zip(js, req.seeds, completions, strict=True):
-                    grade = rt.grader.grade(comp.text, problem.reference_answer)
-                    tokens += comp.tokens
-                    rows.append(
-                        {
-                            "trajectory_id": traj.id,
-                            "prefix_len": k,
-                            "sample_idx": j,
-                            "seed": seed,
-                            "text": comp.text if opts.store_text else "",
-                            "final_answer": grade.answer,
-                            "reward": grade.reward,
-                            "tokens": comp.tokens,
-                            "generator": generator,
-                            "worker": rt.name,
-                        }
-                    )
-            with rt.db.session() as s:
-                if not queries.renew_lease(s, work_id, rt.name, opts.lease_ttl_s):
-                    raise LeaseLost(f"lease on work item {work_id} was taken over")
-                written += queries.insert_ignore(s, Rollout, rows)
-                if first:
-                    queries.mark_trajectory_counted(s, traj.id, labeller.trajectory_is_sample)
-                    first = False
-                decision = labeller.refresh(s)
-                queries.heartbeat(
-                    s,
-                    rt.name,
-                    hostname=socket.gethostname(),
-                    pid=os.getpid(),
-                    backend=backend.generator,
-                    rollouts=len(rows),
-                    tokens=tokens,
-                )
-                if decision.done:  # the last batch commits together with "done"
-                    queries.finish_work(s, work_id, rt.name)
-            if decision.done:
-                return WorkOutcome("done", written)
-    except LeaseLost as exc:
-        log.warning("%s", exc)
-        return WorkOutcome("lost", written)
-    except Exception as exc:
-        log.exception("work item %s failed", work_id)
         with rt.db.session() as s:
-            status = queries.fail_or_retry(s, work_id, rt.name, f"{type(exc).__name__}: {exc}", opts.max_attempts)
-        return WorkOutcome(status, written)
+            if not queries.renew_lease(s, self.work_id, rt.name, opts.lease_ttl_s):
+                raise LeaseLost(f"lease on work item {self.work_id} was taken over")
+            self.written += queries.insert_ignore(s, Rollout, rows)
+            if self.first:
+                queries.mark_trajectory_counted(s, traj.id, self.labeller.trajectory_is_sample)
+                self.first = False
+            self.decision = self.labeller.refresh(s)
+            queries.heartbeat(
+                s,
+                rt.name,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                backend=self.backend.generator,
+                rollouts=len(rows),
+                tokens=tokens,
+            )
+            if self.decision.done:  # the last batch commits together with "done"
+                queries.finish_work(s, self.work_id, rt.name)
+        return self.decision.done
+
+
+def _fail(rt: WorkerRuntime, work_id: int, exc: Exception) -> str:
+    log.error("work item %s failed: %s: %s", work_id, type(exc).__name__, exc)
+    with rt.db.session() as s:
+        return queries.fail_or_retry(s, work_id, rt.name, f"{type(exc).__name__}: {exc}", rt.options.max_attempts)
+
+
+def run_work_items(rt: WorkerRuntime, work_ids: list[int]) -> dict[int, WorkOutcome]:
+    """Do (the rest of) several work items together; safe to call twice for the same ids.
+
+    Each step asks every trajectory's budget policy what to sample next and sends all of it
+    to the engine in one ``generate`` call per backend (more sequences per call, and the
+    engine's prefix cache sees every prefix together), then commits each trajectory's batch
+    in its own transaction, with "done" in the last one.
+    """
+    outcomes: dict[int, WorkOutcome] = {}
+    jobs: list[TrajectoryJob] = []
+    for work_id in work_ids:
+        with rt.db.session() as s:
+            trajectory_id = queries.claim_work(s, work_id, rt.name, rt.options.lease_ttl_s)
+            ctx = queries.load_work_context(s, trajectory_id) if trajectory_id is not None else None
+        if ctx is None:
+            outcomes[work_id] = WorkOutcome("skipped")
+            continue
+        try:
+            jobs.append(TrajectoryJob(rt, work_id, ctx))
+        except Exception as exc:
+            outcomes[work_id] = WorkOutcome(_fail(rt, work_id, exc))
+    while jobs:
+        groups: dict[tuple[int, SamplingParams], list[tuple[TrajectoryJob, list[GenerationRequest]]]] = {}
+        for job in jobs:
+            try:
+                groups.setdefault((id(job.backend), job.params), []).append((job, job.next_requests()))
+            except Exception as exc:
+                outcomes[job.work_id] = WorkOutcome(_fail(rt, job.work_id, exc), job.written)
+        still: list[TrajectoryJob] = []
+        for (_, params), members in groups.items():
+            everything = [r for _, reqs in members for r in reqs]
+            try:
+                results = members[0][0].backend.generate(everything, params) if everything else []
+            except Exception as exc:
+                for job, _ in members:
+                    outcomes[job.work_id] = WorkOutcome(_fail(rt, job.work_id, exc), job.written)
+                continue
+            offset = 0
+            for job, reqs in members:
+                mine = results[offset : offset + len(reqs)]
+                offset += len(reqs)
+                try:
+                    if job.write(reqs, mine):
+                        outcomes[job.work_id] = WorkOutcome("done", job.written)
+                    else:
+                        still.append(job)
+                except LeaseLost as exc:
+                    log.warning("%s", exc)
+                    outcomes[job.work_id] = WorkOutcome("lost", job.written)
+                except Exception as exc:
+                    outcomes[job.work_id] = WorkOutcome(_fail(rt, job.work_id, exc), job.written)
+        jobs = still
+    return outcomes
+
+
+def run_work_item(rt: WorkerRuntime, work_id: int) -> WorkOutcome:
+    """Do (the rest of) one work item; safe to call twice for the same id at once."""
+    return run_work_items(rt, [work_id])[work_id]

@@ -61,25 +61,28 @@ def create_app(options: CeleryOptions, runtime_factory: Callable[[], WorkerRunti
         return state["rt"]
 
     @app.task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True)
-    def annotate_trajectory(self: object, work_id: int) -> str:
-        from workers.annotate import run_work_item
+    def annotate_trajectory(self: object, work_ids: list[int] | int) -> str:
+        from workers.annotate import run_work_items
 
-        return run_work_item(runtime(), int(work_id)).status
+        ids = [int(work_ids)] if isinstance(work_ids, int) else [int(i) for i in work_ids]
+        outcomes = run_work_items(runtime(), ids)
+        return ",".join(f"{i}:{o.status}" for i, o in outcomes.items())
 
     app.stepq_queue = options.queue  # type: ignore[attr-defined]
     return app
 
 
-def publisher(app: Celery) -> Callable[[Sequence[int]], None]:
-    """A function that publishes work item ids; used by the dispatcher."""
+def publisher(app: Celery, items_per_task: int = 1) -> Callable[[Sequence[int]], None]:
+    """A function that publishes work item ids, ``items_per_task`` to a message; used by the
+    dispatcher.  A task runs its items together: one engine call serves all of them."""
     queue: str = app.stepq_queue  # type: ignore[attr-defined]
 
     def publish(ids: Sequence[int]) -> None:
         with app.producer_or_acquire() as producer:
-            for work_id in ids:
+            for start in range(0, len(ids), items_per_task):
                 app.send_task(
                     TASK_NAME,
-                    args=[int(work_id)],
+                    args=[[int(i) for i in ids[start : start + items_per_task]]],
                     queue=queue,
                     exchange="",
                     routing_key=queue,

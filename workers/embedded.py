@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from models import Database, queries
-from workers.annotate import WorkerRuntime, run_work_item
+from workers.annotate import WorkerRuntime, run_work_items
 from workers.dispatcher import Dispatcher, DispatchOptions
 
 
@@ -20,6 +20,7 @@ def run_in_process(
     *,
     on_item: Callable[[int, str], None] | None = None,
     options: DispatchOptions | None = None,
+    items_per_task: int = 1,
 ) -> dict[str, int]:
     """Run every pending work item to the end; returns outcome counts."""
     inbox: deque[int] = deque()
@@ -41,11 +42,11 @@ def run_in_process(
             if not inbox:
                 break
             while inbox:
-                work_id = inbox.popleft()
-                status = run_work_item(runtime, work_id).status
-                outcomes[status] = outcomes.get(status, 0) + 1
-                if on_item:
-                    on_item(work_id, status)
+                ids = [inbox.popleft() for _ in range(min(items_per_task, len(inbox)))]
+                for work_id, outcome in run_work_items(runtime, ids).items():
+                    outcomes[outcome.status] = outcomes.get(outcome.status, 0) + 1
+                    if on_item:
+                        on_item(work_id, outcome.status)
                 dispatcher.acquire()
             with db.session() as s:
                 counts = queries.work_counts(s)
