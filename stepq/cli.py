@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ from stepq.settings import Settings
 from workers.backends import BACKENDS as BACKEND_NAMES
 
 F = TypeVar("F", bound=Callable[..., Any])
+INTERNAL_ERROR = 70  # EX_SOFTWARE: a bug or an unforeseen failure, not a user error
 
 
 def friendly(fn: F) -> F:
@@ -42,6 +44,15 @@ def friendly(fn: F) -> F:
             err2 = BrokerError(f"cannot reach the broker: {exc}")
             click.echo(f"stepq: error: {err2}", err=True)
             sys.exit(err2.exit_code)
+        except click.ClickException:
+            raise
+        except Exception as exc:
+            if os.environ.get("STEPQ_DEBUG"):
+                raise
+            click.echo(
+                f"stepq: internal error: {type(exc).__name__}: {exc} (set STEPQ_DEBUG=1 for the traceback)", err=True
+            )
+            sys.exit(INTERNAL_ERROR)
 
     return wrapper  # type: ignore[return-value]
 
@@ -534,6 +545,39 @@ def generate(
     )
     if filter_mixed:
         click.echo(f"prompt filter: {report.excluded_problems} problems excluded (all right or all wrong)")
+
+
+@main.command()
+@click.option("--set", "set_name", required=True)
+@click.option(
+    "--method", type=click.Choice(["auto", "chunk-tags", "step-markers", "blank-lines", "llm"]), required=True
+)
+@click.option("--backend", type=click.Choice(BACKEND_NAMES), default=None, help="With --method llm: the segmenter.")
+@click.option("--model", default=None)
+@click.option("--base-url", default=None)
+@click.option("--backend-option", "backend_options", multiple=True, metavar="KEY=VALUE")
+@friendly
+def segment(
+    set_name: str,
+    method: str,
+    backend: str | None,
+    model: str | None,
+    base_url: str | None,
+    backend_options: tuple[str, ...],
+) -> None:
+    """Segment a set's not-yet-annotated trajectories again, e.g. with a model (--method llm)."""
+    from models.errors import ConfigError
+    from workers.generate import resegment_set
+
+    if method == "llm" and backend is None:
+        raise ConfigError("--method llm needs --backend (and --model) for the segmenting model")
+    segmenter = _backend_from_options(backend, model, base_url, backend_options) if backend else None
+    report = resegment_set(_db(_settings()), set_name, method, segmenter=segmenter)
+    methods = ", ".join(f"{k} {v}" for k, v in sorted(report.segmentation.items())) or "none"
+    click.echo(
+        f"set '{set_name}': {report.resegmented} trajectories segmented ({methods}); "
+        f"{report.skipped_with_rollouts} left alone because they already have rollouts"
+    )
 
 
 @main.command("serve-synthetic")

@@ -176,3 +176,15 @@ def test_retry_brings_failed_work_back(tmp_path: Path) -> None:
             == [("pending", 0, None)] * 2
         )
     assert _run(["retry", "--set", "nope"], tmp_path, env).returncode == 4
+
+
+def test_unforeseen_errors_are_one_line_with_exit_70(tmp_path: Path) -> None:
+    # the synthetic policy cannot read a real math problem: a failure nobody planned for
+    f = tmp_path / "q.jsonl"
+    f.write_text('{"question": "What is 1+1?", "answer": "2"}\n')
+    assert _run(["ingest", str(f), "--set", "m"], tmp_path).returncode == 0
+    proc = _run(["generate", "--set", "m", "--samples", "1", "--template", "step"], tmp_path)
+    assert proc.returncode == 70, proc.stderr
+    assert proc.stderr.startswith("stepq: internal error: ValueError") and "Traceback" not in proc.stderr
+    debug = _run(["generate", "--set", "m", "--samples", "1", "--template", "step"], tmp_path, {"STEPQ_DEBUG": "1"})
+    assert "Traceback" in debug.stderr

@@ -170,3 +170,28 @@ def test_templates() -> None:
         load_template("nope")
     with pytest.raises(ConfigError):
         load_template(None, Path("/nonexistent/template.txt"))
+
+
+def test_resegment_touches_only_trajectories_without_rollouts(sqlite: Database) -> None:
+    from workers.annotate import WorkerOptions, WorkerRuntime, run_work_item
+    from workers.generate import resegment_set
+    from workers.synth import synth_set
+
+    synth_set(sqlite, "r", problems=6, seed=3)
+    with sqlite.session() as s:
+        first = queries.set_trajectory_ids(s, queries.get_set(s, "r").id)[0]
+        s.execute(text("UPDATE problem_sets SET rollouts_per_prefix = 1"))
+        work_id = s.execute(
+            RolloutWork.__table__.insert()
+            .values(trajectory_id=first, target_m=1, state="pending", attempts=0, enqueue_count=0)
+            .returning(RolloutWork.__table__.c.id)
+        ).scalar_one()
+    assert run_work_item(WorkerRuntime(sqlite, WorkerOptions(name="t")), work_id).status == "done"
+    report = resegment_set(sqlite, "r", "llm", segmenter=StandInSegmenter())
+    assert (report.resegmented, report.skipped_with_rollouts) == (5, 1)
+    assert report.segmentation == {"llm": 5}
+    with sqlite.session() as s:
+        for t in s.scalars(select(Trajectory)):
+            chunks = queries.trajectory_chunks(s, t.id)
+            assert "".join(c.text for c in chunks) == t.text and len(chunks) == t.n_chunks
+            assert t.segmentation == ("step-markers" if t.id == first else "llm")

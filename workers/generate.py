@@ -145,3 +145,59 @@ def apply_prompt_filter(db: Database, set_id: int, samples: int) -> int:
         if excluded:
             s.execute(update(Problem).where(Problem.id.in_(excluded)).values(excluded=True))
     return len(excluded)
+
+
+@dataclass(frozen=True)
+class ResegmentReport:
+    resegmented: int
+    skipped_with_rollouts: int
+    segmentation: dict[str, int]
+
+
+def resegment_set(
+    db: Database,
+    set_name: str,
+    method: str,
+    *,
+    segmenter: GenerationBackend | None = None,
+    batch: int = 32,
+) -> ResegmentReport:
+    """Segment a set's trajectories again (e.g. with a model) before they are annotated.
+
+    Only trajectories without rollouts are touched: a rollout continues a prefix that
+    depends on the chunk boundaries, so re-cutting an annotated trajectory would orphan it.
+    """
+    from sqlalchemy import delete
+
+    from models.rollouts import Rollout
+    from models.trajectories import Chunk
+
+    with db.session() as s:
+        pset = queries.get_set(s, set_name)
+        has_rollouts = select(Rollout.id).where(Rollout.trajectory_id == Trajectory.id).exists()
+        base = select(Trajectory.id, Trajectory.text).join(Problem, Problem.id == Trajectory.problem_id)
+        base = base.where(Problem.problem_set_id == pset.id)
+        todo = list(s.execute(base.where(~has_rollouts).order_by(Trajectory.id)))
+        skipped = len(list(s.execute(base.where(has_rollouts))))
+    methods: dict[str, int] = {}
+    for start in range(0, len(todo), batch):
+        part = todo[start : start + batch]
+        segs = _segment([t for _, t in part], method, segmenter)
+        with db.session() as s:
+            for (tid, _), seg in zip(part, segs, strict=True):
+                s.execute(delete(Chunk).where(Chunk.trajectory_id == tid))
+                s.execute(
+                    update(Trajectory)
+                    .where(Trajectory.id == tid)
+                    .values(n_chunks=len(seg.chunks), segmentation=seg.method)
+                )
+                queries.insert_ignore(
+                    s,
+                    Chunk,
+                    [
+                        {"trajectory_id": tid, "idx": i + 1, "text": c, "ground_truth": None}
+                        for i, c in enumerate(seg.chunks)
+                    ],
+                )
+                methods[seg.method] = methods.get(seg.method, 0) + 1
+    return ResegmentReport(len(todo), skipped, methods)
