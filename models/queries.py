@@ -77,6 +77,17 @@ def existing_problem_ids(session: Session, set_id: int, external_ids: Iterable[s
     return found
 
 
+def problems_without_reference(session: Session, set_id: int) -> int:
+    return int(
+        session.scalar(
+            select(func.count(Problem.id)).where(
+                Problem.problem_set_id == set_id, Problem.reference_answer == "", Problem.excluded.is_(False)
+            )
+        )
+        or 0
+    )
+
+
 def add_trajectory(session: Session, traj: dict[str, Any], chunks: Sequence[dict[str, Any]]) -> int | None:
     """Insert a trajectory and its chunks unless (problem, source_key) exists; returns its id."""
     new = insert_ignore(session, Trajectory, [traj])

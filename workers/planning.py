@@ -39,6 +39,12 @@ def configure_annotation(
     """
     with db.session() as s:
         pset = queries.get_set(s, set_name)
+        ungradable = queries.problems_without_reference(s, pset.id)
+        if ungradable:
+            raise ConfigError(
+                f"set '{set_name}' has {ungradable} problems without a reference answer: rollouts could not be "
+                "graded (ingest the answers, or keep the set for evaluation only)"
+            )
         before = (pset.rollouts_per_prefix, pset.label_rule, pset.budget_policy)
         pset.rollouts_per_prefix = m
         if rule is not None:
