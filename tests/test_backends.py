@@ -87,6 +87,16 @@ def test_openai_backend_retries_transient_failures(status: int) -> None:
         srv.stop()
 
 
+def test_openai_backend_retries_a_timed_out_request() -> None:
+    srv = SyntheticCompletionsServer(failures=FailurePlan(first=1, status=0, stall_s=2.0)).start()
+    try:
+        backend = OpenAICompletionsBackend(srv.url, "synthetic", timeout_s=0.3, backoff_s=0.01)
+        out = backend.generate([GenerationRequest(CTX, (5,))], SamplingParams())
+        assert len(out[0]) == 1 and backend.retries == 1
+    finally:
+        srv.stop()
+
+
 def test_openai_backend_gives_up_clearly() -> None:
     srv = SyntheticCompletionsServer(failures=FailurePlan(first=100, status=503)).start()
     try:

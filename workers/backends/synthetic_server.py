@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -20,10 +21,12 @@ MARKER = "Solution:\n"
 
 @dataclass
 class FailurePlan:
-    """Fail the first ``first`` requests with ``status`` (``Retry-After: 0`` on 429)."""
+    """Fail the first ``first`` requests with ``status`` (``Retry-After: 0`` on 429), or,
+    with ``status=0``, stall them for ``stall_s`` before answering (a client timeout)."""
 
     first: int = 0
     status: int = 503
+    stall_s: float = 0.0
     seen: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -58,6 +61,9 @@ class SyntheticCompletionsServer:
                 if self.path.rstrip("/") not in ("/v1/completions", "/completions"):
                     return self._reply(404, {"error": {"message": "only /v1/completions is served"}})
                 if server.failures.should_fail():
+                    if server.failures.status == 0:
+                        time.sleep(server.failures.stall_s)
+                        return None
                     return self._reply(
                         server.failures.status,
                         {"error": {"message": "injected failure"}},
