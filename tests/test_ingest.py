@@ -125,6 +125,13 @@ BAD_INPUTS = [
         "missing answer",
     ),
     ("truncated-array.json", b'[\n  {"question": "a", "answer": "1"},\n  {"question": "b"', 3, None, "invalid JSON"),
+    (
+        "duplicate-id.jsonl",
+        b'{"id": 1, "question": "a", "answer": "1"}\n{"id": 1, "question": "b", "answer": "2"}\n',
+        2,
+        "id",
+        "id '1' already used on line 1",
+    ),
     ("gsm8k-no-final.jsonl", b'{"question": "a", "answer": "work\\n#### "}\n', 1, "answer", "no final answer"),
 ]
 
