@@ -59,10 +59,6 @@ def ensure_set(session: Session, name: str, **config: Any) -> ProblemSet:
     return get_set(session, name)
 
 
-def list_sets(session: Session) -> list[ProblemSet]:
-    return list(session.scalars(select(ProblemSet).order_by(ProblemSet.id)))
-
-
 def existing_problem_ids(session: Session, set_id: int, external_ids: Iterable[str]) -> dict[str, int]:
     ids = list(external_ids)
     found: dict[str, int] = {}
@@ -105,6 +101,85 @@ def add_trajectory(session: Session, traj: dict[str, Any], chunks: Sequence[dict
 
 def trajectory_chunks(session: Session, trajectory_id: int) -> list[Chunk]:
     return list(session.scalars(select(Chunk).where(Chunk.trajectory_id == trajectory_id).order_by(Chunk.idx)))
+
+
+def set_problems(session: Session, set_id: int) -> list[Any]:
+    """(id, external_id, question, reference_answer) of every problem of a set, in id order."""
+    return list(
+        session.execute(
+            select(Problem.id, Problem.external_id, Problem.question, Problem.reference_answer)
+            .where(Problem.problem_set_id == set_id)
+            .order_by(Problem.id)
+        )
+    )
+
+
+def trajectory_keys(session: Session, set_id: int) -> dict[int, set[str]]:
+    """problem id -> source keys of its trajectories (what policy sampling already did)."""
+    out: dict[int, set[str]] = {}
+    for pid, key in session.execute(
+        select(Trajectory.problem_id, Trajectory.source_key)
+        .join(Problem, Problem.id == Trajectory.problem_id)
+        .where(Problem.problem_set_id == set_id)
+    ):
+        out.setdefault(pid, set()).add(key)
+    return out
+
+
+def policy_outcomes(session: Session, set_id: int) -> dict[int, list[bool]]:
+    """problem id -> outcomes of its policy-sampled trajectories."""
+    out: dict[int, list[bool]] = {}
+    for pid, outcome in session.execute(
+        select(Trajectory.problem_id, Trajectory.outcome)
+        .join(Problem, Problem.id == Trajectory.problem_id)
+        .where(Problem.problem_set_id == set_id, Trajectory.source_key.like("policy:%"))
+    ):
+        out.setdefault(pid, []).append(bool(outcome))
+    return out
+
+
+def set_excluded(session: Session, set_id: int, problem_ids: Sequence[int]) -> None:
+    """Exactly ``problem_ids`` of the set are excluded from annotation."""
+    session.execute(update(Problem).where(Problem.problem_set_id == set_id).values(excluded=False))
+    if problem_ids:
+        session.execute(update(Problem).where(Problem.id.in_(problem_ids)).values(excluded=True))
+
+
+def unannotated_trajectories(session: Session, set_id: int) -> tuple[list[tuple[int, str]], int]:
+    """(id, text) of the set's trajectories without rollouts, and how many have rollouts."""
+    has_rollouts = select(Rollout.id).where(Rollout.trajectory_id == Trajectory.id).exists()
+    in_set = select(Trajectory.id, Trajectory.text).join(Problem, Problem.id == Trajectory.problem_id)
+    in_set = in_set.where(Problem.problem_set_id == set_id)
+    todo = [(int(t), str(x)) for t, x in session.execute(in_set.where(~has_rollouts).order_by(Trajectory.id))]
+    annotated = session.scalar(select(func.count()).select_from(in_set.where(has_rollouts).subquery()))
+    return todo, int(annotated or 0)
+
+
+def replace_chunks(session: Session, trajectory_id: int, chunks: Sequence[str], method: str) -> None:
+    """Cut a trajectory anew (only safe while it has no rollouts)."""
+    session.execute(delete(Chunk).where(Chunk.trajectory_id == trajectory_id))
+    session.execute(
+        update(Trajectory).where(Trajectory.id == trajectory_id).values(n_chunks=len(chunks), segmentation=method)
+    )
+    insert_ignore(
+        session,
+        Chunk,
+        [{"trajectory_id": trajectory_id, "idx": i + 1, "text": c, "ground_truth": None} for i, c in enumerate(chunks)],
+    )
+
+
+def labels_with_truth(session: Session, set_id: int, rule: str) -> list[tuple[bool, bool]]:
+    """(label, ground truth) for the set's labelled chunks whose truth is known."""
+    rows = session.execute(
+        select(ChunkLabel.positive, Chunk.ground_truth)
+        .join(Chunk, Chunk.id == ChunkLabel.chunk_id)
+        .where(
+            ChunkLabel.rule == rule,
+            Chunk.ground_truth.is_not(None),
+            Chunk.trajectory_id.in_(_set_trajectories(set_id)),
+        )
+    )
+    return [(bool(p), bool(g)) for p, g in rows]
 
 
 # --- planning and the work lifecycle -------------------------------------------------
@@ -151,19 +226,24 @@ def pending_work_ids(session: Session, limit: int) -> list[int]:
     )
 
 
-def mark_queued(session: Session, work_id: int, now: float) -> bool:
-    """pending -> queued; False when another dispatcher got there first."""
+def mark_queued(session: Session, ids: Sequence[int], now: float) -> list[int]:
+    """pending -> queued for those of ``ids`` still pending; returns them (another
+    dispatcher may have taken the rest)."""
+    if not ids:
+        return []
     result = session.execute(
         update(RolloutWork)
-        .where(RolloutWork.id == work_id, RolloutWork.state == PENDING)
+        .where(RolloutWork.id.in_(ids), RolloutWork.state == PENDING)
         .values(state=QUEUED, enqueued_at=now, enqueue_count=RolloutWork.enqueue_count + 1)
+        .returning(RolloutWork.id)
     )
-    return bool(result.rowcount)  # type: ignore[attr-defined]
+    return sorted(int(i) for i in result.scalars())
 
 
-def unmark_queued(session: Session, work_id: int) -> None:
+def unmark_queued(session: Session, ids: Sequence[int]) -> None:
+    """queued -> pending, for items whose message could not be published."""
     session.execute(
-        update(RolloutWork).where(RolloutWork.id == work_id, RolloutWork.state == QUEUED).values(state=PENDING)
+        update(RolloutWork).where(RolloutWork.id.in_(ids), RolloutWork.state == QUEUED).values(state=PENDING)
     )
 
 
@@ -219,16 +299,12 @@ def renew_lease(session: Session, work_id: int, owner: str, ttl: float) -> bool:
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
-def finish_work(session: Session, work_id: int, owner: str, *, error: str | None = None) -> bool:
-    values: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None, "finished_at": epoch()}
-    if error is None:
-        values.update(state=DONE, last_error=None)
-    else:
-        values.update(state=FAILED, last_error=error[:2000])
+def finish_work(session: Session, work_id: int, owner: str) -> bool:
+    """running -> done, only for the lease holder; False when the lease was lost."""
     result = session.execute(
         update(RolloutWork)
         .where(RolloutWork.id == work_id, RolloutWork.lease_owner == owner, RolloutWork.state == RUNNING)
-        .values(**values)
+        .values(state=DONE, last_error=None, lease_owner=None, lease_expires_at=None, finished_at=epoch())
     )
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
@@ -242,15 +318,6 @@ def fail_or_retry(session: Session, work_id: int, owner: str, error: str, max_at
     item.state, item.last_error = state, error[:2000]
     item.lease_owner, item.lease_expires_at = None, None
     return "failed" if state == FAILED else "retry"
-
-
-def release_work(session: Session, work_id: int, owner: str) -> None:
-    """Give a lease back early (graceful shutdown) so the dispatcher reschedules at once."""
-    session.execute(
-        update(RolloutWork)
-        .where(RolloutWork.id == work_id, RolloutWork.lease_owner == owner)
-        .values(state=PENDING, lease_owner=None, lease_expires_at=None)
-    )
 
 
 def reopen_set(session: Session, set_id: int) -> int:
@@ -336,17 +403,6 @@ def rollout_rewards(session: Session, trajectory_id: int) -> dict[int, dict[int,
     return out
 
 
-def q_stats(session: Session, trajectory_id: int, max_sample: int | None = None) -> dict[int, tuple[int, int]]:
-    """prefix -> (samples, successes) straight from the rollout rows."""
-    stmt = select(Rollout.prefix_len, func.count(), func.coalesce(func.sum(Rollout.reward), 0)).where(
-        Rollout.trajectory_id == trajectory_id
-    )
-    if max_sample is not None:
-        stmt = stmt.where(Rollout.sample_idx < max_sample)
-    rows = session.execute(stmt.group_by(Rollout.prefix_len))
-    return {int(k): (int(n), int(c)) for k, n, c in rows}
-
-
 def upsert_q_values(session: Session, rows: Sequence[dict[str, Any]]) -> None:
     if not rows:
         return
@@ -356,11 +412,6 @@ def upsert_q_values(session: Session, rows: Sequence[dict[str, Any]]) -> None:
         set_={k: stmt.excluded[k] for k in ("n_samples", "n_correct", "q", "source")},
     )
     session.connection().execute(stmt, list(rows))
-
-
-def q_values(session: Session, trajectory_id: int) -> dict[int, QValue]:
-    rows = session.scalars(select(QValue).where(QValue.trajectory_id == trajectory_id))
-    return {q.prefix_len: q for q in rows}
 
 
 def upsert_labels(session: Session, rows: Sequence[dict[str, Any]]) -> None:
@@ -376,16 +427,6 @@ def upsert_labels(session: Session, rows: Sequence[dict[str, Any]]) -> None:
 
 def set_trajectory_ids(session: Session, set_id: int) -> list[int]:
     return list(session.scalars(_set_trajectories(set_id).order_by(Trajectory.id)))
-
-
-def delete_labels(session: Session, set_id: int, rule: str) -> int:
-    chunk_ids = select(Chunk.id).where(Chunk.trajectory_id.in_(_set_trajectories(set_id)))
-    result = session.execute(
-        delete(ChunkLabel)
-        .where(ChunkLabel.rule == rule, ChunkLabel.chunk_id.in_(chunk_ids))
-        .execution_options(synchronize_session=False)
-    )
-    return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
 # --- locks and workers --------------------------------------------------------------

@@ -15,7 +15,6 @@ QUEUED = "queued"
 RUNNING = "running"
 DONE = "done"
 FAILED = "failed"
-STATES = (PENDING, QUEUED, RUNNING, DONE, FAILED)
 
 
 class RolloutWork(Base):

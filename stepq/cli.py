@@ -224,9 +224,7 @@ def annotate(
     from workers.planning import configure_annotation
 
     settings = _settings()
-    config = {
-        k: v for k, v in {"model": model, "base_url": base_url, **_key_values(backend_options)}.items() if v is not None
-    }
+    config = _backend_config(model, base_url, backend_options)
     sampling = {
         k: v for k, v in {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}.items() if v is not None
     }
@@ -316,15 +314,15 @@ def worker(
     settings = _settings()
     _setup_logging(loglevel or settings.log_level)
     _db(settings).dispose()
-    config: dict[str, Any] = {
-        "model": model,
-        "base_url": base_url,
-        "tensor_parallel_size": tensor_parallel_size,
-        "gpu_memory_utilization": gpu_memory_utilization,
-    }
-    config.update(_key_values(backend_options))
+    config = _backend_config(
+        model,
+        base_url,
+        backend_options,
+        tensor_parallel_size=tensor_parallel_size,
+        gpu_memory_utilization=gpu_memory_utilization,
+    )
     # The engine is built once, here, and kept warm for every task this process runs.
-    override = make_backend(backend, {k: v for k, v in config.items() if v is not None}) if backend else None
+    override = make_backend(backend, config) if backend else None
 
     def runtime() -> WorkerRuntime:
         database = Database(settings.database_url, pool_size=2, synchronous_commit=settings.synchronous_commit)
@@ -458,11 +456,16 @@ def flower(port: int, address: str) -> None:
     create_app(settings.celery_options()).start(["flower", f"--port={port}", f"--address={address}"])
 
 
+def _backend_config(model: str | None, base_url: str | None, options: tuple[str, ...], **extra: Any) -> dict[str, Any]:
+    """A backend config from the common flags plus ``--backend-option KEY=VALUE`` pairs."""
+    config = {"model": model, "base_url": base_url, **extra, **_key_values(options)}
+    return {k: v for k, v in config.items() if v is not None}
+
+
 def _backend_from_options(backend: str, model: str | None, base_url: str | None, options: tuple[str, ...]) -> Any:
     from workers.backends import make_backend
 
-    config: dict[str, Any] = {"model": model, "base_url": base_url, **_key_values(options)}
-    return make_backend(backend, {k: v for k, v in config.items() if v is not None})
+    return make_backend(backend, _backend_config(model, base_url, options))
 
 
 @main.command()

@@ -5,13 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from sqlalchemy import select
 
 from migrations import upgrade
 from models import Database, queries
 from models.errors import NotFoundError
-from models.rollouts import ChunkLabel
-from models.trajectories import Chunk
 from stepq.settings import Settings
 from stepq.status import collect, render
 from workers.annotate import WorkerRuntime
@@ -64,17 +61,9 @@ def run_embedded(
     echo(render(collect(db)))
     with db.session() as s:
         pset = queries.get_set(s, set_name)
-        rows = s.execute(
-            select(ChunkLabel.positive, Chunk.ground_truth)
-            .join(Chunk, Chunk.id == ChunkLabel.chunk_id)
-            .where(
-                ChunkLabel.rule == pset.label_rule,
-                Chunk.ground_truth.is_not(None),
-                Chunk.trajectory_id.in_(queries.set_trajectory_ids(s, pset.id)),
-            )
-        ).all()
+        rows = queries.labels_with_truth(s, pset.id, pset.label_rule)
     if rows:
-        agree = sum(bool(p) == bool(g) for p, g in rows) / len(rows)
+        agree = sum(p == g for p, g in rows) / len(rows)
         echo(
             f"{pset.label_rule} labels agree with the synthetic step-level ground truth "
             f"on {100 * agree:.1f}% of {len(rows)} chunks"

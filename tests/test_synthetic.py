@@ -11,6 +11,7 @@ from workers.synthetic import (
     PROMPT_TEMPLATE,
     SyntheticPolicy,
     derive_seed,
+    exact_q,
     ground_truth,
     make_problem,
     parse_problem,
@@ -81,6 +82,9 @@ def test_true_q_matches_the_closed_form_without_recovery() -> None:
     q = true_q(policy, p, 0, p.start, samples=4000)
     assert abs(q - 0.8 ** len(p.ops)) < 0.03
     assert true_q(policy, p, 0, p.start + 1, samples=500) == 0.0
+    assert abs(exact_q(policy, len(p.ops), True) - 0.8 ** len(p.ops)) < 1e-12 and exact_q(policy, 3, False) == 0.0
+    recovering = SyntheticPolicy(error_rate=0.2, recovery_rate=0.3)
+    assert abs(true_q(recovering, p, 0, p.start + 1, samples=8000) - exact_q(recovering, len(p.ops), False)) < 0.03
 
 
 def test_backend_batches_with_per_sample_seeds() -> None:

@@ -77,7 +77,6 @@ class WorkerRuntime:
 @dataclass(frozen=True)
 class WorkOutcome:
     status: str  # done | skipped | lost | failed | retry
-    written: int = 0
 
 
 def first_batch(requests: dict[int, list[int]], size: int) -> list[tuple[int, list[int]]]:
@@ -112,7 +111,7 @@ class TrajectoryJob:
             ctx.chunks,
             pset.rollouts_per_prefix,
             self.policy,
-            [parse_rule(pset.label_rule)],
+            parse_rule(pset.label_rule),
             self.policy.counts_trajectory() and traj.generator == self.generator,
         )
         self.prefixes = [traj.prompt]
@@ -121,7 +120,6 @@ class TrajectoryJob:
         self.decision = self.labeller.decide(ctx.rewards)
         self.batch: list[tuple[int, list[int]]] = []
         self.first = True
-        self.written = 0
 
     def next_requests(self) -> list[GenerationRequest]:
         """The next batch: the whole round when it fits, so a crash never splits one."""
@@ -163,7 +161,7 @@ class TrajectoryJob:
         with rt.db.session() as s:
             if not queries.renew_lease(s, self.work_id, rt.name, opts.lease_ttl_s):
                 raise LeaseLost(f"lease on work item {self.work_id} was taken over")
-            self.written += queries.insert_ignore(s, Rollout, rows)
+            queries.insert_ignore(s, Rollout, rows)
             if self.first:
                 queries.mark_trajectory_counted(s, traj.id, self.labeller.trajectory_is_sample)
                 self.first = False
@@ -215,7 +213,7 @@ def run_work_items(rt: WorkerRuntime, work_ids: list[int]) -> dict[int, WorkOutc
             try:
                 groups.setdefault((id(job.backend), job.params), []).append((job, job.next_requests()))
             except Exception as exc:
-                outcomes[job.work_id] = WorkOutcome(_fail(rt, job.work_id, exc), job.written)
+                outcomes[job.work_id] = WorkOutcome(_fail(rt, job.work_id, exc))
         still: list[TrajectoryJob] = []
         for (_, params), members in groups.items():
             everything = [r for _, reqs in members for r in reqs]
@@ -223,7 +221,7 @@ def run_work_items(rt: WorkerRuntime, work_ids: list[int]) -> dict[int, WorkOutc
                 results = members[0][0].backend.generate(everything, params) if everything else []
             except Exception as exc:
                 for job, _ in members:
-                    outcomes[job.work_id] = WorkOutcome(_fail(rt, job.work_id, exc), job.written)
+                    outcomes[job.work_id] = WorkOutcome(_fail(rt, job.work_id, exc))
                 continue
             offset = 0
             for job, reqs in members:
@@ -231,14 +229,14 @@ def run_work_items(rt: WorkerRuntime, work_ids: list[int]) -> dict[int, WorkOutc
                 offset += len(reqs)
                 try:
                     if job.write(reqs, mine):
-                        outcomes[job.work_id] = WorkOutcome("done", job.written)
+                        outcomes[job.work_id] = WorkOutcome("done")
                     else:
                         still.append(job)
                 except LeaseLost as exc:
                     log.warning("%s", exc)
-                    outcomes[job.work_id] = WorkOutcome("lost", job.written)
+                    outcomes[job.work_id] = WorkOutcome("lost")
                 except Exception as exc:
-                    outcomes[job.work_id] = WorkOutcome(_fail(rt, job.work_id, exc), job.written)
+                    outcomes[job.work_id] = WorkOutcome(_fail(rt, job.work_id, exc))
         jobs = still
     return outcomes
 

@@ -1,6 +1,6 @@
 """The dispatcher: turns what the database says is missing into broker messages.
 
-The broker only carries hints (a work item id).  Each cycle the dispatcher plans work for
+The broker only carries hints (a few work item ids per message).  Each cycle the dispatcher plans work for
 new trajectories or a raised budget, returns expired leases to pending, notices queued
 items whose message was lost, and publishes what is pending.  Only one dispatcher acts at
 a time (a lease in the ``locks`` table); a second one waits for it.
@@ -16,11 +16,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import update
-
 from models import Database, epoch, queries
 from models.errors import BrokerError
-from models.work import PENDING, QUEUED, RolloutWork
 
 log = logging.getLogger("stepq.dispatcher")
 
@@ -78,18 +75,14 @@ class Dispatcher:
         while True:
             with self.db.session() as s:
                 ids = queries.pending_work_ids(s, o.batch)
-                claimed = self._mark_queued(s, ids, epoch())
+                claimed = queries.mark_queued(s, ids, epoch())
             if not claimed:
                 break
             try:
                 self.publish(claimed)
             except Exception as exc:
                 with self.db.session() as s:
-                    s.execute(
-                        update(RolloutWork)
-                        .where(RolloutWork.id.in_(claimed), RolloutWork.state == QUEUED)
-                        .values(state=PENDING)
-                    )
+                    queries.unmark_queued(s, claimed)
                 raise BrokerError(f"cannot publish to the broker: {exc}") from exc
             published += len(claimed)
             if len(ids) < o.batch:
@@ -98,18 +91,6 @@ class Dispatcher:
         if any((planned, expired, failed, requeued, published)):
             log.info("dispatch: %s", report)
         return report
-
-    @staticmethod
-    def _mark_queued(session: object, ids: list[int], now: float) -> list[int]:
-        if not ids:
-            return []
-        result = session.execute(  # type: ignore[attr-defined]
-            update(RolloutWork)
-            .where(RolloutWork.id.in_(ids), RolloutWork.state == PENDING)
-            .values(state=QUEUED, enqueued_at=now, enqueue_count=RolloutWork.enqueue_count + 1)
-            .returning(RolloutWork.id)
-        )
-        return sorted(int(i) for i in result.scalars())
 
     def acquire(self) -> bool:
         with self.db.session() as s:
@@ -127,7 +108,7 @@ class Dispatcher:
         wait_s: float | None = None,
         stop: threading.Event | None = None,
     ) -> int:
-        """Loop until stopped (or one cycle with ``once``); returns messages published.
+        """Loop until stopped (or one cycle with ``once``); returns work items published.
 
         Waits for the lock while another dispatcher holds it, at most ``wait_s``.
         """

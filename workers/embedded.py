@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from models import Database, queries
+from models import Database
 from workers.annotate import WorkerRuntime, run_work_items
 from workers.dispatcher import Dispatcher, DispatchOptions
 
@@ -37,7 +37,7 @@ def run_in_process(
 
         raise StepqError("another dispatcher is running against this database; stop it first")
     try:
-        while True:
+        while True:  # each cycle publishes what is pending (retries included); none left: done
             dispatcher.cycle()
             if not inbox:
                 break
@@ -47,11 +47,7 @@ def run_in_process(
                     outcomes[outcome.status] = outcomes.get(outcome.status, 0) + 1
                     if on_item:
                         on_item(work_id, outcome.status)
-                dispatcher.acquire()
-            with db.session() as s:
-                counts = queries.work_counts(s)
-            if not counts.get("pending") and not counts.get("queued"):
-                break
+                dispatcher.acquire()  # renew the lock between items
     finally:
         dispatcher.release()
     return outcomes

@@ -11,11 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
-
 from models import Database, queries
-from models.problems import Problem
-from models.trajectories import Trajectory
 from workers.backends import GenerationBackend, GenerationRequest, SamplingParams, generator_id
 from workers.grading import Grader, extract_boxed
 from workers.llm_segment import segment_with_model
@@ -53,20 +49,8 @@ def generate_trajectories(
     with db.session() as s:
         pset = queries.get_set(s, set_name)
         set_id, set_seed = pset.id, pset.seed
-        problems = list(
-            s.execute(
-                select(Problem.id, Problem.external_id, Problem.question, Problem.reference_answer)
-                .where(Problem.problem_set_id == set_id)
-                .order_by(Problem.id)
-            )
-        )
-        have: dict[int, set[str]] = {}
-        for pid, key in s.execute(
-            select(Trajectory.problem_id, Trajectory.source_key)
-            .join(Problem, Problem.id == Trajectory.problem_id)
-            .where(Problem.problem_set_id == set_id)
-        ):
-            have.setdefault(pid, set()).add(key)
+        problems = queries.set_problems(s, set_id)
+        have = queries.trajectory_keys(s, set_id)
     methods: dict[str, int] = {}
     new = 0
     for start in range(0, len(problems), problems_per_call):
@@ -130,20 +114,12 @@ def _segment(texts: list[str], method: str, segmenter: GenerationBackend | None)
 
 
 def apply_prompt_filter(db: Database, set_id: int, samples: int) -> int:
-    """Exclude problems whose first ``samples`` outcomes are all right or all wrong."""
+    """Exclude problems with at least ``samples`` policy trajectories that are all right or
+    all wrong; every other problem of the set is included again."""
     with db.session() as s:
-        rows = s.execute(
-            select(Trajectory.problem_id, Trajectory.outcome)
-            .join(Problem, Problem.id == Trajectory.problem_id)
-            .where(Problem.problem_set_id == set_id, Trajectory.source_key.like("policy:%"))
-        ).all()
-        outcomes: dict[int, list[bool]] = {}
-        for pid, outcome in rows:
-            outcomes.setdefault(pid, []).append(bool(outcome))
+        outcomes = queries.policy_outcomes(s, set_id)
         excluded = [pid for pid, o in outcomes.items() if len(o) >= samples and len(set(o)) == 1]
-        s.execute(update(Problem).where(Problem.problem_set_id == set_id).values(excluded=False))
-        if excluded:
-            s.execute(update(Problem).where(Problem.id.in_(excluded)).values(excluded=True))
+        queries.set_excluded(s, set_id, excluded)
     return len(excluded)
 
 
@@ -167,37 +143,14 @@ def resegment_set(
     Only trajectories without rollouts are touched: a rollout continues a prefix that
     depends on the chunk boundaries, so re-cutting an annotated trajectory would orphan it.
     """
-    from sqlalchemy import delete
-
-    from models.rollouts import Rollout
-    from models.trajectories import Chunk
-
     with db.session() as s:
-        pset = queries.get_set(s, set_name)
-        has_rollouts = select(Rollout.id).where(Rollout.trajectory_id == Trajectory.id).exists()
-        base = select(Trajectory.id, Trajectory.text).join(Problem, Problem.id == Trajectory.problem_id)
-        base = base.where(Problem.problem_set_id == pset.id)
-        todo = list(s.execute(base.where(~has_rollouts).order_by(Trajectory.id)))
-        skipped = len(list(s.execute(base.where(has_rollouts))))
+        todo, skipped = queries.unannotated_trajectories(s, queries.get_set(s, set_name).id)
     methods: dict[str, int] = {}
     for start in range(0, len(todo), batch):
         part = todo[start : start + batch]
         segs = _segment([t for _, t in part], method, segmenter)
         with db.session() as s:
             for (tid, _), seg in zip(part, segs, strict=True):
-                s.execute(delete(Chunk).where(Chunk.trajectory_id == tid))
-                s.execute(
-                    update(Trajectory)
-                    .where(Trajectory.id == tid)
-                    .values(n_chunks=len(seg.chunks), segmentation=seg.method)
-                )
-                queries.insert_ignore(
-                    s,
-                    Chunk,
-                    [
-                        {"trajectory_id": tid, "idx": i + 1, "text": c, "ground_truth": None}
-                        for i, c in enumerate(seg.chunks)
-                    ],
-                )
+                queries.replace_chunks(s, tid, seg.chunks, seg.method)
                 methods[seg.method] = methods.get(seg.method, 0) + 1
     return ResegmentReport(len(todo), skipped, methods)

@@ -13,6 +13,7 @@ import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 _SPACES = re.compile(r"\s+")
@@ -49,6 +50,10 @@ def normalize(answer: str) -> str:
     if s.startswith("\\text{") and s.endswith("}"):
         s = s[6:-1]
     return s
+
+
+# Every rollout of a problem is graded against the same reference: normalise it once.
+_normalized_reference = lru_cache(maxsize=65536)(normalize)
 
 
 @dataclass(frozen=True)
@@ -93,7 +98,7 @@ class Grader:
 
     def grade(self, completion: str, reference: str) -> Grade:
         boxed = extract_boxed(completion)
-        gold_text = normalize(reference)
+        gold_text = _normalized_reference(reference)
         if boxed is not None:
             answer = normalize(boxed)
             if answer == gold_text:

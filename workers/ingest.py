@@ -217,9 +217,8 @@ def ingest_file(
     new_problems = new_trajs = 0
     with db.session() as s:
         pset = queries.ensure_set(s, set_name)
-        known = queries.existing_problem_ids(s, pset.id, [r.external_id for r in records])
-        fresh = [r for r in records if r.external_id not in known]
-        for start in range(0, len(fresh), 500):
+        # Known records hit the unique key and are skipped: no need to look them up first.
+        for start in range(0, len(records), 500):
             new_problems += queries.insert_ignore(
                 s,
                 Problem,
@@ -231,7 +230,7 @@ def ingest_file(
                         "reference_answer": r.answer,
                         "meta": r.meta,
                     }
-                    for r in fresh[start : start + 500]
+                    for r in records[start : start + 500]
                 ],
             )
         ids = queries.existing_problem_ids(s, pset.id, [r.external_id for r in records])

@@ -45,9 +45,9 @@ def rollout_counts(rewards: Mapping[int, Mapping[int, int]], m: int) -> dict[int
 class TrajectoryLabeller:
     """Keeps one trajectory's Q-values and labels in step with its rollout rows.
 
-    ``refresh`` runs in the same transaction as the rollout writes, so the stored
-    Q-values always agree with the rows they summarise, and returns the budget policy's
-    decision (what to sample next) for the first rule.
+    ``refresh`` runs in the same transaction as the rollout writes and reads the rows back
+    (another worker may have written some too), so the stored Q-values always agree with
+    the rows they summarise; it returns the budget policy's decision: what to sample next.
     """
 
     def __init__(
@@ -56,19 +56,22 @@ class TrajectoryLabeller:
         chunks: list[Chunk],
         m: int,
         policy: BudgetPolicy,
-        rules: list[LabelRule],
+        rule: LabelRule,
         trajectory_is_sample: bool,
     ) -> None:
         self.traj, self.chunks, self.m = traj, chunks, m
-        self.policy, self.rules = policy, rules
+        self.policy, self.rule = policy, rule
         self.trajectory_is_sample = trajectory_is_sample
 
-    def decide(self, rewards: Mapping[int, Mapping[int, int]], rule: LabelRule | None = None) -> Decision:
+    def decide(self, rewards: Mapping[int, Mapping[int, int]]) -> Decision:
         obs = Observation(self.traj.n_chunks, self.m, bool(self.traj.outcome), rewards, self.trajectory_is_sample)
-        return self.policy.decide(obs, rule or self.rules[0])
+        return self.policy.decide(obs, self.rule)
 
     def refresh(self, session: Session) -> Decision:
-        rewards = queries.rollout_rewards(session, self.traj.id)
+        return self.store(session, queries.rollout_rewards(session, self.traj.id))
+
+    def store(self, session: Session, rewards: Mapping[int, Mapping[int, int]]) -> Decision:
+        """Write Q-values and the decided labels for ``rewards`` (all of the trajectory's)."""
         ests = estimates(rollout_counts(rewards, self.m), self.traj.n_chunks, self.traj.outcome)
         queries.upsert_q_values(
             session,
@@ -84,27 +87,23 @@ class TrajectoryLabeller:
                 for e in ests
             ],
         )
-        first: Decision | None = None
-        for rule in self.rules:
-            decision = self.decide(rewards, rule)
-            first = first or decision
-            rows: list[dict[str, Any]] = []
-            for chunk, label in zip(self.chunks, decision.labels, strict=True):
-                if label is None:
-                    continue
-                before, after = decision.q[chunk.idx - 1], decision.q[chunk.idx]
-                rows.append(
-                    {
-                        "chunk_id": chunk.id,
-                        "rule": rule.key,
-                        "positive": label,
-                        "q_before": -1.0 if before is None else before,
-                        "q_after": -1.0 if after is None else after,
-                    }
-                )
-            queries.upsert_labels(session, rows)
-        assert first is not None
-        return first
+        decision = self.decide(rewards)
+        rows: list[dict[str, Any]] = []
+        for chunk, label in zip(self.chunks, decision.labels, strict=True):
+            if label is None:
+                continue
+            before, after = decision.q[chunk.idx - 1], decision.q[chunk.idx]
+            rows.append(
+                {
+                    "chunk_id": chunk.id,
+                    "rule": self.rule.key,
+                    "positive": label,
+                    "q_before": -1.0 if before is None else before,
+                    "q_after": -1.0 if after is None else after,
+                }
+            )
+        queries.upsert_labels(session, rows)
+        return decision
 
 
 @dataclass(frozen=True)
@@ -129,8 +128,8 @@ def relabel_set(db: Database, set_name: str, rule: LabelRule, *, make_default: b
             for tid in tids[start : start + 200]:
                 ctx = queries.load_work_context(s, tid)
                 is_sample = queries.trajectory_counted(s, tid)
-                labeller = TrajectoryLabeller(ctx.trajectory, ctx.chunks, m, policy, [rule], is_sample)
-                decision = labeller.refresh(s)
+                labeller = TrajectoryLabeller(ctx.trajectory, ctx.chunks, m, policy, rule, is_sample)
+                decision = labeller.store(s, ctx.rewards)
                 labelled += sum(label is not None for label in decision.labels)
                 undecided += sum(label is None for label in decision.labels)
     return RelabelReport(labelled, undecided)

@@ -164,7 +164,7 @@ def exact_q(policy: SyntheticPolicy, remaining: int, correct_now: bool) -> float
 def true_q(
     policy: SyntheticPolicy, problem: ArithmeticProblem, done: int, value: int, samples: int = 20000, seed: int = 0
 ) -> float:
-    """Monte Carlo estimate of the true Q of a prefix, with many samples (benchmarks)."""
+    """Monte Carlo estimate of the true Q of a prefix: an independent check of ``exact_q``."""
     rng = random.Random(seed)
     answer = problem.answer
     hits = sum(
