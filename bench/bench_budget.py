@@ -20,16 +20,16 @@ from pathlib import Path
 from sqlalchemy import text
 
 from bench.common import emit
-from migrations import upgrade
-from models import Database
-from workers.annotate import WorkerOptions, WorkerRuntime
-from workers.budget import Adaptive
-from workers.embedded import run_in_process
-from workers.labels import LabelRule, parse_rule
-from workers.planning import configure_annotation
-from workers.qvalues import relabel_set
-from workers.synth import synth_set
-from workers.synthetic import SyntheticPolicy, exact_q
+from stepq.migrations import upgrade
+from stepq.models import Database
+from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+from stepq.workers.budget import Adaptive
+from stepq.workers.in_process import run_in_process
+from stepq.workers.labels import LabelRule, parse_rule
+from stepq.workers.planning import configure_annotation
+from stepq.workers.qvalues import relabel_set
+from stepq.workers.synthetic_policy import SyntheticPolicy, exact_q
+from stepq.workers.synthetic_set import synth_set
 
 RULES = ["abs-q", "rel-ratio", "rel-effective"]
 ERROR_RATE = 0.1

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from bench.common import emit
-from workers.grading import Grader
-from workers.synthetic import PROMPT_TEMPLATE, SyntheticPolicy, make_problem
+from stepq.workers.grading import Grader
+from stepq.workers.synthetic_policy import PROMPT_TEMPLATE, SyntheticPolicy, make_problem
 
 DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 

@@ -28,14 +28,14 @@ import redis
 from sqlalchemy import text
 
 from bench.common import REDIS_URL, emit, scratch_pg
-from models import Database, queries
-from workers.annotate import WorkerOptions, WorkerRuntime
-from workers.backends import GenerationRequest, SamplingParams, make_backend
-from workers.embedded import run_in_process
-from workers.grading import Grader
-from workers.planning import configure_annotation
-from workers.synth import synth_set
-from workers.synthetic import derive_seed
+from stepq.models import Database, queries
+from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+from stepq.workers.backends import GenerationRequest, SamplingParams, make_backend
+from stepq.workers.grading import Grader
+from stepq.workers.in_process import run_in_process
+from stepq.workers.planning import configure_annotation
+from stepq.workers.seeds import derive_seed
+from stepq.workers.synthetic_set import synth_set
 
 
 def _prepare(url: str, problems: int, m: int, latency: float, *, plan: bool = True) -> Database:

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from migrations import upgrade
+from stepq.migrations import upgrade
 
 PG_SERVER = os.environ.get("STEPQ_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("STEPQ_BENCH_REDIS_URL", "redis://127.0.0.1:6379/8")

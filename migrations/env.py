@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from models import Base
+from stepq.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -1,11 +1,11 @@
 """The database: tables grouped by concept, engine/session setup, and every query."""
 
-from models.base import Base, epoch
-from models.db import Database
-from models.problems import Problem, ProblemSet
-from models.rollouts import ChunkLabel, QValue, Rollout
-from models.trajectories import Chunk, Trajectory
-from models.work import Lock, RolloutWork, Worker
+from stepq.models.base import Base, epoch
+from stepq.models.db import Database
+from stepq.models.problems import Problem, ProblemSet
+from stepq.models.rollouts import ChunkLabel, QValue, Rollout
+from stepq.models.trajectories import Chunk, Trajectory
+from stepq.models.work import Lock, RolloutWork, Worker
 
 __all__ = [
     "Base",

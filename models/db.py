@@ -10,7 +10,7 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from models.errors import DatabaseError
+from stepq.models.errors import DatabaseError
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Integer, String, Text, UniqueConstraint, false, func
 from sqlalchemy.orm import Mapped, mapped_column
 
-from models.base import Base
+from stepq.models.base import Base
 
 
 class ProblemSet(Base):

@@ -14,12 +14,12 @@ from typing import Any
 from sqlalchemy import and_, delete, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
-from models.base import epoch
-from models.errors import NotFoundError
-from models.problems import Problem, ProblemSet
-from models.rollouts import ChunkLabel, QValue, Rollout
-from models.trajectories import Chunk, Trajectory
-from models.work import DONE, FAILED, PENDING, QUEUED, RUNNING, Lock, RolloutWork, Worker
+from stepq.models.base import epoch
+from stepq.models.errors import NotFoundError
+from stepq.models.problems import Problem, ProblemSet
+from stepq.models.rollouts import ChunkLabel, QValue, Rollout
+from stepq.models.trajectories import Chunk, Trajectory
+from stepq.models.work import DONE, FAILED, PENDING, QUEUED, RUNNING, Lock, RolloutWork, Worker
 
 
 def _insert(session: Session, model: Any) -> Any:

@@ -19,7 +19,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from models.base import Base
+from stepq.models.base import Base
 
 
 class Rollout(Base):

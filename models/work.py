@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, func
 from sqlalchemy.orm import Mapped, mapped_column
 
-from models.base import Base
+from stepq.models.base import Base
 
 PENDING = "pending"
 QUEUED = "queued"

@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 
 import click
 
-from models import Database
-from models.errors import BrokerError, DatabaseError, StepqError
+from stepq.models import Database
+from stepq.models.errors import BrokerError, DatabaseError, StepqError
 from stepq.settings import Settings
-from workers.backends import BACKENDS as BACKEND_NAMES
+from stepq.workers.backends import BACKENDS as BACKEND_NAMES
 
 F = TypeVar("F", bound=Callable[..., Any])
 INTERNAL_ERROR = 70  # EX_SOFTWARE: a bug or an unforeseen failure, not a user error
@@ -63,7 +63,7 @@ def _settings() -> Settings:
 
 def _db(settings: Settings, *, migrate: bool = False) -> Database:
     if migrate:
-        from migrations import upgrade
+        from stepq.migrations import upgrade
 
         upgrade(settings.database_url)
     db = Database(settings.database_url)
@@ -91,7 +91,7 @@ def db() -> None:
 @friendly
 def db_upgrade(revision: str) -> None:
     """Migrate the database named by STEPQ_DATABASE_URL to the latest schema."""
-    from migrations import current, upgrade
+    from stepq.migrations import current, upgrade
 
     settings = _settings()
     try:
@@ -132,7 +132,7 @@ def ingest(
     first_error: str | None,
 ) -> None:
     """Add problems (and given trajectories) from a JSONL file or a JSON array."""
-    from workers.ingest import FieldMap, ingest_file
+    from stepq.workers.ingest import FieldMap, ingest_file
 
     settings = _settings()
     database = _db(settings, migrate=settings.embedded)
@@ -177,7 +177,7 @@ def synth(
     latency_s: float,
 ) -> None:
     """Create a synthetic arithmetic problem set with policy trajectories of known truth."""
-    from workers.synth import synth_set
+    from stepq.workers.synthetic_set import synth_set
 
     settings = _settings()
     database = _db(settings, migrate=settings.embedded)
@@ -221,7 +221,7 @@ def annotate(
     max_tokens: int | None,
 ) -> None:
     """Set a problem set's budget and plan its missing rollouts (only what is missing)."""
-    from workers.planning import configure_annotation
+    from stepq.workers.planning import configure_annotation
 
     settings = _settings()
     config = _backend_config(model, base_url, backend_options)
@@ -251,8 +251,8 @@ def annotate(
 @friendly
 def label(set_name: str, rule: str, make_default: bool) -> None:
     """Recompute labels for a rule from stored rollouts, without sampling again."""
-    from workers.labels import parse_rule
-    from workers.qvalues import relabel_set
+    from stepq.workers.labels import parse_rule
+    from stepq.workers.qvalues import relabel_set
 
     parsed = parse_rule(rule)
     report = relabel_set(_db(_settings()), set_name, parsed, make_default=make_default)
@@ -306,10 +306,10 @@ def worker(
     backend_options: tuple[str, ...],
 ) -> None:
     """Run a Celery worker that pulls rollout work (one per GPU, concurrency 1)."""
-    from workers.annotate import WorkerRuntime
-    from workers.backends import make_backend
-    from workers.celery_app import create_app
-    from workers.grading import Grader
+    from stepq.workers.annotate import WorkerRuntime
+    from stepq.workers.backends import make_backend
+    from stepq.workers.celery_app import create_app
+    from stepq.workers.grading import Grader
 
     settings = _settings()
     _setup_logging(loglevel or settings.log_level)
@@ -353,7 +353,7 @@ def _key_values(items: tuple[str, ...]) -> dict[str, Any]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            from models.errors import ConfigError
+            from stepq.models.errors import ConfigError
 
             raise ConfigError(f"expected KEY=VALUE, got {item!r}")
         try:
@@ -370,8 +370,8 @@ def _key_values(items: tuple[str, ...]) -> dict[str, Any]:
 @friendly
 def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
     """Publish missing work to the broker; only one dispatcher acts at a time."""
-    from workers.celery_app import create_app, publisher, redis_queue_depth
-    from workers.dispatcher import Dispatcher
+    from stepq.workers.celery_app import create_app, publisher, redis_queue_depth
+    from stepq.workers.dispatcher import Dispatcher
 
     settings = _settings()
     _setup_logging(settings.log_level)
@@ -395,7 +395,7 @@ def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
 @friendly
 def retry(set_name: str | None) -> None:
     """Give failed work items another round of attempts (after fixing what made them fail)."""
-    from models import queries
+    from stepq.models import queries
 
     database = _db(_settings())
     with database.session() as s:
@@ -444,12 +444,12 @@ def run(set_name: str, n_synth: int, m: int, seed: int, rule: str | None, budget
 @friendly
 def flower(port: int, address: str) -> None:
     """Celery's Flower dashboard for the stepq queue (needs the 'flower' extra)."""
-    from workers.celery_app import create_app
+    from stepq.workers.celery_app import create_app
 
     try:
         import flower as _flower  # noqa: F401
     except ImportError:
-        from models.errors import ConfigError
+        from stepq.models.errors import ConfigError
 
         raise ConfigError("Flower is not installed: pip install 'stepq[flower]'") from None
     settings = _settings()
@@ -463,7 +463,7 @@ def _backend_config(model: str | None, base_url: str | None, options: tuple[str,
 
 
 def _backend_from_options(backend: str, model: str | None, base_url: str | None, options: tuple[str, ...]) -> Any:
-    from workers.backends import make_backend
+    from stepq.workers.backends import make_backend
 
     return make_backend(backend, _backend_config(model, base_url, options))
 
@@ -511,10 +511,10 @@ def generate(
     max_tokens: int,
 ) -> None:
     """Sample K policy trajectories per problem (only the missing ones), then segment them."""
-    from models import queries
-    from workers.backends import SamplingParams
-    from workers.generate import generate_trajectories
-    from workers.prompts import load_template
+    from stepq.models import queries
+    from stepq.workers.backends import SamplingParams
+    from stepq.workers.generate import generate_trajectories
+    from stepq.workers.prompts import load_template
 
     settings = _settings()
     database = _db(settings, migrate=settings.embedded)
@@ -523,7 +523,7 @@ def generate(
         name, config = backend or pset.backend, dict(pset.backend_config)
     policy = _backend_from_options(name, model, base_url, backend_options) if backend else None
     if policy is None:
-        from workers.backends import make_backend
+        from stepq.workers.backends import make_backend
 
         policy = make_backend(name, config)
     chosen = template or ("synthetic" if name == "synthetic" else "chunk")
@@ -569,8 +569,8 @@ def segment(
     backend_options: tuple[str, ...],
 ) -> None:
     """Segment a set's not-yet-annotated trajectories again, e.g. with a model (--method llm)."""
-    from models.errors import ConfigError
-    from workers.generate import resegment_set
+    from stepq.models.errors import ConfigError
+    from stepq.workers.generate import resegment_set
 
     if method == "llm" and backend is None:
         raise ConfigError("--method llm needs --backend (and --model) for the segmenting model")
@@ -590,7 +590,7 @@ def segment(
 @click.option("--recovery-rate", type=click.FloatRange(0, 1), default=0.001, show_default=True)
 def serve_synthetic(host: str, port: int, error_rate: float, recovery_rate: float) -> None:
     """Serve the synthetic policy as an OpenAI-compatible /v1/completions endpoint."""
-    from workers.backends.synthetic_server import SyntheticCompletionsServer
+    from stepq.workers.backends.synthetic_server import SyntheticCompletionsServer
 
     server = SyntheticCompletionsServer(host, port, error_rate=error_rate, recovery_rate=recovery_rate)
     click.echo(f"serving the synthetic policy at {server.url}/completions")

@@ -6,16 +6,16 @@ from collections.abc import Callable
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from migrations import upgrade
-from models import Database, queries
-from models.errors import NotFoundError
+from stepq.migrations import upgrade
+from stepq.models import Database, queries
+from stepq.models.errors import NotFoundError
 from stepq.settings import Settings
 from stepq.status import collect, render
-from workers.annotate import WorkerRuntime
-from workers.embedded import run_in_process
-from workers.grading import Grader
-from workers.planning import configure_annotation
-from workers.synth import synth_set
+from stepq.workers.annotate import WorkerRuntime
+from stepq.workers.grading import Grader
+from stepq.workers.in_process import run_in_process
+from stepq.workers.planning import configure_annotation
+from stepq.workers.synthetic_set import synth_set
 
 
 def run_embedded(

@@ -1,6 +1,6 @@
 """The user-facing error tree (defined in ``models.errors``, the lowest layer)."""
 
-from models.errors import (
+from stepq.models.errors import (
     BrokerError,
     ConfigError,
     DatabaseError,

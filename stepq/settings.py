@@ -8,10 +8,10 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from models.errors import ConfigError
-from workers.annotate import WorkerOptions
-from workers.celery_app import DEFAULT_QUEUE, CeleryOptions
-from workers.dispatcher import DispatchOptions
+from stepq.models.errors import ConfigError
+from stepq.workers.annotate import WorkerOptions
+from stepq.workers.celery_app import DEFAULT_QUEUE, CeleryOptions
+from stepq.workers.dispatcher import DispatchOptions
 
 PREFIX = "STEPQ_"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from models import Database, queries
+from stepq.models import Database, queries
 
 RATE_WINDOW_S = 60.0
 

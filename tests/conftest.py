@@ -22,8 +22,8 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from migrations import upgrade
-from models import Database
+from stepq.migrations import upgrade
+from stepq.models import Database
 
 PG_SERVER = os.environ.get("STEPQ_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("STEPQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
-from models import Database
+from stepq.models import Database
 
 
 def assert_exact(db: Database, set_name: str, m: int) -> int:

@@ -12,17 +12,17 @@ from typing import Any
 
 import pytest
 
-from models import Database, queries
-from workers.annotate import WorkerOptions, WorkerRuntime
-from workers.backends import GenerationBackend, GenerationRequest, SamplingParams, make_backend
-from workers.backends.hf import HFBackend, cut_at_stop
-from workers.backends.openai_server import OpenAICompletionsBackend, ServerError, build_calls, parse_response
-from workers.backends.synthetic_server import FailurePlan, SyntheticCompletionsServer
-from workers.backends.vllm_engine import VLLMBackend, build_engine_calls, read_engine_outputs
-from workers.embedded import run_in_process
-from workers.planning import configure_annotation
-from workers.synth import synth_set
-from workers.synthetic import PROMPT_TEMPLATE, SyntheticPolicy, make_problem
+from stepq.models import Database, queries
+from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+from stepq.workers.backends import GenerationBackend, GenerationRequest, SamplingParams, make_backend
+from stepq.workers.backends.hf import HFBackend, cut_at_stop
+from stepq.workers.backends.openai_server import OpenAICompletionsBackend, ServerError, build_calls, parse_response
+from stepq.workers.backends.synthetic_server import FailurePlan, SyntheticCompletionsServer
+from stepq.workers.backends.vllm_engine import VLLMBackend, build_engine_calls, read_engine_outputs
+from stepq.workers.in_process import run_in_process
+from stepq.workers.planning import configure_annotation
+from stepq.workers.synthetic_policy import PROMPT_TEMPLATE, SyntheticPolicy, make_problem
+from stepq.workers.synthetic_set import synth_set
 
 CTX = PROMPT_TEMPLATE.format(question=make_problem(1).question)
 
@@ -219,7 +219,7 @@ def test_vllm_backend_with_a_stand_in_engine() -> None:
 
 
 def test_vllm_backend_says_when_vllm_is_missing() -> None:
-    from models.errors import ConfigError
+    from stepq.models.errors import ConfigError
 
     with pytest.raises(ConfigError, match="vLLM is not installed"):
         make_backend("vllm", {"model": "x"})

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from models.errors import ConfigError
-from workers.budget import Adaptive, Exhaustive, Observation, parse_budget, posterior
-from workers.labels import parse_rule
+from stepq.models.errors import ConfigError
+from stepq.workers.budget import Adaptive, Exhaustive, Observation, parse_budget, posterior
+from stepq.workers.labels import parse_rule
 
 ABS = parse_rule("abs-q")
 RATIO = parse_rule("rel-ratio")

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from models import Database
+from stepq.models import Database
 from stepq.settings import Settings
-from workers.synth import synth_set
+from stepq.workers.synthetic_set import synth_set
 
 
 def _run(
@@ -71,7 +71,7 @@ def test_errors_are_messages_with_exit_codes(
     tmp_path: Path, args: list[str], env: dict[str, str], code: int, message: str
 ) -> None:
     Database(f"sqlite:///{tmp_path / 'stepq.db'}")
-    from migrations import upgrade
+    from stepq.migrations import upgrade
 
     upgrade(f"sqlite:///{tmp_path / 'stepq.db'}")
     proc = _run(args, tmp_path, env)
@@ -87,7 +87,7 @@ def test_unmigrated_database_says_so(tmp_path: Path) -> None:
 def test_db_upgrade_reports_the_revision(tmp_path: Path) -> None:
     from alembic.script import ScriptDirectory
 
-    from migrations import alembic_config
+    from stepq.migrations import alembic_config
 
     head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
     proc = _run(["db", "upgrade"], tmp_path)
@@ -96,7 +96,7 @@ def test_db_upgrade_reports_the_revision(tmp_path: Path) -> None:
 
 def test_dispatch_with_the_broker_down_fails_clearly_and_keeps_work_pending(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'stepq.db'}"
-    from migrations import upgrade
+    from stepq.migrations import upgrade
 
     upgrade(url)
     db = Database(url)
@@ -116,14 +116,14 @@ def test_settings_from_the_environment(tmp_path: Path, monkeypatch: pytest.Monke
     assert s.batch_rollouts == 64
     assert s.database_url == "postgresql+psycopg://u@h/db"
     assert Settings.from_env({}).database_url == f"sqlite:///{tmp_path / 'stepq.db'}"
-    from models.errors import ConfigError
+    from stepq.models.errors import ConfigError
 
     with pytest.raises(ConfigError, match="VISIBILITY_TIMEOUT_S must exceed"):
         Settings.from_env({"STEPQ_VISIBILITY_TIMEOUT_S": "10", "STEPQ_LEASE_TTL_S": "60"})
 
 
 def test_a_sets_backend_and_sampling_come_from_annotate(tmp_path: Path) -> None:
-    from workers.backends.synthetic_server import SyntheticCompletionsServer
+    from stepq.workers.backends.synthetic_server import SyntheticCompletionsServer
 
     server = SyntheticCompletionsServer().start()
     try:
@@ -160,7 +160,7 @@ def test_a_sets_backend_and_sampling_come_from_annotate(tmp_path: Path) -> None:
 
 def test_retry_brings_failed_work_back(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'stepq.db'}"
-    from migrations import upgrade
+    from stepq.migrations import upgrade
 
     upgrade(url)
     synth_set(Database(url), "s", problems=2)

@@ -60,3 +60,16 @@ def test_dockerfile_copies_every_package() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     for package in ("stepq", "models", "workers", "trainer", "migrations"):
         assert f"COPY {package} {package}" in dockerfile
+
+
+def test_weights_are_mounted_apart_from_the_source_and_kept_out_of_the_image() -> None:
+    worker = _compose()["services"]["worker"]
+    (volume,) = worker["volumes"]
+    host, container, mode = volume.split(":")
+    assert container == "/weights" and mode == "ro"
+    assert "models" not in host, "the source tree's models/ package is not a weights folder"
+    assert worker["command"][worker["command"].index("--model") + 1].startswith("/weights/")
+    ignore = (ROOT / ".dockerignore").read_text().split()
+    # everything is ignored but the package sources: weights, data and databases never enter
+    assert ignore[ignore.index("*") :][:1] == ["*"]
+    assert not any(line.startswith("!") and ("weights" in line or "data" in line) for line in ignore)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from sqlalchemy import func, select
 
-from models import Database, Rollout, queries
+from stepq.models import Database, Rollout, queries
+from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+from stepq.workers.in_process import run_in_process
+from stepq.workers.labels import parse_rule
+from stepq.workers.planning import configure_annotation
+from stepq.workers.synthetic_set import synth_set
 from tests.pipeline_checks import assert_exact, label_accuracy
-from workers.annotate import WorkerOptions, WorkerRuntime
-from workers.embedded import run_in_process
-from workers.labels import parse_rule
-from workers.planning import configure_annotation
-from workers.synth import synth_set
 
 
 def _annotate(db: Database, name: str, m: int, **kw: str) -> None:
@@ -131,7 +131,7 @@ def test_a_new_rule_on_an_adaptive_set_samples_only_what_it_needs(sqlite: Databa
     run_in_process(sqlite, _runtime(sqlite))
     with sqlite.session() as s:
         first = {r.id for r in s.scalars(select(Rollout))}
-    from workers.qvalues import relabel_set
+    from stepq.workers.qvalues import relabel_set
 
     report = relabel_set(sqlite, "a", parse_rule("rel-ratio"))
     assert report.undecided > 0, "Abs-Q's samples do not settle every Rel-Ratio label"
@@ -151,7 +151,7 @@ def test_interrupted_adaptive_work_resumes_to_the_same_result(sqlite: Database, 
     """A task that dies after some rounds leaves committed rounds; the next one carries on
     and ends with exactly the rollouts and labels of an uninterrupted run (a round is
     committed whole when it fits in one batch, and decisions depend only on committed rounds)."""
-    from migrations import upgrade
+    from stepq.migrations import upgrade
 
     other_url = f"sqlite:///{tmp_path}/other.db"  # type: ignore[str-bytes-safe]
     upgrade(other_url)

@@ -9,18 +9,18 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select, text
 
-from models import Database, Problem, RolloutWork, Trajectory, queries
-from models.errors import ConfigError
-from workers.backends import Completion, GenerationRequest, SamplingParams, make_backend
-from workers.backends.openai_server import OpenAICompletionsBackend
-from workers.backends.synthetic_server import SyntheticCompletionsServer
-from workers.generate import generate_trajectories
-from workers.ingest import FieldMap, ingest_file
-from workers.llm_segment import SEGMENT_PROMPT, boundaries, segment_with_model
-from workers.planning import configure_annotation
-from workers.prompts import TEMPLATES, load_template, render
-from workers.segmentation import split_step_markers
-from workers.synthetic import make_problem
+from stepq.models import Database, Problem, RolloutWork, Trajectory, queries
+from stepq.models.errors import ConfigError
+from stepq.workers.backends import Completion, GenerationRequest, SamplingParams, make_backend
+from stepq.workers.backends.openai_server import OpenAICompletionsBackend
+from stepq.workers.backends.synthetic_server import SyntheticCompletionsServer
+from stepq.workers.generate import generate_trajectories
+from stepq.workers.ingest import FieldMap, ingest_file
+from stepq.workers.llm_segment import SEGMENT_PROMPT, boundaries, segment_with_model
+from stepq.workers.planning import configure_annotation
+from stepq.workers.prompts import TEMPLATES, load_template, render
+from stepq.workers.segmentation import split_step_markers
+from stepq.workers.synthetic_policy import make_problem
 
 
 def _problems(db: Database, tmp_path: Path, n: int = 12) -> None:
@@ -173,9 +173,9 @@ def test_templates() -> None:
 
 
 def test_resegment_touches_only_trajectories_without_rollouts(sqlite: Database) -> None:
-    from workers.annotate import WorkerOptions, WorkerRuntime, run_work_item
-    from workers.generate import resegment_set
-    from workers.synth import synth_set
+    from stepq.workers.annotate import WorkerOptions, WorkerRuntime, run_work_item
+    from stepq.workers.generate import resegment_set
+    from stepq.workers.synthetic_set import synth_set
 
     synth_set(sqlite, "r", problems=6, seed=3)
     with sqlite.session() as s:

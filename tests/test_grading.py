@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from workers.grading import Grader, extract_boxed, normalize
+from stepq.workers.grading import Grader, extract_boxed, normalize
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import select
 
-from models import Chunk, Database, Problem, Trajectory
 from stepq.cli import main
+from stepq.models import Chunk, Database, Problem, Trajectory
+from stepq.workers.ingest import FieldMap, ingest_file
 from tests.conftest import DATA, table_counts
-from workers.ingest import FieldMap, ingest_file
 
 
 def _cli(db: Database, *args: str) -> tuple[int, str]:
@@ -78,8 +78,8 @@ def test_processbench_steps_become_chunks_as_given(any_db: Database) -> None:
     assert "".join(c.text for c in chunks) == t.text
     assert [c.ground_truth for c in chunks] == [i < first["label"] or first["label"] == -1 for i in range(len(chunks))]
     assert ingest_file(any_db, DATA / "processbench" / "gsm8k.json", "pb", fields).new_trajectories == 0
-    from models.errors import ConfigError
-    from workers.planning import configure_annotation
+    from stepq.models.errors import ConfigError
+    from stepq.workers.planning import configure_annotation
 
     with pytest.raises(ConfigError, match="400 problems without a reference answer"):
         configure_annotation(any_db, "pb", 8)

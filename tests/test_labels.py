@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
-from models.errors import ConfigError
-from workers.labels import abs_q, best_of_4, label_chunks, parse_rule, rel_effective, rel_ratio
-from workers.qvalues import QEstimate, estimates, rollout_counts
+from stepq.models.errors import ConfigError
+from stepq.workers.labels import abs_q, best_of_4, label_chunks, parse_rule, rel_effective, rel_ratio
+from stepq.workers.qvalues import QEstimate, estimates, rollout_counts
 
 GRID = [i / 16 for i in range(17)]
 

@@ -7,8 +7,8 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 
-from migrations import alembic_config, current
-from models import Base, Database
+from stepq.migrations import alembic_config, current
+from stepq.models import Base, Database
 
 
 def test_autogenerate_finds_no_difference(any_db: Database) -> None:
@@ -41,7 +41,7 @@ def test_constraint_names_follow_the_convention(any_db: Database) -> None:
 
 
 def test_upgrade_is_idempotent(any_db: Database) -> None:
-    from migrations import upgrade
+    from stepq.migrations import upgrade
 
     upgrade(any_db.url)
     upgrade(any_db.url)

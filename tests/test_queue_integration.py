@@ -16,10 +16,10 @@ import pytest
 import redis
 from sqlalchemy import text
 
-from models import Database, queries
+from stepq.models import Database, queries
+from stepq.workers.backends.synthetic_server import FailurePlan, SyntheticCompletionsServer
 from tests.conftest import Cluster, wait_for
 from tests.pipeline_checks import assert_exact, label_accuracy
-from workers.backends.synthetic_server import FailurePlan, SyntheticCompletionsServer
 
 pytestmark = pytest.mark.integration
 
@@ -154,8 +154,8 @@ def test_adaptive_budget_through_the_queue_survives_a_kill(cluster: Cluster, pg:
         ["annotate", "--set", "adapt", "--rollouts", "16", "--budget", "adaptive", "--rule", "rel-effective"],
     ):
         subprocess.run([sys.executable, "-m", "stepq", *cmd], env=local, check=True, capture_output=True)
-    from workers.annotate import WorkerOptions, WorkerRuntime
-    from workers.embedded import run_in_process
+    from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+    from stepq.workers.in_process import run_in_process
 
     other = Database(local["STEPQ_DATABASE_URL"])
     run_in_process(other, WorkerRuntime(other, WorkerOptions(batch_rollouts=16, name="local")))

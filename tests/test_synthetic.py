@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import random
 
-from workers.backends import GenerationRequest, SamplingParams, make_backend
-from workers.grading import Grader
-from workers.segmentation import segment
-from workers.synthetic import (
+from stepq.workers.backends import GenerationRequest, SamplingParams, make_backend
+from stepq.workers.grading import Grader
+from stepq.workers.seeds import derive_seed
+from stepq.workers.segmentation import segment
+from stepq.workers.synthetic_policy import (
     PROMPT_TEMPLATE,
     SyntheticPolicy,
-    derive_seed,
     exact_q,
     ground_truth,
     make_problem,

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 from sqlalchemy import update
 
-from models import Database, RolloutWork, queries
-from workers.annotate import WorkerOptions, WorkerRuntime, first_batch, run_work_item
-from workers.dispatcher import Dispatcher, DispatchOptions
-from workers.synth import synth_set
+from stepq.models import Database, RolloutWork, queries
+from stepq.workers.annotate import WorkerOptions, WorkerRuntime, first_batch, run_work_item
+from stepq.workers.dispatcher import Dispatcher, DispatchOptions
+from stepq.workers.synthetic_set import synth_set
 
 
 def _setup(db: Database, problems: int = 3, m: int = 2) -> None:
@@ -117,7 +117,7 @@ def test_publish_failure_puts_items_back_to_pending(any_db: Database) -> None:
     def broken(ids: Sequence[int]) -> None:
         raise ConnectionError("broker down")
 
-    from models.errors import BrokerError
+    from stepq.models.errors import BrokerError
 
     d = Dispatcher(any_db, broken)
     try:

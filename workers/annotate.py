@@ -14,11 +14,11 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from models import Database, queries
-from models.errors import ConfigError, LeaseLost
-from models.problems import ProblemSet
-from models.rollouts import Rollout
-from workers.backends import (
+from stepq.models import Database, queries
+from stepq.models.errors import ConfigError, LeaseLost
+from stepq.models.problems import ProblemSet
+from stepq.models.rollouts import Rollout
+from stepq.workers.backends import (
     Completion,
     GenerationBackend,
     GenerationRequest,
@@ -26,11 +26,11 @@ from workers.backends import (
     generator_id,
     make_backend,
 )
-from workers.budget import parse_budget
-from workers.grading import Grader
-from workers.labels import parse_rule
-from workers.qvalues import TrajectoryLabeller
-from workers.synthetic import derive_seed
+from stepq.workers.budget import parse_budget
+from stepq.workers.grading import Grader
+from stepq.workers.labels import parse_rule
+from stepq.workers.qvalues import TrajectoryLabeller
+from stepq.workers.seeds import derive_seed
 
 log = logging.getLogger("stepq.worker")
 

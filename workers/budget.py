@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Protocol
 
-from models.errors import ConfigError
-from workers.labels import LabelRule, label_chunks
+from stepq.models.errors import ConfigError
+from stepq.workers.labels import LabelRule, label_chunks
 
 
 @dataclass(frozen=True)

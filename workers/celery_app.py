@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from celery import Celery
 
-from workers.annotate import WorkerRuntime
+from stepq.workers.annotate import WorkerRuntime
 
 TASK_NAME = "stepq.annotate_trajectory"
 DEFAULT_QUEUE = "stepq.rollouts"
@@ -62,7 +62,7 @@ def create_app(options: CeleryOptions, runtime_factory: Callable[[], WorkerRunti
 
     @app.task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True)
     def annotate_trajectory(self: object, work_ids: list[int] | int) -> str:
-        from workers.annotate import run_work_items
+        from stepq.workers.annotate import run_work_items
 
         ids = [int(work_ids)] if isinstance(work_ids, int) else [int(i) for i in work_ids]
         outcomes = run_work_items(runtime(), ids)

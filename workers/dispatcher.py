@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from models import Database, epoch, queries
-from models.errors import BrokerError
+from stepq.models import Database, epoch, queries
+from stepq.models.errors import BrokerError
 
 log = logging.getLogger("stepq.dispatcher")
 

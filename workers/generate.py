@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from models import Database, queries
-from workers.backends import GenerationBackend, GenerationRequest, SamplingParams, generator_id
-from workers.grading import Grader, extract_boxed
-from workers.llm_segment import segment_with_model
-from workers.prompts import render
-from workers.segmentation import Segmentation, segment
-from workers.synthetic import derive_seed
+from stepq.models import Database, queries
+from stepq.workers.backends import GenerationBackend, GenerationRequest, SamplingParams, generator_id
+from stepq.workers.grading import Grader, extract_boxed
+from stepq.workers.llm_segment import segment_with_model
+from stepq.workers.prompts import render
+from stepq.workers.seeds import derive_seed
+from stepq.workers.segmentation import Segmentation, segment
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models import Database, queries
-from models.errors import InputError
-from models.problems import Problem
-from workers.grading import Grader, extract_boxed
-from workers.segmentation import join_steps
+from stepq.models import Database, queries
+from stepq.models.errors import InputError
+from stepq.models.problems import Problem
+from stepq.workers.grading import Grader, extract_boxed
+from stepq.workers.segmentation import join_steps
 
 QUESTION_FIELDS = ("problem", "question", "prompt")
 ID_FIELDS = ("unique_id", "id", "idx")

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from models.errors import ConfigError
+from stepq.models.errors import ConfigError
 
 
 def abs_q(q_before: float, q_after: float) -> bool:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from workers.backends import GenerationBackend, GenerationRequest, SamplingParams
-from workers.segmentation import CHUNK_CLOSE, CHUNK_OPEN, Segmentation, cut_at, segment, strip_chunk_tags
-from workers.synthetic import derive_seed
+from stepq.workers.backends import GenerationBackend, GenerationRequest, SamplingParams
+from stepq.workers.seeds import derive_seed
+from stepq.workers.segmentation import CHUNK_CLOSE, CHUNK_OPEN, Segmentation, cut_at, segment, strip_chunk_tags
 
 SEGMENT_PROMPT = (
     "Split the solution below into reasoning chunks by inserting <chunk> and </chunk> tags. "

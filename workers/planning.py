@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from models import Database, queries
-from models.errors import ConfigError
-from workers.backends import BACKENDS
-from workers.budget import parse_budget
-from workers.labels import parse_rule
+from stepq.models import Database, queries
+from stepq.models.errors import ConfigError
+from stepq.workers.backends import BACKENDS
+from stepq.workers.budget import parse_budget
+from stepq.workers.labels import parse_rule
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from models.errors import ConfigError
-from workers.synthetic import PROMPT_TEMPLATE as SYNTHETIC_TEMPLATE
+from stepq.models.errors import ConfigError
+from stepq.workers.synthetic_policy import PROMPT_TEMPLATE as SYNTHETIC_TEMPLATE
 
 # The StepWiser self-segmentation prompt: the policy marks its own reasoning chunks.
 CHUNK_TEMPLATE = (

@@ -8,10 +8,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from models import Database, queries
-from models.trajectories import Chunk, Trajectory
-from workers.budget import BudgetPolicy, Decision, Observation, parse_budget
-from workers.labels import LabelRule
+from stepq.models import Database, queries
+from stepq.models.trajectories import Chunk, Trajectory
+from stepq.workers.budget import BudgetPolicy, Decision, Observation, parse_budget
+from stepq.workers.labels import LabelRule
 
 
 @dataclass(frozen=True)

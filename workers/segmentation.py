@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from models.errors import StepqError
+from stepq.models.errors import StepqError
 
 CHUNK_OPEN = "<chunk>"
 CHUNK_CLOSE = "</chunk>"

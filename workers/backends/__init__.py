@@ -4,27 +4,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from models.errors import ConfigError
-from workers.backends.base import Completion, GenerationBackend, GenerationRequest, SamplingParams, generator_id
+from stepq.models.errors import ConfigError
+from stepq.workers.backends.base import Completion, GenerationBackend, GenerationRequest, SamplingParams, generator_id
 
 
 def make_backend(name: str, config: dict[str, Any] | None = None) -> GenerationBackend:
     """Build a backend; imports lazily so a worker only loads what it uses."""
     config = config or {}
     if name == "synthetic":
-        from workers.backends.synthetic import SyntheticBackend
+        from stepq.workers.backends.synthetic import SyntheticBackend
 
         return SyntheticBackend.from_config(config)
     if name == "openai":
-        from workers.backends.openai_server import OpenAICompletionsBackend
+        from stepq.workers.backends.openai_server import OpenAICompletionsBackend
 
         return OpenAICompletionsBackend.from_config(config)
     if name == "vllm":
-        from workers.backends.vllm_engine import VLLMBackend
+        from stepq.workers.backends.vllm_engine import VLLMBackend
 
         return VLLMBackend.from_config(config)
     if name == "hf":
-        from workers.backends.hf import HFBackend
+        from stepq.workers.backends.hf import HFBackend
 
         return HFBackend.from_config(config)
     raise ConfigError(f"unknown generation backend '{name}' (one of: {', '.join(BACKENDS)})")

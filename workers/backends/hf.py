@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from workers.backends.base import Completion, GenerationRequest, SamplingParams
-from workers.synthetic import derive_seed
+from stepq.workers.backends.base import Completion, GenerationRequest, SamplingParams
+from stepq.workers.seeds import derive_seed
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
@@ -52,7 +52,7 @@ class HFBackend:
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> HFBackend:
-        from models.errors import ConfigError
+        from stepq.models.errors import ConfigError
 
         if not config.get("model"):
             raise ConfigError("the hf backend needs model: a local model directory")

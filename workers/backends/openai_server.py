@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from models.errors import StepqError
-from workers.backends.base import Completion, GenerationRequest, SamplingParams, split_calls
+from stepq.models.errors import StepqError
+from stepq.workers.backends.base import Completion, GenerationRequest, SamplingParams, split_calls
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
@@ -95,7 +95,7 @@ class OpenAICompletionsBackend:
         import os
 
         if not config.get("base_url") or not config.get("model"):
-            from models.errors import ConfigError
+            from stepq.models.errors import ConfigError
 
             raise ConfigError("the openai backend needs base_url and model")
         return cls(

@@ -6,8 +6,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from workers.backends.base import Completion, GenerationRequest, SamplingParams
-from workers.synthetic import SyntheticPolicy
+from stepq.workers.backends.base import Completion, GenerationRequest, SamplingParams
+from stepq.workers.synthetic_policy import SyntheticPolicy
 
 
 class SyntheticBackend:

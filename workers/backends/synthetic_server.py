@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from workers.synthetic import SyntheticPolicy
+from stepq.workers.synthetic_policy import SyntheticPolicy
 
 MARKER = "Solution:\n"
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from workers.backends.base import Completion, EngineCall, GenerationRequest, SamplingParams, split_calls
+from stepq.workers.backends.base import Completion, EngineCall, GenerationRequest, SamplingParams, split_calls
 
 
 def build_engine_calls(
@@ -80,7 +80,7 @@ class VLLMBackend:
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> VLLMBackend:
-        from models.errors import ConfigError
+        from stepq.models.errors import ConfigError
 
         if not config.get("model"):
             raise ConfigError("the vllm backend needs a model (a local path or a hub name)")

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from models import Database
-from workers.annotate import WorkerRuntime, run_work_items
-from workers.dispatcher import Dispatcher, DispatchOptions
+from stepq.models import Database
+from stepq.workers.annotate import WorkerRuntime, run_work_items
+from stepq.workers.dispatcher import Dispatcher, DispatchOptions
 
 
 def run_in_process(
@@ -33,7 +33,7 @@ def run_in_process(
     )
     outcomes: dict[str, int] = {}
     if not dispatcher.acquire():
-        from models.errors import StepqError
+        from stepq.models.errors import StepqError
 
         raise StepqError("another dispatcher is running against this database; stop it first")
     try:

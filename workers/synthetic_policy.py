@@ -11,7 +11,6 @@ testing labels and the stand-in model for benchmarks (no weights are needed).
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from collections.abc import Sequence
@@ -28,12 +27,6 @@ _QUESTION = re.compile(
 )
 _OP = re.compile(r"(Add|Subtract|Multiply by) (\d+)\.")
 _STEP = re.compile(r"Step (\d+): (-?\d+) ([+*-]) (\d+) = (-?\d+)\.")
-
-
-def derive_seed(*parts: object) -> int:
-    """A stable 31-bit seed from any parts (Python's hash() is salted per process)."""
-    digest = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") & 0x7FFFFFFF
 
 
 @dataclass(frozen=True)

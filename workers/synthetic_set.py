@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models import Database, queries
-from models.problems import Problem
-from workers.backends import SamplingParams, generator_id
-from workers.backends.synthetic import SyntheticBackend
-from workers.segmentation import segment
-from workers.synthetic import PROMPT_TEMPLATE, SyntheticPolicy, derive_seed, ground_truth, make_problem
+from stepq.models import Database, queries
+from stepq.models.problems import Problem
+from stepq.workers.backends import SamplingParams, generator_id
+from stepq.workers.backends.synthetic import SyntheticBackend
+from stepq.workers.seeds import derive_seed
+from stepq.workers.segmentation import segment
+from stepq.workers.synthetic_policy import PROMPT_TEMPLATE, SyntheticPolicy, ground_truth, make_problem
 
 
 @dataclass(frozen=True)

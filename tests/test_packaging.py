@@ -1,0 +1,96 @@
+"""Installing stepq adds one import name, ``stepq``: never ``models``, ``workers``, ... which
+users' own repositories very often have.  Checked on a wheel built from this checkout."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = {
+    "stepq": "stepq",
+    "stepq.models": "models",
+    "stepq.workers": "workers",
+    "stepq.trainer": "trainer",
+    "stepq.migrations": "migrations",
+}
+
+
+def _source_packages() -> set[str]:
+    """Every package folder of the checkout, named as it is imported once installed."""
+    found: set[str] = set()
+    for prefix, folder in FOLDERS.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            if "__pycache__" in init.parts:
+                continue
+            rel = init.parent.relative_to(ROOT / folder).parts
+            if prefix == "stepq" and rel and rel[0] in {"models", "workers", "trainer", "migrations"}:
+                continue  # the checkout's symlinks to the top-level folders
+            found.add(".".join((prefix, *rel)))
+    return found
+
+
+def test_pyproject_lists_every_package_folder() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert set(config["packages"]) == _source_packages()
+    assert config["package-dir"] == FOLDERS
+
+
+def test_checkout_symlinks_point_at_the_top_level_folders() -> None:
+    for name in ("models", "workers", "trainer", "migrations"):
+        link = ROOT / "stepq" / name
+        assert link.is_symlink() and link.resolve() == (ROOT / name).resolve()
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    (whl,) = out.glob("stepq-*.whl")
+    return whl
+
+
+def test_wheel_adds_only_the_stepq_import_name(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
+    assert top == {"stepq"}
+    for module in (
+        "stepq/models/base.py",
+        "stepq/workers/annotate.py",
+        "stepq/trainer/__init__.py",
+        "stepq/migrations/env.py",
+        "stepq/migrations/script.py.mako",
+    ):
+        assert module in names, module
+    assert any(n.startswith("stepq/migrations/versions/") and n.endswith(".py") for n in names)
+
+
+def test_installed_wheel_imports_and_migrates_beside_a_users_models_package(wheel: Path, tmp_path: Path) -> None:
+    """Installed into a bare directory next to a user's own ``models`` package: both import,
+    and the installed stepq migrates a database (Alembic finds its revisions in the wheel)."""
+    target = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(target)
+    user = tmp_path / "user"
+    (user / "models").mkdir(parents=True)
+    (user / "models" / "__init__.py").write_text("MINE = True\n")
+    db = tmp_path / "t.db"
+    url = f"sqlite:///{db}"
+    script = (
+        "import models, stepq.models, stepq.workers.annotate, stepq.cli\n"
+        f"assert models.MINE and stepq.models.__file__.startswith({str(target)!r})\n"
+        "from stepq.migrations import upgrade, current\n"
+        f"upgrade({url!r}); print(current({url!r}))\n"
+    )
+    env = {"PYTHONPATH": f"{user}:{target}", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=user, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip(), "no revision after upgrade"
