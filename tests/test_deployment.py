@@ -65,7 +65,7 @@ def test_dockerfile_copies_every_package() -> None:
 def test_weights_are_mounted_apart_from_the_source_and_kept_out_of_the_image() -> None:
     worker = _compose()["services"]["worker"]
     (volume,) = worker["volumes"]
-    host, container, mode = volume.split(":")
+    host, container, mode = volume.rsplit(":", 2)
     assert container == "/weights" and mode == "ro"
     assert "models" not in host, "the source tree's models/ package is not a weights folder"
     assert worker["command"][worker["command"].index("--model") + 1].startswith("/weights/")
