@@ -4,6 +4,8 @@ from stepq.models.base import Base, epoch
 from stepq.models.db import Database
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.rollouts import ChunkLabel, QValue, Rollout
+from stepq.models.snapshots import Snapshot, SnapshotRow
+from stepq.models.training import TrainingMetric, TrainingRun
 from stepq.models.trajectories import Chunk, Trajectory
 from stepq.models.work import Lock, RolloutWork, Worker
 
@@ -18,6 +20,10 @@ __all__ = [
     "QValue",
     "Rollout",
     "RolloutWork",
+    "Snapshot",
+    "SnapshotRow",
+    "TrainingMetric",
+    "TrainingRun",
     "Trajectory",
     "Worker",
     "epoch",

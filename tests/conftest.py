@@ -30,6 +30,10 @@ REDIS_URL = os.environ.get("STEPQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT.parent / "shared" / "data"
 TABLES = [
+    "training_metrics",
+    "training_runs",
+    "snapshot_rows",
+    "snapshots",
     "chunk_labels",
     "q_values",
     "rollouts",

@@ -1,5 +1,7 @@
-"""Snapshots, judge training (GRPO) and evaluation: built on the labelled chunks.
+"""The trainer: labelled chunks -> snapshots -> judges, and the evaluation of judges.
 
-Empty for now: its content comes with the trainer issue.  It may import ``workers`` and
-``models``; nothing below it imports it.
+``snapshots/`` freezes balanced labelled chunks; ``judge/`` is the StepWiser judge's prompt,
+verdict parsing and rewards; ``training/`` runs GRPO (TRL) and records runs; ``evaluation/``
+scores judges (ProcessBench, validation splits, Best-of-N, chunk-reset).  It may import
+``stepq.workers`` and ``stepq.models``; nothing below it imports it.
 """

@@ -1,0 +1,231 @@
+"""The trainer's queries: labelled chunks, snapshots, training runs and their metrics.
+
+The annotation engine's queries live in ``queries.py``; these serve the trainer and the
+evaluation commands, against the same tables, and follow the same rules: no SQL outside
+``models``, idempotent writes, conditional updates for ownership.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, insert, or_, select, text, update
+from sqlalchemy.orm import Session
+
+from stepq.models.base import epoch
+from stepq.models.errors import NotFoundError
+from stepq.models.problems import Problem, ProblemSet
+from stepq.models.queries import _insert
+from stepq.models.rollouts import ChunkLabel, Rollout
+from stepq.models.snapshots import Snapshot, SnapshotRow
+from stepq.models.training import RUN_DONE, RUN_FAILED, RUN_RUNNING, TrainingMetric, TrainingRun
+from stepq.models.trajectories import Chunk, Trajectory
+
+# --- labelled chunks ----------------------------------------------------------------
+
+
+def _labelled(set_ids: Sequence[int], rule: str) -> Any:
+    return (
+        select(
+            Chunk.id,
+            Chunk.trajectory_id,
+            Trajectory.problem_id,
+            Chunk.idx,
+            ChunkLabel.positive,
+            ChunkLabel.q_before,
+            ChunkLabel.q_after,
+        )
+        .join(ChunkLabel, ChunkLabel.chunk_id == Chunk.id)
+        .join(Trajectory, Trajectory.id == Chunk.trajectory_id)
+        .join(Problem, Problem.id == Trajectory.problem_id)
+        .where(ChunkLabel.rule == rule, Problem.problem_set_id.in_(list(set_ids)), Problem.excluded.is_(False))
+    )
+
+
+def labelled_chunks(session: Session, set_ids: Sequence[int], rule: str) -> list[tuple[Any, ...]]:
+    """(chunk, trajectory, problem, idx, positive, q_before, q_after) under ``rule``."""
+    return [tuple(r) for r in session.execute(_labelled(set_ids, rule).order_by(Chunk.id))]
+
+
+def count_labelled(session: Session, set_ids: Sequence[int], rule: str) -> int:
+    return int(session.scalar(select(func.count()).select_from(_labelled(set_ids, rule).subquery())) or 0)
+
+
+def rollouts_behind(session: Session, trajectory_ids: Sequence[int]) -> int:
+    """Rollouts drawn for these trajectories: what the snapshot's labels cost."""
+    total = 0
+    ids = sorted(set(trajectory_ids))
+    for start in range(0, len(ids), 10_000):
+        part = ids[start : start + 10_000]
+        total += int(session.scalar(select(func.count(Rollout.id)).where(Rollout.trajectory_id.in_(part))) or 0)
+    return total
+
+
+def set_ids_by_name(session: Session, names: Sequence[str]) -> list[int]:
+    found = dict(session.execute(select(ProblemSet.name, ProblemSet.id).where(ProblemSet.name.in_(list(names)))).all())
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise NotFoundError(f"no problem set named {', '.join(repr(m) for m in missing)} (see 'stepq status')")
+    return [found[n] for n in names]
+
+
+# --- snapshots ----------------------------------------------------------------------
+
+
+def insert_snapshot(session: Session, snapshot: dict[str, Any], rows: Sequence[dict[str, Any]]) -> int:
+    """Write a snapshot and its rows in the caller's transaction; returns its id."""
+    snap = Snapshot(**snapshot)
+    session.add(snap)
+    session.flush()
+    if rows:
+        session.connection().execute(insert(SnapshotRow), [{**r, "snapshot_id": snap.id} for r in rows])
+    return snap.id
+
+
+def snapshot_name_taken(session: Session, name: str) -> bool:
+    return session.scalar(select(Snapshot.id).where(Snapshot.name == name)) is not None
+
+
+def next_snapshot_number(session: Session) -> int:
+    return int(session.scalar(select(func.coalesce(func.max(Snapshot.id), 0))) or 0) + 1
+
+
+def get_snapshot(session: Session, ref: str | int) -> Snapshot:
+    """A snapshot by number or by name."""
+    key = str(ref)
+    query = select(Snapshot).where(Snapshot.id == int(key)) if key.isdigit() else select(Snapshot)
+    found = session.scalar(query if key.isdigit() else query.where(Snapshot.name == key))
+    if found is None:
+        raise NotFoundError(f"no snapshot {key!r} (see 'stepq snapshot list')")
+    return found
+
+
+def latest_snapshot(session: Session, lineage: str) -> Snapshot | None:
+    return session.scalar(select(Snapshot).where(Snapshot.lineage == lineage).order_by(Snapshot.id.desc()).limit(1))
+
+
+def snapshot_summaries(session: Session) -> list[dict[str, Any]]:
+    rows = session.execute(text("SELECT * FROM snapshot_summary ORDER BY snapshot")).mappings().all()
+    return [dict(r) for r in rows]
+
+
+def snapshot_rows(session: Session, snapshot_id: int, split: str | None = None) -> list[SnapshotRow]:
+    query = select(SnapshotRow).where(SnapshotRow.snapshot_id == snapshot_id)
+    if split is not None:
+        query = query.where(SnapshotRow.split == split)
+    return list(session.scalars(query.order_by(SnapshotRow.split, SnapshotRow.chunk_id)))
+
+
+def snapshot_contexts(session: Session, snapshot_id: int) -> dict[int, dict[str, Any]]:
+    """Per trajectory of a snapshot: problem text and ids, and every chunk's text in order;
+    what rendering a judge prompt needs (the history is the chunks before the judged one)."""
+    trajectories = select(SnapshotRow.trajectory_id).where(SnapshotRow.snapshot_id == snapshot_id).distinct()
+    rows = session.execute(
+        select(Trajectory.id, Problem.external_id, Problem.question, ProblemSet.name, Chunk.idx, Chunk.text)
+        .join(Problem, Problem.id == Trajectory.problem_id)
+        .join(ProblemSet, ProblemSet.id == Problem.problem_set_id)
+        .join(Chunk, Chunk.trajectory_id == Trajectory.id)
+        .where(Trajectory.id.in_(trajectories))
+        .order_by(Trajectory.id, Chunk.idx)
+    )
+    out: dict[int, dict[str, Any]] = {}
+    for tid, ext, question, set_name, _idx, chunk_text in rows:
+        entry = out.setdefault(tid, {"problem_id": ext, "question": question, "set": set_name, "chunks": []})
+        entry["chunks"].append(chunk_text)
+    return out
+
+
+# --- training runs ------------------------------------------------------------------
+
+
+def run_by_output(session: Session, output_dir: str) -> TrainingRun | None:
+    return session.scalar(select(TrainingRun).where(TrainingRun.output_dir == output_dir))
+
+
+def get_run(session: Session, run_id: int) -> TrainingRun:
+    found = session.get(TrainingRun, run_id)
+    if found is None:
+        raise NotFoundError(f"no training run {run_id} (see 'stepq train list')")
+    return found
+
+
+def create_run(session: Session, **fields: Any) -> int:
+    """Insert a run unless one with this output dir exists; returns the run's id either way."""
+    row = {"checkpoints": [], "global_step": 0, "resumes": 0, "updated_at": epoch(), "status": RUN_RUNNING, **fields}
+    session.connection().execute(_insert(session, TrainingRun.__table__).on_conflict_do_nothing(), [row])
+    run = run_by_output(session, fields["output_dir"])
+    assert run is not None
+    return run.id
+
+
+def claim_run(session: Session, run_id: int, owner: str, ttl: float, host: str) -> bool:
+    """Take the run's lease when it is free, expired or ours; False while another process
+    trains it (its checkpoints must have one writer)."""
+    now = epoch()
+    result = session.execute(
+        update(TrainingRun)
+        .where(
+            TrainingRun.id == run_id,
+            or_(
+                TrainingRun.lease_owner.is_(None),
+                TrainingRun.lease_owner == owner,
+                TrainingRun.lease_expires_at < now,
+            ),
+        )
+        .values(lease_owner=owner, lease_expires_at=now + ttl, host=host, status=RUN_RUNNING, updated_at=now)
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def renew_run(session: Session, run_id: int, owner: str, ttl: float, **values: Any) -> bool:
+    now = epoch()
+    result = session.execute(
+        update(TrainingRun)
+        .where(TrainingRun.id == run_id, TrainingRun.lease_owner == owner)
+        .values(lease_expires_at=now + ttl, updated_at=now, **values)
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def end_run(session: Session, run_id: int, owner: str, *, error: str | None = None) -> None:
+    now = epoch()
+    session.execute(
+        update(TrainingRun)
+        .where(TrainingRun.id == run_id, TrainingRun.lease_owner == owner)
+        .values(
+            status=RUN_FAILED if error else RUN_DONE,
+            error=error,
+            lease_owner=None,
+            lease_expires_at=None,
+            updated_at=now,
+            finished_at=None if error else now,
+        )
+    )
+
+
+def upsert_metrics(session: Session, rows: Sequence[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    stmt = _insert(session, TrainingMetric.__table__)
+    columns = ("reward", "accuracy_positive", "accuracy_negative", "completion_length", "clip_ratio", "entropy", "loss")
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["run_id", "step"], set_={k: stmt.excluded[k] for k in (*columns, "values", "logged_at")}
+    )
+    session.connection().execute(stmt, list(rows))
+
+
+def run_metrics(session: Session, run_id: int) -> list[TrainingMetric]:
+    return list(session.scalars(select(TrainingMetric).where(TrainingMetric.run_id == run_id).order_by("step")))
+
+
+def training_progress(session: Session) -> list[dict[str, Any]]:
+    rows = session.execute(text("SELECT * FROM training_progress ORDER BY run")).mappings().all()
+    return [dict(r) for r in rows]
+
+
+def lineage_runs(session: Session, lineage: str) -> list[TrainingRun]:
+    return list(session.scalars(select(TrainingRun).where(TrainingRun.lineage == lineage).order_by(TrainingRun.id)))
+
+
+__all__ = ["RUN_DONE", "RUN_FAILED", "RUN_RUNNING"]

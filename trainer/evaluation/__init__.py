@@ -1,0 +1,1 @@
+"""Judge evaluation: ProcessBench, validation accuracy, Best-of-N and chunk-reset inference."""

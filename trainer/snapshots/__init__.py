@@ -1,0 +1,1 @@
+"""Snapshots: immutable, balanced, problem-split sets of labelled chunks."""

@@ -1,0 +1,90 @@
+"""The pure part of a snapshot: split by problem, balance classes, hash the content.
+
+Everything here is a function of its inputs and a seed, so the same labelled chunks and the
+same seed give the same snapshot, byte for byte, on any machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from stepq.models.snapshots import TRAIN, VALIDATION
+
+
+@dataclass(frozen=True, order=True)
+class LabelledChunk:
+    """One labelled chunk as a snapshot stores it (ordered by chunk id for determinism)."""
+
+    chunk_id: int
+    trajectory_id: int
+    problem_id: int
+    chunk_idx: int
+    positive: bool
+    q_before: float
+    q_after: float
+
+
+def validation_problems(problem_ids: Iterable[int], val_fraction: float, seed: int) -> set[int]:
+    """Which problems go to validation: a seeded draw of ``round(fraction * n)`` problems.
+
+    Splitting problems, not chunks, keeps every chunk of a problem on one side, so a judge is
+    never validated on a problem whose other steps it was trained on.
+    """
+    ids = sorted(set(problem_ids))
+    if not ids or val_fraction <= 0:
+        return set()
+    k = min(len(ids), max(1, round(val_fraction * len(ids))))
+    return set(random.Random(f"split:{seed}").sample(ids, k))
+
+
+def balance(rows: Sequence[LabelledChunk], seed: int) -> list[LabelledChunk]:
+    """Down-sample the majority class to exactly the minority's count (StepWiser: without it
+    the judge collapses toward "Positive").  A split with one class only becomes empty."""
+    pos = sorted(r for r in rows if r.positive)
+    neg = sorted(r for r in rows if not r.positive)
+    n = min(len(pos), len(neg))
+    rng = random.Random(f"balance:{seed}:{len(pos)}:{len(neg)}")
+    kept = rng.sample(pos, n) + rng.sample(neg, n)
+    return sorted(kept)
+
+
+def class_counts(rows: Iterable[LabelledChunk]) -> dict[str, int]:
+    rows = list(rows)
+    positive = sum(r.positive for r in rows)
+    return {"positive": positive, "negative": len(rows) - positive}
+
+
+@dataclass(frozen=True)
+class SnapshotPlan:
+    """What a snapshot will hold, with the counts its manifest records."""
+
+    splits: dict[str, list[LabelledChunk]]
+    counts_before: dict[str, dict[str, int]]
+    counts_after: dict[str, dict[str, int]]
+
+
+def plan_snapshot(rows: Sequence[LabelledChunk], val_fraction: float, seed: int, balanced: bool) -> SnapshotPlan:
+    """Split by problem, then balance each split on its own (each must be 50/50)."""
+    val = validation_problems((r.problem_id for r in rows), val_fraction, seed)
+    raw = {
+        TRAIN: sorted(r for r in rows if r.problem_id not in val),
+        VALIDATION: sorted(r for r in rows if r.problem_id in val),
+    }
+    splits = {name: balance(part, seed) if balanced else part for name, part in raw.items()}
+    return SnapshotPlan(
+        splits=splits,
+        counts_before={name: class_counts(part) for name, part in raw.items()},
+        counts_after={name: class_counts(part) for name, part in splits.items()},
+    )
+
+
+def content_hash(splits: Mapping[str, Sequence[LabelledChunk]]) -> str:
+    """SHA-256 of what the snapshot holds (split, chunk, label, Q-values), order-independent."""
+    h = hashlib.sha256()
+    for name in sorted(splits):
+        for r in sorted(splits[name]):
+            h.update(f"{name}|{r.chunk_id}|{int(r.positive)}|{r.q_before!r}|{r.q_after!r}\n".encode())
+    return h.hexdigest()

@@ -1,0 +1,113 @@
+"""Freeze the currently labelled chunks of some sets into a numbered, immutable snapshot."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from stepq.models import Database
+from stepq.models import training_queries as tq
+from stepq.models.errors import ConfigError
+from stepq.trainer.snapshots.balance import LabelledChunk, content_hash, plan_snapshot
+from stepq.workers.labels import parse_rule
+
+
+@dataclass(frozen=True)
+class SnapshotSpec:
+    sets: tuple[str, ...]
+    rule: str
+    val_fraction: float = 0.1
+    seed: int = 0
+    balanced: bool = True
+    name: str | None = None
+    lineage: str | None = None
+
+
+def stepq_version() -> str:
+    try:
+        return version("stepq")
+    except PackageNotFoundError:  # a checkout run without installing
+        from stepq import __version__
+
+        return __version__
+
+
+def create_snapshot(db: Database, spec: SnapshotSpec) -> int:
+    """Write the snapshot in one transaction and return its number.
+
+    Rows carry label values and Q-values, not references to ``chunk_labels``, so nothing that
+    happens to the labels later (relabelling, more rollouts, another rule) changes it.
+    """
+    if not spec.sets:
+        raise ConfigError("a snapshot needs at least one problem set (--sets A,B)")
+    if not 0 <= spec.val_fraction < 1:
+        raise ConfigError(f"--val-fraction must be in [0, 1), got {spec.val_fraction}")
+    rule = parse_rule(spec.rule).key
+    with db.session() as session:
+        set_ids = tq.set_ids_by_name(session, list(spec.sets))
+        rows = [LabelledChunk(*r) for r in tq.labelled_chunks(session, set_ids, rule)]
+        if not rows:
+            raise ConfigError(
+                f"no chunks of {', '.join(spec.sets)} are labelled under '{rule}' "
+                f"(annotate them, or 'stepq label --set S --rule {rule}')"
+            )
+        plan = plan_snapshot(rows, spec.val_fraction, spec.seed, spec.balanced)
+        number = tq.next_snapshot_number(session)
+        name = spec.name or f"snapshot-{number}"
+        if tq.snapshot_name_taken(session, name):
+            raise ConfigError(f"a snapshot named '{name}' exists already; snapshots are immutable")
+        kept = [r for part in plan.splits.values() for r in part]
+        if not kept:
+            raise ConfigError("balancing left no rows: every split holds one class only")
+        manifest: dict[str, Any] = {
+            "sets": list(spec.sets),
+            "rule": rule,
+            "seed": spec.seed,
+            "val_fraction": spec.val_fraction,
+            "balanced": spec.balanced,
+            "split": "by problem",
+            "counts_before_balancing": plan.counts_before,
+            "counts": plan.counts_after,
+            "problems": {s: len({r.problem_id for r in part}) for s, part in plan.splits.items()},
+            "labelled_chunks_seen": len(rows),
+            "rollouts_behind_labels": tq.rollouts_behind(session, sorted({r.trajectory_id for r in kept})),
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "stepq_version": stepq_version(),
+        }
+        digest = content_hash(plan.splits)
+        manifest["content_hash"] = digest
+        return tq.insert_snapshot(
+            session,
+            {
+                "name": name,
+                "lineage": spec.lineage,
+                "rule": rule,
+                "seed": spec.seed,
+                "val_fraction": spec.val_fraction,
+                "balanced": spec.balanced,
+                "content_hash": digest,
+                "manifest": manifest,
+            },
+            [
+                {
+                    "split": split,
+                    "chunk_id": r.chunk_id,
+                    "trajectory_id": r.trajectory_id,
+                    "problem_id": r.problem_id,
+                    "chunk_idx": r.chunk_idx,
+                    "positive": r.positive,
+                    "q_before": r.q_before,
+                    "q_after": r.q_after,
+                }
+                for split, part in plan.splits.items()
+                for r in part
+            ],
+        )
+
+
+def parse_sets(text: str | Sequence[str]) -> tuple[str, ...]:
+    items = text.split(",") if isinstance(text, str) else list(text)
+    return tuple(s.strip() for s in items if s.strip())
