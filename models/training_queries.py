@@ -229,3 +229,42 @@ def lineage_runs(session: Session, lineage: str) -> list[TrainingRun]:
 
 
 __all__ = ["RUN_DONE", "RUN_FAILED", "RUN_RUNNING"]
+
+
+# --- evaluation ---------------------------------------------------------------------
+
+
+def set_solutions(session: Session, set_id: int) -> dict[int, list[dict[str, Any]]]:
+    """Per problem of a set: question, reference, and each trajectory's prompt, chunks,
+    final answer and outcome (ordered by trajectory id, so "the first N" is stable)."""
+    rows = session.execute(
+        select(
+            Problem.id,
+            Problem.question,
+            Problem.reference_answer,
+            Trajectory.id,
+            Trajectory.prompt,
+            Trajectory.final_answer,
+            Trajectory.outcome,
+            Chunk.text,
+        )
+        .join(Trajectory, Trajectory.problem_id == Problem.id)
+        .join(Chunk, Chunk.trajectory_id == Trajectory.id)
+        .where(Problem.problem_set_id == set_id, Problem.excluded.is_(False))
+        .order_by(Problem.id, Trajectory.id, Chunk.idx)
+    )
+    out: dict[int, dict[int, dict[str, Any]]] = {}
+    for pid, question, reference, tid, prompt, answer, outcome, chunk in rows:
+        entry = out.setdefault(pid, {}).setdefault(
+            tid,
+            {
+                "question": question,
+                "reference": reference,
+                "prompt": prompt,
+                "answer": answer,
+                "outcome": outcome,
+                "chunks": [],
+            },
+        )
+        entry["chunks"].append(chunk)
+    return {pid: list(trajs.values()) for pid, trajs in out.items()}

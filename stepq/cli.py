@@ -598,3 +598,8 @@ def serve_synthetic(host: str, port: int, error_rate: float, recovery_rate: floa
         server.serve_forever()
     except KeyboardInterrupt:
         server.stop()
+
+
+# The trainer's commands (snapshot, train, trainer, eval) live in their own module; importing
+# it registers them on ``main``.
+from stepq import trainer_cli  # noqa: E402,F401

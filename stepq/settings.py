@@ -41,6 +41,9 @@ class Settings:
     synchronous_commit: bool = False
     """PostgreSQL synchronous_commit for workers; off is safe here (see models.db)."""
     log_level: str = "INFO"
+    trainer_lease_ttl_s: float = 120.0
+    """A trainer's claim on a training run (and a trainer service's on its lineage) lasts this
+    long without a step; a killed trainer's run is taken over after it."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

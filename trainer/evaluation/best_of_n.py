@@ -1,0 +1,99 @@
+"""Best-of-N: pick one of N policy samples by aggregating its step scores, and compare with
+random choice and majority vote (pure functions; loaders for the database and the synthetic
+policy)."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+AGGREGATORS: dict[str, Callable[[Sequence[float]], float]] = {
+    "min": min,
+    "mean": lambda s: sum(s) / len(s),
+    "product": math.prod,
+    "last": lambda s: s[-1],
+}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One policy sample of a problem: its steps, final answer and whether that is right."""
+
+    steps: tuple[str, ...]
+    answer: str | None
+    correct: bool
+
+
+def aggregate(scores: Sequence[float], how: str) -> float:
+    """One number per solution from its step scores (an empty solution scores 0)."""
+    return AGGREGATORS[how](scores) if scores else 0.0
+
+
+def pick(scores: Sequence[Sequence[float]], how: str) -> int:
+    """Index of the best-scoring candidate; ties go to the earliest (a fixed, fair rule)."""
+    values = [aggregate(s, how) for s in scores]
+    return values.index(max(values))
+
+
+def majority(candidates: Sequence[Candidate]) -> bool:
+    """Whether the most common final answer is right (ties: the answer seen first)."""
+    answers = [c.answer for c in candidates if c.answer is not None]
+    if not answers:
+        return candidates[0].correct
+    counts = Counter(answers)
+    top = max(counts.values())
+    winner = next(a for a in answers if counts[a] == top)
+    return next(c.correct for c in candidates if c.answer == winner)
+
+
+@dataclass(frozen=True)
+class BestOfNRow:
+    n: int
+    judge: float
+    random: float
+    majority: float
+
+
+def best_of_n(
+    problems: Sequence[Sequence[Candidate]], scores: Sequence[Sequence[Sequence[float]]], ns: Sequence[int], how: str
+) -> list[BestOfNRow]:
+    """Accuracy (%) at each N of: the judge's pick among the first N samples, random choice
+    (its exact expectation: the share of right samples), and majority vote."""
+    if how not in AGGREGATORS:
+        raise ValueError(f"unknown aggregation {how!r} (one of: {', '.join(AGGREGATORS)})")
+    rows = []
+    for n in ns:
+        usable = [(c[:n], s[:n]) for c, s in zip(problems, scores, strict=True) if len(c) >= n]
+        if not usable:
+            continue
+        judge = sum(c[pick(s, how)].correct for c, s in usable)
+        rand = sum(sum(x.correct for x in c) / n for c, _ in usable)
+        vote = sum(majority(c) for c, _ in usable)
+        k = len(usable)
+        rows.append(BestOfNRow(n, 100.0 * judge / k, 100.0 * rand / k, 100.0 * vote / k))
+    return rows
+
+
+def synthetic_candidates(
+    problems: int, n: int, seed: int = 0, error_rate: float = 0.3, recovery_rate: float = 0.0
+) -> list[tuple[str, list[Candidate]]]:
+    """N samples of the synthetic policy for each of ``problems`` problems (question, samples)."""
+    from stepq.workers.seeds import derive_seed
+    from stepq.workers.synthetic_policy import SyntheticPolicy, make_problem
+
+    policy = SyntheticPolicy(error_rate=error_rate, recovery_rate=recovery_rate)
+    rng = random.Random(seed)
+    out = []
+    for i in range(problems):
+        problem = make_problem(derive_seed("bon-problem", seed, i))
+        cands = []
+        for _ in range(n):
+            steps = policy.solve(problem, rng.getrandbits(31))
+            cands.append(
+                Candidate(tuple(s.text for s in steps), str(steps[-1].value), steps[-1].value == problem.answer)
+            )
+        out.append((problem.question, cands))
+    return out

@@ -1,0 +1,135 @@
+"""Chunk-reset inference (StepWiser): the policy writes one chunk at a time, the judge checks
+it, and a rejected chunk is discarded and regenerated from the same prefix, up to
+``max_attempts`` attempts (the last attempt is kept whatever the verdict).
+
+Attempt a of chunk k of problem p is always the same seeded draw, so with a judge that
+accepts everything (or ``max_attempts=1``) the result is exactly plain chunk-by-chunk
+sampling: the baseline it is compared with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from stepq.trainer.evaluation.judges import StepItem, StepJudge
+from stepq.workers.backends.base import GenerationBackend, GenerationRequest, SamplingParams
+from stepq.workers.grading import Grader
+from stepq.workers.seeds import derive_seed
+
+
+@dataclass(frozen=True)
+class PolicyProblem:
+    prompt: str
+    """The policy prompt; the solution so far is appended to it as a raw completion."""
+    question: str
+    reference: str
+
+
+@dataclass
+class ChunkResetReport:
+    problems: int = 0
+    correct: int = 0
+    accepted_chunks: int = 0
+    rejected_chunks: int = 0
+    forced_chunks: int = 0
+    """Chunks kept after the last attempt was rejected too."""
+    accepted_tokens: int = 0
+    rejected_tokens: int = 0
+    judge_calls: int = 0
+    solutions: list[str] = field(default_factory=list)
+
+    @property
+    def accuracy(self) -> float:
+        return 100.0 * self.correct / self.problems if self.problems else 0.0
+
+    @property
+    def tokens(self) -> int:
+        return self.accepted_tokens + self.rejected_tokens
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "problems": self.problems,
+            "accuracy": round(self.accuracy, 3),
+            "accepted_chunks": self.accepted_chunks,
+            "rejected_chunks": self.rejected_chunks,
+            "forced_chunks": self.forced_chunks,
+            "accepted_tokens": self.accepted_tokens,
+            "rejected_tokens": self.rejected_tokens,
+            "tokens": self.tokens,
+        }
+
+
+def first_chunk(text: str, delimiter: str) -> tuple[str, bool]:
+    """The first chunk of a continuation (through its delimiter) and whether it is the last
+    one (no more text after it, or it holds the final answer)."""
+    cut = text.find(delimiter)
+    if cut < 0:
+        return text, True
+    chunk, rest = text[: cut + len(delimiter)], text[cut + len(delimiter) :]
+    return chunk, not rest.strip() or "\\boxed" in chunk
+
+
+def chunk_reset(
+    backend: GenerationBackend,
+    params: SamplingParams,
+    judge: StepJudge,
+    problems: Sequence[PolicyProblem],
+    *,
+    max_attempts: int = 5,
+    max_chunks: int = 64,
+    delimiter: str = "\n\n",
+    seed: int = 0,
+    grader: Grader | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> ChunkResetReport:
+    """Run chunk-reset for every problem, all problems' current chunks in one engine call."""
+    grader = grader or Grader()
+    report = ChunkResetReport(problems=len(problems))
+    texts = [""] * len(problems)
+    chunks: list[list[str]] = [[] for _ in problems]
+    attempt = [0] * len(problems)
+    active = list(range(len(problems)))
+    while active:
+        requests = [
+            GenerationRequest(
+                problems[p].prompt + texts[p], (derive_seed("chunk-reset", seed, p, len(chunks[p]), attempt[p]),)
+            )
+            for p in active
+        ]
+        outputs = backend.generate(requests, params)
+        candidates = []
+        for p, out in zip(active, outputs, strict=True):
+            completion = out[0]
+            chunk, last = first_chunk(completion.text, delimiter)
+            share = len(chunk) / len(completion.text) if completion.text else 0.0
+            candidates.append((p, chunk, last, round(completion.tokens * share)))
+        verdicts = judge.judge(
+            [StepItem(problems[p].question, tuple(chunks[p]), chunk, {"problem": p}) for p, chunk, _, _ in candidates]
+        )
+        report.judge_calls += 1
+        still = []
+        for (p, chunk, last, tokens), verdict in zip(candidates, verdicts, strict=True):
+            accept = verdict is True or attempt[p] + 1 >= max_attempts or not chunk
+            if not accept:
+                report.rejected_chunks += 1
+                report.rejected_tokens += tokens
+                attempt[p] += 1
+                still.append(p)
+                continue
+            report.accepted_chunks += 1
+            report.forced_chunks += verdict is not True and bool(chunk)
+            report.accepted_tokens += tokens
+            chunks[p].append(chunk)
+            texts[p] += chunk
+            attempt[p] = 0
+            if last or not chunk or len(chunks[p]) >= max_chunks:
+                if on_progress:
+                    on_progress(1)
+            else:
+                still.append(p)
+        active = still
+    for p, problem in enumerate(problems):
+        report.correct += grader.grade(texts[p], problem.reference).reward
+    report.solutions = texts
+    return report

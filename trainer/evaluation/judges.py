@@ -1,0 +1,148 @@
+"""Step judges behind one interface: a model on any generation backend, a table of step
+scores with a threshold (discriminative PRMs), and oracles for tests and benchmarks.
+
+A judge answers, for each (problem, history, new chunk), True (accept), False (reject) or
+None (no verdict).  Callers treat None as a rejection: a judge that cannot say a step is
+right has not accepted it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from stepq.trainer.judge.prompt import JudgePrompt, parse_verdict
+from stepq.workers.backends.base import GenerationBackend, GenerationRequest, SamplingParams
+from stepq.workers.seeds import derive_seed
+from stepq.workers.synthetic_policy import parse_problem
+
+
+@dataclass(frozen=True)
+class StepItem:
+    """One chunk to judge; ``meta`` carries what a judge may need besides the text (ids)."""
+
+    problem: str
+    history: tuple[str, ...]
+    chunk: str
+    meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+
+class StepJudge(Protocol):
+    name: str
+
+    def judge(self, items: Sequence[StepItem]) -> list[bool | None]: ...
+
+
+@dataclass
+class AcceptAll:
+    """Accepts every chunk: the control that must change nothing."""
+
+    name: str = "accept-all"
+
+    def judge(self, items: Sequence[StepItem]) -> list[bool | None]:
+        return [True for _ in items]
+
+
+_STEP = re.compile(r"Step (\d+): (-?\d+) ([+*-]) (\d+) = (-?\d+)\.")
+
+
+@dataclass
+class SyntheticOracle:
+    """Knows the synthetic policy's truth: a chunk is right iff it and every chunk before it
+    compute the true running value (the same definition as ``chunks.ground_truth``)."""
+
+    name: str = "oracle"
+
+    def judge(self, items: Sequence[StepItem]) -> list[bool | None]:
+        return [self._right(item) for item in items]
+
+    @staticmethod
+    def _right(item: StepItem) -> bool | None:
+        try:
+            problem = parse_problem(f"Problem: {item.problem}")
+        except ValueError:
+            return None
+        truth = problem.true_values()
+        steps = _STEP.findall("".join(item.history) + item.chunk)
+        if not _STEP.search(item.chunk):
+            return None
+        return all(int(s[0]) <= len(truth) and int(s[4]) == truth[int(s[0]) - 1] for s in steps)
+
+
+@dataclass
+class LabelOracle:
+    """ProcessBench's own labels as a judge (``meta['label']`` = first wrong step, -1 if
+    none; ``meta['step']`` = 0-based step index): scores 100 by construction."""
+
+    name: str = "label-oracle"
+
+    def judge(self, items: Sequence[StepItem]) -> list[bool | None]:
+        return [item.meta["label"] == -1 or item.meta["step"] < item.meta["label"] for item in items]
+
+
+@dataclass
+class ScoreJudge:
+    """A scoring judge (a discriminative PRM): accept iff the step's score >= ``threshold``.
+    ``score`` maps (sample id, 0-based step) to the step's score."""
+
+    score: Callable[[str, int], float]
+    threshold: float = 0.5
+    name: str = "scores"
+
+    def judge(self, items: Sequence[StepItem]) -> list[bool | None]:
+        return [self.score(str(item.meta["id"]), int(item.meta["step"])) >= self.threshold for item in items]
+
+
+@dataclass
+class ModelJudge:
+    """A generative judge on any backend: renders the judge prompt, samples ``votes``
+    answers per chunk (seeded, so a re-run gives the same verdicts) and takes the majority
+    of the parsed verdicts; a tie or no parsed verdict is no verdict."""
+
+    backend: GenerationBackend
+    params: SamplingParams
+    prompt: JudgePrompt = field(default_factory=JudgePrompt.load)
+    votes: int = 1
+    seed: int = 0
+    conversational: bool = False
+    tokenizer_template: Callable[[str], str] | None = None
+    name: str = "model"
+    calls: int = 0
+
+    def judge(self, items: Sequence[StepItem]) -> list[bool | None]:
+        requests = []
+        for item in items:
+            text = self.prompt.render(item.problem, item.history, item.chunk)
+            if self.tokenizer_template is not None:
+                text = self.tokenizer_template(text)
+            key = (item.problem, item.history, item.chunk)
+            seeds = tuple(derive_seed("judge", self.seed, *key, v) for v in range(self.votes))
+            requests.append(GenerationRequest(text, seeds))
+        self.calls += 1
+        out: list[bool | None] = []
+        for completions in self.backend.generate(requests, self.params):
+            verdicts = Counter(v for v in (parse_verdict(c.text) for c in completions) if v is not None)
+            if not verdicts or verdicts[True] == verdicts[False]:
+                out.append(None)
+            else:
+                out.append(verdicts[True] > verdicts[False])
+        return out
+
+
+def chat_template_of(model_dir: str) -> Callable[[str], str] | None:
+    """The model's chat template as a function of the user text, when it has one."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    if not getattr(tok, "chat_template", None):
+        return None
+
+    def apply(text: str) -> str:
+        return str(
+            tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+        )
+
+    return apply

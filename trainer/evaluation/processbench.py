@@ -1,0 +1,126 @@
+"""ProcessBench: predict the index of the first wrong step (-1 if none).
+
+Score (the official ``run_eval.py``), per subset: accuracy on erroneous samples (label != -1,
+prediction equals the label exactly), accuracy on all-correct samples (label -1 predicted
+-1), and their harmonic mean; an unparseable prediction counts as wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from stepq.models.errors import InputError
+from stepq.trainer.evaluation.judges import StepItem, StepJudge
+
+
+@dataclass(frozen=True)
+class SubsetScore:
+    subset: str
+    samples: int
+    erroneous: int
+    correct: int
+    acc_error: float
+    acc_correct: float
+    f1: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def score(subset: str, labels: Mapping[str, int], predictions: Mapping[str, Any]) -> SubsetScore:
+    """Score predictions (id -> index) against labels (id -> index); a missing or non-integer
+    prediction is wrong.  Accuracies and F1 are percentages."""
+    err_hits = err_n = ok_hits = ok_n = 0
+    for sid, label in labels.items():
+        pred = predictions.get(sid)
+        valid = isinstance(pred, int) and not isinstance(pred, bool)
+        if label == -1:
+            ok_n += 1
+            ok_hits += valid and pred == -1
+        else:
+            err_n += 1
+            err_hits += valid and pred == label
+    acc_error = 100.0 * err_hits / err_n if err_n else 0.0
+    acc_correct = 100.0 * ok_hits / ok_n if ok_n else 0.0
+    f1 = 2 * acc_error * acc_correct / (acc_error + acc_correct) if acc_error + acc_correct else 0.0
+    return SubsetScore(subset, len(labels), err_n, ok_n, acc_error, acc_correct, f1)
+
+
+def load_samples(path: Path) -> list[dict[str, Any]]:
+    """A ProcessBench file: a JSON array of {id, problem, steps, label, ...}."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(str(path), None, None, f"cannot read: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(str(path), exc.lineno, None, f"invalid JSON: {exc.msg}") from None
+    if not isinstance(data, list):
+        raise InputError(str(path), None, None, "expected a JSON array of samples")
+    for i, s in enumerate(data):
+        for key, kind in (("id", str), ("problem", str), ("steps", list), ("label", int)):
+            if not isinstance(s, dict) or not isinstance(s.get(key), kind):
+                raise InputError(str(path), None, key, f"sample {i}: missing or not a {kind.__name__}")
+    return data
+
+
+def load_predictions(path: Path) -> dict[str, Any]:
+    """A JSONL of {"id", "prediction"}."""
+    out: dict[str, Any] = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            out[str(row["id"])] = row["prediction"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise InputError(str(path), n, "prediction", f"expected {{'id', 'prediction'}}: {exc}") from None
+    return out
+
+
+def predict(
+    judge: StepJudge,
+    samples: Sequence[dict[str, Any]],
+    on_progress: Callable[[int], None] | None = None,
+) -> dict[str, int]:
+    """First step judged negative per sample (-1 if none), judging step by step and stopping a
+    sample at its first negative.  All samples' step i go to the judge in one batch."""
+    predictions: dict[str, int] = {}
+    alive = list(samples)
+    step = 0
+    while alive:
+        batch = [s for s in alive if step < len(s["steps"])]
+        for s in alive:
+            if step >= len(s["steps"]):
+                predictions[s["id"]] = -1
+                if on_progress:
+                    on_progress(1)
+        if not batch:
+            break
+        items = [
+            StepItem(
+                s["problem"],
+                tuple(s["steps"][:step]),
+                s["steps"][step],
+                {"id": s["id"], "step": step, "label": s["label"]},
+            )
+            for s in batch
+        ]
+        verdicts = judge.judge(items)
+        alive = []
+        for s, verdict in zip(batch, verdicts, strict=True):
+            if verdict is True:
+                alive.append(s)
+            else:
+                predictions[s["id"]] = step
+                if on_progress:
+                    on_progress(1)
+        step += 1
+    return predictions
+
+
+def subset_name(path: Path) -> str:
+    return path.stem

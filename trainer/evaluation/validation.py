@@ -1,0 +1,80 @@
+"""Evaluations that read the database: a judge on a snapshot's validation split, Best-of-N
+over a set's trajectories, and chunk-reset on a set's problems with the set's policy."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from stepq.models import Database, queries
+from stepq.models import training_queries as tq
+from stepq.models.errors import ConfigError
+from stepq.models.snapshots import VALIDATION
+from stepq.trainer.evaluation.best_of_n import BestOfNRow, Candidate, best_of_n
+from stepq.trainer.evaluation.chunk_reset import PolicyProblem, chunk_reset
+from stepq.trainer.evaluation.judges import AcceptAll, StepItem, StepJudge
+from stepq.trainer.snapshots.export import snapshot_records
+from stepq.workers.backends import SamplingParams, make_backend
+
+
+def validation_accuracy(db: Database, ref: str | int, judge: StepJudge, batch: int = 64) -> dict[str, Any]:
+    """Per-class and balanced accuracy (%) of ``judge`` on the snapshot's validation rows;
+    no verdict counts as wrong."""
+    rows = snapshot_records(db, ref)[VALIDATION]
+    if not rows:
+        raise ConfigError(f"snapshot {ref} has no validation rows (made with --val-fraction 0?)")
+    hits = {"Positive": 0, "Negative": 0}
+    seen = {"Positive": 0, "Negative": 0}
+    for start in range(0, len(rows), batch):
+        part = rows[start : start + batch]
+        items = [StepItem(r["problem"], tuple(r["history"]), r["chunk"], {"id": r["trajectory_id"]}) for r in part]
+        for r, verdict in zip(part, judge.judge(items), strict=True):
+            seen[r["label"]] += 1
+            hits[r["label"]] += verdict is not None and verdict == (r["label"] == "Positive")
+    pos = 100.0 * hits["Positive"] / seen["Positive"] if seen["Positive"] else 0.0
+    neg = 100.0 * hits["Negative"] / seen["Negative"] if seen["Negative"] else 0.0
+    return {"rows": len(rows), "accuracy_positive": pos, "accuracy_negative": neg, "balanced_accuracy": (pos + neg) / 2}
+
+
+def _set(db: Database, name: str) -> tuple[Any, dict[int, list[dict[str, Any]]]]:
+    with db.session() as session:
+        pset = queries.get_set(session, name)
+        return pset, tq.set_solutions(session, pset.id)
+
+
+def set_best_of_n(db: Database, name: str, judge: StepJudge, ns: Sequence[int], how: str) -> list[BestOfNRow]:
+    """Best-of-N over the set's trajectories (the first N per problem), each scored by its
+    step verdicts (1 accepted, 0 not) aggregated with ``how``."""
+    _, solutions = _set(db, name)
+    problems, scores = [], []
+    for trajs in solutions.values():
+        cands, per = [], []
+        for t in trajs:
+            chunks = t["chunks"]
+            items = [StepItem(t["question"], tuple(chunks[:i]), chunks[i]) for i in range(len(chunks))]
+            per.append([1.0 if v is True else 0.0 for v in judge.judge(items)])
+            cands.append(Candidate(tuple(chunks), t["answer"], bool(t["outcome"])))
+        problems.append(cands)
+        scores.append(per)
+    if not problems:
+        raise ConfigError(f"set '{name}' has no trajectories (stepq generate --samples N)")
+    return best_of_n(problems, scores, ns, how)
+
+
+def set_chunk_reset(db: Database, name: str, judge: StepJudge, attempts: int, seed: int) -> dict[str, Any]:
+    """Chunk-reset with ``judge`` and plain chunk-by-chunk sampling (one attempt, same
+    seeds) on the set's problems, with the set's backend as the policy."""
+    pset, solutions = _set(db, name)
+    problems = [
+        PolicyProblem(trajs[0]["prompt"], trajs[0]["question"], trajs[0]["reference"]) for trajs in solutions.values()
+    ]
+    if not problems:
+        raise ConfigError(f"set '{name}' has no trajectories to take the policy prompt from (stepq generate)")
+    backend = make_backend(pset.backend, pset.backend_config)
+    params = SamplingParams.from_config(pset.sampling or {})
+    try:
+        plain = chunk_reset(backend, params, AcceptAll(), problems, max_attempts=1, seed=seed)
+        reset = chunk_reset(backend, params, judge, problems, max_attempts=attempts, seed=seed)
+    finally:
+        backend.close()
+    return {"plain": plain.as_dict(), "chunk_reset": reset.as_dict()}
