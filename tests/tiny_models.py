@@ -6,7 +6,7 @@ import string
 from pathlib import Path
 
 
-def build_tiny_model(path: Path, seed: int = 0) -> Path:
+def build_tiny_model(path: Path, seed: int = 0, n_positions: int = 1024) -> Path:
     """Save a 2-layer GPT-2 with a character-level tokenizer to ``path``."""
     import torch
     from tokenizers import Tokenizer, decoders, models
@@ -20,7 +20,7 @@ def build_tiny_model(path: Path, seed: int = 0) -> Path:
     tokenizer.save_pretrained(path)
     torch.manual_seed(seed)
     config = GPT2Config(
-        vocab_size=len(vocab), n_positions=1024, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
+        vocab_size=len(vocab), n_positions=n_positions, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
     )
     GPT2LMHeadModel(config).save_pretrained(path)
     return path

@@ -1,0 +1,141 @@
+"""Snapshots: exact 50/50 per split, split by problem, reproducible, immutable, exportable."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from stepq.models import Database
+from stepq.models import training_queries as tq
+from stepq.models.errors import ConfigError
+from stepq.trainer.snapshots.balance import LabelledChunk, balance, plan_snapshot, validation_problems
+from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
+from stepq.trainer.snapshots.export import export_snapshot
+from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+from stepq.workers.in_process import run_in_process
+from stepq.workers.labels import parse_rule
+from stepq.workers.planning import configure_annotation
+from stepq.workers.synthetic_set import synth_set
+from tests.trainer_helpers import annotated_set
+
+
+def _rows(n: int, seed: int, p_pos: float = 0.7, problems: int = 30) -> list[LabelledChunk]:
+    rng = random.Random(seed)
+    return [
+        LabelledChunk(i, i // 3, rng.randrange(problems), i % 3 + 1, rng.random() < p_pos, rng.random(), rng.random())
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_plan_is_balanced_per_split_and_splits_by_problem(seed: int) -> None:
+    rows = _rows(400, seed, p_pos=random.Random(seed).uniform(0.2, 0.9))
+    plan = plan_snapshot(rows, 0.25, seed, balanced=True)
+    for part in plan.splits.values():
+        pos = sum(r.positive for r in part)
+        assert pos * 2 == len(part)
+    train_problems = {r.problem_id for r in plan.splits["train"]}
+    val_problems = {r.problem_id for r in plan.splits["validation"]}
+    assert not train_problems & val_problems
+    # nothing is invented: every kept row is an input row
+    assert set(plan.splits["train"]) | set(plan.splits["validation"]) <= set(rows)
+    # down-sampling keeps the whole minority class of each split
+    for name in plan.splits:
+        assert plan.counts_after[name]["positive"] == min(plan.counts_before[name].values())
+
+
+def test_unbalanced_plan_keeps_every_row() -> None:
+    rows = _rows(100, 3)
+    plan = plan_snapshot(rows, 0.2, 3, balanced=False)
+    assert sorted(plan.splits["train"] + plan.splits["validation"]) == sorted(rows)
+
+
+def test_balance_of_one_class_is_empty_and_split_fraction_is_by_problem() -> None:
+    only_pos = [r for r in _rows(50, 1) if r.positive]
+    assert balance(only_pos, 0) == []
+    assert len(validation_problems(range(100), 0.1, 7)) == 10
+    assert validation_problems(range(100), 0.1, 7) == validation_problems(range(100), 0.1, 7)
+    assert validation_problems(range(100), 0.1, 7) != validation_problems(range(100), 0.1, 8)
+    assert validation_problems(range(10), 0.0, 1) == set()
+
+
+def _snapshot_rows(db: Database, ref: int) -> list[tuple]:
+    with db.session() as s:
+        return [(r.split, r.chunk_id, r.positive, r.q_before, r.q_after) for r in tq.snapshot_rows(s, ref)]
+
+
+def test_snapshot_on_postgres_is_balanced_reproducible_and_immutable(pg: Database, tmp_path: Path) -> None:
+    annotated_set(pg)
+    first = create_snapshot(pg, SnapshotSpec(("s",), "abs-q", val_fraction=0.25, seed=5))
+    again = create_snapshot(pg, SnapshotSpec(("s",), "abs-q", val_fraction=0.25, seed=5, name="same-seed"))
+    other = create_snapshot(pg, SnapshotSpec(("s",), "abs-q", val_fraction=0.25, seed=6, name="other-seed"))
+    with pg.session() as s:
+        a, b, c = (tq.get_snapshot(s, n) for n in (first, again, other))
+        summary = {r["snapshot"]: r for r in tq.snapshot_summaries(s)}
+        assert a.content_hash == b.content_hash != c.content_hash
+        manifest = a.manifest
+    assert _snapshot_rows(pg, first) == _snapshot_rows(pg, again)
+    row = summary[first]
+    assert row["train_positive"] == row["train_negative"] > 0
+    assert row["validation_positive"] == row["validation_negative"] > 0
+    assert manifest["counts"]["train"]["positive"] == row["train_positive"]
+    assert manifest["rollouts_behind_labels"] > 0 and manifest["rule"] == "abs-q"
+    assert set(manifest["counts_before_balancing"]) == {"train", "validation"}
+    with pg.session() as s:
+        rows = tq.snapshot_rows(s, first)
+    train_p = {r.problem_id for r in rows if r.split == "train"}
+    val_p = {r.problem_id for r in rows if r.split == "validation"}
+    assert train_p and val_p and not train_p & val_p
+
+    before = _snapshot_rows(pg, first)
+    # more annotation (raise M: labels and Q-values change) and a relabel under another rule
+    configure_annotation(pg, "s", 16)
+    run_in_process(pg, WorkerRuntime(pg, WorkerOptions(batch_rollouts=64, name="more")))
+    synth_set(pg, "s", problems=60, seed=1, error_rate=0.25, recovery_rate=0.0)
+    configure_annotation(pg, "s", 16)
+    run_in_process(pg, WorkerRuntime(pg, WorkerOptions(batch_rollouts=64, name="more2")))
+    from stepq.workers.qvalues import relabel_set
+
+    relabel_set(pg, "s", parse_rule("rel-ratio:gamma=0.8"))
+    relabel_set(pg, "s", parse_rule("abs-q"))
+    assert _snapshot_rows(pg, first) == before
+    with pg.session() as s:
+        assert tq.get_snapshot(s, first).content_hash == a.content_hash
+    # ...while a new snapshot of the same spec now differs: the labels really changed
+    later = create_snapshot(pg, SnapshotSpec(("s",), "abs-q", val_fraction=0.25, seed=5, name="later"))
+    assert _snapshot_rows(pg, later) != before
+
+
+def test_snapshot_errors_change_nothing(sqlite: Database) -> None:
+    synth_set(sqlite, "raw", problems=5, seed=1)
+    with pytest.raises(ConfigError, match="labelled"):
+        create_snapshot(sqlite, SnapshotSpec(("raw",), "abs-q"))
+    with pytest.raises(Exception, match="no problem set"):
+        create_snapshot(sqlite, SnapshotSpec(("missing",), "abs-q"))
+    with sqlite.session() as s:
+        assert tq.snapshot_summaries(s) == []
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_export_loads_with_datasets_and_carries_the_judge_prompt(sqlite: Database, tmp_path: Path, fmt: str) -> None:
+    import datasets
+
+    annotated_set(sqlite, problems=25)
+    ref = create_snapshot(sqlite, SnapshotSpec(("s",), "abs-q", val_fraction=0.2, seed=0))
+    counts = export_snapshot(sqlite, ref, tmp_path / "out", fmt)
+    loaded = datasets.load_dataset(str(tmp_path / "out"))
+    assert {k: len(v) for k, v in loaded.items()} == counts
+    train = loaded["train"]
+    assert sorted(set(train["label"])) == ["Negative", "Positive"]
+    assert train["label"].count("Positive") == train["label"].count("Negative")
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["counts"]["train"]["positive"] == train["label"].count("Positive")
+    for row in train:
+        assert row["chunk"] in row["prompt"] and row["problem"] in row["prompt"]
+        assert len(row["history"]) == row["chunk_index"] - 1
+        assert all(h.strip() in row["prompt"] for h in row["history"])
+        assert {"problem_id", "trajectory_id", "q_before", "q_after"} <= set(row)
+    assert any(r["chunk_index"] > 1 for r in train)

@@ -1,0 +1,214 @@
+"""GRPO training of a tiny judge on a snapshot in PostgreSQL, recorded; the evaluator scores
+a ProcessBench file with its checkpoint; the trainer service trains when labels appear and
+resumes after a SIGKILL.  The model is built here (random weights, nothing downloaded)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stepq.models import Database
+from stepq.models import training_queries as tq
+from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
+from stepq.trainer.training.grpo import TrainOptions, train_judge
+from stepq.trainer.training.recipe import Recipe
+from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+from stepq.workers.in_process import run_in_process
+from stepq.workers.planning import configure_annotation
+from stepq.workers.synthetic_set import synth_set
+from tests.conftest import wait_for
+from tests.tiny_models import build_tiny_model
+from tests.trainer_helpers import annotated_set, tiny_recipe
+
+SAMPLE = Path(__file__).parent / "data" / "processbench_gsm8k_sample.json"
+pytestmark = pytest.mark.integration
+
+
+def _env(pg_url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
+    env.update({"STEPQ_DATABASE_URL": pg_url, "PYTHONUNBUFFERED": "1", **extra})
+    return env
+
+
+def test_grpo_run_is_recorded_and_its_checkpoint_scores_processbench(pg: Database, pg_url: str, tmp_path: Path) -> None:
+    annotated_set(pg, problems=30)
+    snapshot = create_snapshot(pg, SnapshotSpec(("s",), "abs-q", val_fraction=0.2, seed=0))
+    model = build_tiny_model(tmp_path / "model", n_positions=4096)
+    recipe = Recipe.load(tiny_recipe(tmp_path / "tiny.yaml", model, max_steps=4, save_steps=2))
+    result = train_judge(pg, snapshot, recipe, tmp_path / "run")
+    assert result.status == "done" and result.global_step == 4 and result.resumed_from is None
+    with pg.session() as s:
+        run = tq.get_run(s, result.run_id)
+        metrics = tq.run_metrics(s, run.id)
+        progress = tq.training_progress(s)
+        assert run.status == "done" and run.snapshot_id == snapshot and run.lease_owner is None
+        assert run.recipe == recipe.text and run.base_model == str(model)
+        assert [Path(c).name for c in run.checkpoints] == ["checkpoint-2", "checkpoint-4"]
+        assert [m.step for m in metrics] == [1, 2, 3, 4]
+        for m in metrics:
+            assert m.reward is not None and 0.0 <= m.reward <= 2.0
+            assert m.completion_length is not None and m.completion_length > 0
+            assert m.entropy is not None and m.clip_ratio is not None
+            assert m.accuracy_positive is not None or m.accuracy_negative is not None
+            assert "rewards/verdict_match/mean" in m.values
+        assert progress[0]["run"] == run.id and progress[0]["step"] == 4
+    checkpoint = Path(run.last_checkpoint or "")
+    assert (checkpoint / "model.safetensors").exists() and (result.final_model / "config.json").exists()
+    # started again, a finished run is reported, not retrained
+    assert train_judge(pg, snapshot, recipe, tmp_path / "run").run_id == result.run_id
+
+    out = tmp_path / "eval"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stepq",
+            "eval",
+            "processbench",
+            "--data",
+            str(SAMPLE),
+            "--judge",
+            "model",
+            "--backend",
+            "hf",
+            "--model",
+            str(checkpoint),
+            "--max-tokens",
+            "8",
+            "--out",
+            str(out),
+            "--json",
+        ],
+        env=_env(pg_url),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    (subset,) = report["subsets"]
+    samples = json.loads(SAMPLE.read_text())
+    assert subset["subset"] == SAMPLE.stem and subset["samples"] == len(samples)
+    predictions = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert {p["id"] for p in predictions} == {s["id"] for s in samples}
+    # an untrained judge gives no verdicts: every sample stops at its first step (prediction 0)
+    assert all(p["prediction"] == 0 for p in predictions)
+    # and the written predictions re-score to the same figures without a judge
+    rescored = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stepq",
+            "eval",
+            "processbench",
+            "--data",
+            str(SAMPLE),
+            "--predictions",
+            str(out / "predictions.jsonl"),
+            "--json",
+        ],
+        env=_env(pg_url),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert rescored.returncode == 0, rescored.stderr
+    assert json.loads(rescored.stdout)["subsets"] == report["subsets"]
+
+
+def test_a_second_trainer_waits_for_the_run_lease(pg: Database, tmp_path: Path) -> None:
+    from stepq.models.base import epoch
+    from stepq.trainer.training.grpo import TrainingBusy
+
+    annotated_set(pg, problems=20)
+    snapshot = create_snapshot(pg, SnapshotSpec(("s",), "abs-q", val_fraction=0.2))
+    model = build_tiny_model(tmp_path / "model")
+    recipe = Recipe.load(tiny_recipe(tmp_path / "tiny.yaml", model))
+    with pg.session() as s:
+        run_id = tq.create_run(
+            s,
+            snapshot_id=snapshot,
+            method="grpo",
+            recipe="x",
+            base_model=str(model),
+            output_dir=str((tmp_path / "run").resolve()),
+            host="other",
+        )
+        assert tq.claim_run(s, run_id, "other-host:1:abc", 60, "other")
+        assert tq.get_run(s, run_id).lease_expires_at > epoch()
+    with pytest.raises(TrainingBusy, match="other-host"):
+        train_judge(pg, snapshot, recipe, tmp_path / "run", TrainOptions(wait_s=0.5))
+
+
+def test_trainer_service_trains_when_labels_appear_and_resumes_after_sigkill(
+    pg: Database, pg_url: str, tmp_path: Path
+) -> None:
+    synth_set(pg, "s", problems=30, seed=1, error_rate=0.25, recovery_rate=0.0)
+    model = build_tiny_model(tmp_path / "model")
+    recipe = tiny_recipe(tmp_path / "tiny.yaml", model, max_steps=40, save_steps=4)
+    env = _env(pg_url, STEPQ_TRAINER_LEASE_TTL_S="3")
+    cmd = [
+        sys.executable,
+        "-m",
+        "stepq",
+        "trainer",
+        "serve",
+        "--lineage",
+        "judge",
+        "--sets",
+        "s",
+        "--min-new-chunks",
+        "20",
+        "--recipe",
+        str(recipe),
+        "--output-root",
+        str(tmp_path / "runs"),
+        "--poll",
+        "0.3",
+        "--max-trainings",
+        "1",
+        "--val-fraction",
+        "0.2",
+    ]
+    log1 = (tmp_path / "serve1.log").open("wb")
+    first = subprocess.Popen(cmd, env=env, stdout=log1, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        time.sleep(3)
+        assert first.poll() is None, (tmp_path / "serve1.log").read_text()
+        with pg.session() as s:
+            assert tq.snapshot_summaries(s) == [], "no labels yet: nothing to snapshot"
+        configure_annotation(pg, "s", 8)
+        run_in_process(pg, WorkerRuntime(pg, WorkerOptions(batch_rollouts=64, name="annotator")))
+
+        def checkpointed() -> bool:
+            with pg.session() as s:
+                runs = tq.lineage_runs(s, "judge")
+                return bool(runs) and runs[0].last_checkpoint is not None and runs[0].status == "running"
+
+        wait_for(checkpointed, 240, "a checkpoint of the first training", interval=0.1)
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    with pg.session() as s:
+        (killed,) = tq.lineage_runs(s, "judge")
+        assert killed.status == "running" and killed.global_step < 40, "killed mid-training"
+        step_at_kill = killed.global_step
+    second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resuming training run" in second.stderr
+    with pg.session() as s:
+        (run,) = tq.lineage_runs(s, "judge")  # the same run row, no second run
+        snapshots = tq.snapshot_summaries(s)
+        steps = [m.step for m in tq.run_metrics(s, run.id)]
+    assert run.id == killed.id and run.status == "done" and run.global_step == 40
+    assert run.resumes == 1 and len(snapshots) == 1 and snapshots[0]["lineage"] == "judge"
+    assert step_at_kill >= 4 and steps[-1] == 40 and len(steps) == len(set(steps))

@@ -1,0 +1,43 @@
+"""Shared set-up for the trainer tests: an annotated synthetic set and a tiny GRPO recipe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stepq.models import Database
+from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+from stepq.workers.in_process import run_in_process
+from stepq.workers.planning import configure_annotation
+from stepq.workers.synthetic_set import synth_set
+
+
+def annotated_set(db: Database, name: str = "s", problems: int = 40, m: int = 8, seed: int = 1) -> None:
+    """A synthetic set labelled under Abs-Q (error rate 0.25: both classes are common)."""
+    synth_set(db, name, problems=problems, seed=seed, error_rate=0.25, recovery_rate=0.0)
+    configure_annotation(db, name, m)
+    run_in_process(db, WorkerRuntime(db, WorkerOptions(batch_rollouts=64, name="test")))
+
+
+def tiny_recipe(path: Path, model: Path, max_steps: int = 3, save_steps: int = 2) -> Path:
+    """The shipped recipe's method (GRPO, 4 generations, clip-higher, no KL) at toy size."""
+    path.write_text(
+        f"""model: {model}
+rewards: [verdict-match, format]
+conversational: false
+trainer:
+  num_generations: 4
+  per_device_train_batch_size: 4
+  max_completion_length: 12
+  max_steps: {max_steps}
+  learning_rate: 1.0e-4
+  loss_type: grpo
+  epsilon: 0.2
+  epsilon_high: 0.28
+  beta: 0.0
+  logging_steps: 1
+  save_steps: {save_steps}
+  use_cpu: true
+  seed: 0
+"""
+    )
+    return path
