@@ -37,6 +37,12 @@ def _env(pg_url: str, **extra: str) -> dict[str, str]:
     return env
 
 
+def _stepq(pg_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "stepq", *args], env=_env(pg_url), capture_output=True, text=True, timeout=600
+    )
+
+
 def test_grpo_run_is_recorded_and_its_checkpoint_scores_processbench(pg: Database, pg_url: str, tmp_path: Path) -> None:
     annotated_set(pg, problems=30)
     snapshot = create_snapshot(pg, SnapshotSpec(("s",), "abs-q", val_fraction=0.2, seed=0))
@@ -65,31 +71,23 @@ def test_grpo_run_is_recorded_and_its_checkpoint_scores_processbench(pg: Databas
     assert train_judge(pg, snapshot, recipe, tmp_path / "run").run_id == result.run_id
 
     out = tmp_path / "eval"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stepq",
-            "eval",
-            "processbench",
-            "--data",
-            str(SAMPLE),
-            "--judge",
-            "model",
-            "--backend",
-            "hf",
-            "--model",
-            str(checkpoint),
-            "--max-tokens",
-            "8",
-            "--out",
-            str(out),
-            "--json",
-        ],
-        env=_env(pg_url),
-        capture_output=True,
-        text=True,
-        timeout=600,
+    done = _stepq(
+        pg_url,
+        "eval",
+        "processbench",
+        "--data",
+        str(SAMPLE),
+        "--judge",
+        "model",
+        "--backend",
+        "hf",
+        "--model",
+        str(checkpoint),
+        "--max-tokens",
+        "8",
+        "--out",
+        str(out),
+        "--json",
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
@@ -101,23 +99,8 @@ def test_grpo_run_is_recorded_and_its_checkpoint_scores_processbench(pg: Databas
     # an untrained judge gives no verdicts: every sample stops at its first step (prediction 0)
     assert all(p["prediction"] == 0 for p in predictions)
     # and the written predictions re-score to the same figures without a judge
-    rescored = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stepq",
-            "eval",
-            "processbench",
-            "--data",
-            str(SAMPLE),
-            "--predictions",
-            str(out / "predictions.jsonl"),
-            "--json",
-        ],
-        env=_env(pg_url),
-        capture_output=True,
-        text=True,
-        timeout=120,
+    rescored = _stepq(
+        pg_url, "eval", "processbench", "--data", str(SAMPLE), "--predictions", str(out / "predictions.jsonl"), "--json"
     )
     assert rescored.returncode == 0, rescored.stderr
     assert json.loads(rescored.stdout)["subsets"] == report["subsets"]
