@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -22,7 +23,8 @@ from bench.common import emit
 from stepq.workers.grading import Grader
 from stepq.workers.synthetic_policy import PROMPT_TEMPLATE, SyntheticPolicy, make_problem
 
-DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+# The full public sets are not shipped: point STEPQ_DATA_DIR at them (default: ../shared/data).
+DATA = Path(os.environ.get("STEPQ_DATA_DIR", Path(__file__).resolve().parent.parent.parent / "shared" / "data"))
 
 
 def synthetic_answers(n: int) -> list[tuple[str, str]]:

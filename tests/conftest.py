@@ -28,7 +28,9 @@ from stepq.models import Database
 PG_SERVER = os.environ.get("STEPQ_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("STEPQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT.parent / "shared" / "data"
+# Small slices of public data sets shipped with the tests (provenance in tests/data/README.md):
+# the suite passes from a clone alone, without the full sets.
+DATA = ROOT / "tests" / "data"
 TABLES = [
     "training_metrics",
     "training_runs",

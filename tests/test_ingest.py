@@ -22,27 +22,32 @@ def _cli(db: Database, *args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+MATH500 = DATA / "math500_sample.jsonl"
+GSM8K = DATA / "gsm8k_sample.jsonl"
+PROCESSBENCH = DATA / "processbench_gsm8k_sample.json"
+
+
 def test_math500_as_it_is(any_db: Database) -> None:
-    report = ingest_file(any_db, DATA / "math500_test.jsonl", "math500", FieldMap())
-    assert (report.records, report.new_problems) == (500, 500)
+    report = ingest_file(any_db, MATH500, "math500", FieldMap())
+    assert (report.records, report.new_problems) == (40, 40)
     with any_db.session() as s:
         p = s.scalar(select(Problem).where(Problem.external_id == "test/precalculus/807.json"))
         assert p is not None and p.reference_answer == "\\left( 3, \\frac{\\pi}{2} \\right)"
         assert p.meta["subject"] == "Precalculus"
-    again = ingest_file(any_db, DATA / "math500_test.jsonl", "math500", FieldMap())
+    again = ingest_file(any_db, MATH500, "math500", FieldMap())
     assert again.new_problems == 0
 
 
 def test_gsm8k_final_answer_after_hashes(any_db: Database) -> None:
-    report = ingest_file(any_db, DATA / "gsm8k_test.jsonl", "gsm8k", FieldMap())
-    assert report.new_problems == 1319
+    report = ingest_file(any_db, GSM8K, "gsm8k", FieldMap())
+    assert report.new_problems == 40
     with any_db.session() as s:
         answers = list(s.scalars(select(Problem.reference_answer)))
     assert "18" in answers and all("####" not in a for a in answers)
 
 
 def test_grown_file_adds_only_new_records(any_db: Database, tmp_path: Path) -> None:
-    lines = (DATA / "gsm8k_test.jsonl").read_text().splitlines()
+    lines = GSM8K.read_text().splitlines()
     f = tmp_path / "part.jsonl"
     f.write_text("\n".join(lines[:10]) + "\n")
     assert ingest_file(any_db, f, "g", FieldMap()).new_problems == 10
@@ -64,9 +69,9 @@ def test_ordinary_variations_are_accepted(any_db: Database, tmp_path: Path) -> N
 
 def test_processbench_steps_become_chunks_as_given(any_db: Database) -> None:
     fields = FieldMap(answer=None, steps="steps", outcome="final_answer_correct", first_error="label")
-    report = ingest_file(any_db, DATA / "processbench" / "gsm8k.json", "pb", fields)
-    assert (report.records, report.new_trajectories) == (400, 400)
-    raw = json.loads((DATA / "processbench" / "gsm8k.json").read_text())
+    raw = json.loads(PROCESSBENCH.read_text())
+    report = ingest_file(any_db, PROCESSBENCH, "pb", fields)
+    assert (report.records, report.new_trajectories) == (len(raw), len(raw)) == (12, 12)
     first = raw[0]
     with any_db.session() as s:
         p = s.scalar(select(Problem).where(Problem.external_id == first["id"]))
@@ -77,11 +82,11 @@ def test_processbench_steps_become_chunks_as_given(any_db: Database) -> None:
     assert [c.text.rstrip("\n") for c in chunks] == [st.rstrip("\n") for st in first["steps"]]
     assert "".join(c.text for c in chunks) == t.text
     assert [c.ground_truth for c in chunks] == [i < first["label"] or first["label"] == -1 for i in range(len(chunks))]
-    assert ingest_file(any_db, DATA / "processbench" / "gsm8k.json", "pb", fields).new_trajectories == 0
+    assert ingest_file(any_db, PROCESSBENCH, "pb", fields).new_trajectories == 0
     from stepq.models.errors import ConfigError
     from stepq.workers.planning import configure_annotation
 
-    with pytest.raises(ConfigError, match="400 problems without a reference answer"):
+    with pytest.raises(ConfigError, match="12 problems without a reference answer"):
         configure_annotation(any_db, "pb", 8)
 
 
@@ -140,7 +145,7 @@ BAD_INPUTS = [
 def test_bad_input_is_rejected_and_changes_nothing(
     any_db: Database, tmp_path: Path, name: str, content: bytes, line: int | None, field: str | None, reason: str
 ) -> None:
-    ingest_file(any_db, DATA / "math500_test.jsonl", "keep", FieldMap())
+    ingest_file(any_db, MATH500, "keep", FieldMap())
     before = table_counts(any_db)
     bad = tmp_path / name
     bad.write_bytes(content)

@@ -18,8 +18,9 @@ from stepq.workers.backends.base import SamplingParams
 from stepq.workers.backends.synthetic import SyntheticBackend
 from stepq.workers.seeds import derive_seed
 from stepq.workers.synthetic_policy import PROMPT_TEMPLATE, SyntheticPolicy, ground_truth, make_problem
+from tests.conftest import DATA
 
-SAMPLE = Path(__file__).parent / "data" / "processbench_gsm8k_sample.json"
+SAMPLE = DATA / "processbench_gsm8k_sample.json"
 
 
 @pytest.mark.parametrize(

@@ -23,11 +23,11 @@ from stepq.workers.annotate import WorkerOptions, WorkerRuntime
 from stepq.workers.in_process import run_in_process
 from stepq.workers.planning import configure_annotation
 from stepq.workers.synthetic_set import synth_set
-from tests.conftest import wait_for
+from tests.conftest import DATA, wait_for
 from tests.tiny_models import build_tiny_model
 from tests.trainer_helpers import annotated_set, tiny_recipe
 
-SAMPLE = Path(__file__).parent / "data" / "processbench_gsm8k_sample.json"
+SAMPLE = DATA / "processbench_gsm8k_sample.json"
 pytestmark = pytest.mark.integration
 
 
