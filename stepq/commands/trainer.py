@@ -1,6 +1,6 @@
 """CLI commands of the trainer half: snapshots, training, the trainer service, evaluation.
 
-Registered on the main ``stepq`` group by ``stepq.cli``; thin wrappers over ``stepq.trainer``.
+Thin wrappers over ``stepq.trainer``; importing the module registers them on ``stepq``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from stepq.cli import _backend_config, _db, _settings, friendly, main
+from stepq.commands.base import backend_config, friendly, load_settings, main, open_db
 from stepq.models.errors import ConfigError
 from stepq.workers.backends import BACKENDS as BACKEND_NAMES
 
@@ -51,7 +51,7 @@ def snapshot_create(sets: str, rule: str, val_fraction: float, seed: int, balanc
     from stepq.models import training_queries as tq
     from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot, parse_sets
 
-    db = _db(_settings())
+    db = open_db(load_settings())
     number = create_snapshot(db, SnapshotSpec(parse_sets(sets), rule, val_fraction, seed, balance, name))
     with db.session() as session:
         snap = tq.get_snapshot(session, number)
@@ -70,7 +70,7 @@ def snapshot_list(as_json: bool) -> None:
     """Snapshots with their class counts per split (the snapshot_summary view)."""
     from stepq.models import training_queries as tq
 
-    with _db(_settings()).session() as session:
+    with open_db(load_settings()).session() as session:
         rows = tq.snapshot_summaries(session)
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))
@@ -91,7 +91,7 @@ def snapshot_show(ref: str) -> None:
     """A snapshot's manifest."""
     from stepq.models import training_queries as tq
 
-    with _db(_settings()).session() as session:
+    with open_db(load_settings()).session() as session:
         snap = tq.get_snapshot(session, ref)
         click.echo(json.dumps({"snapshot": snap.id, "name": snap.name, **snap.manifest}, indent=2, sort_keys=True))
 
@@ -105,7 +105,7 @@ def snapshot_export(ref: str, fmt: str, out_dir: Path) -> None:
     """Write the snapshot as a datasets-loadable folder (train/validation + manifest)."""
     from stepq.trainer.snapshots.export import export_snapshot
 
-    counts = export_snapshot(_db(_settings()), ref, out_dir, fmt)
+    counts = export_snapshot(open_db(load_settings()), ref, out_dir, fmt)
     click.echo(f"wrote {out_dir}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
 
 
@@ -128,8 +128,8 @@ def train(ctx: click.Context, snapshot_ref: str | None, recipe: str, output: Pat
     from stepq.trainer.training.grpo import TrainOptions, train_judge
     from stepq.trainer.training.recipe import Recipe
 
-    settings = _settings()
-    db = _db(settings)
+    settings = load_settings()
+    db = open_db(settings)
     out = output or Path("runs") / f"snapshot-{snapshot_ref}"
     result = train_judge(
         db, snapshot_ref, Recipe.load(recipe), out, TrainOptions(lease_ttl_s=settings.trainer_lease_ttl_s, wait_s=wait)
@@ -147,7 +147,7 @@ def train_list(as_json: bool) -> None:
     """Training runs with their latest metrics (the training_progress view)."""
     from stepq.models import training_queries as tq
 
-    with _db(_settings()).session() as session:
+    with open_db(load_settings()).session() as session:
         rows = tq.training_progress(session)
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))
@@ -203,9 +203,9 @@ def trainer_serve(
     from stepq.trainer.snapshots.create import parse_sets
     from stepq.trainer.training.service import ServiceOptions, serve
 
-    settings = _settings()
+    settings = load_settings()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    db = _db(settings)
+    db = open_db(settings)
     if sets:
         names = parse_sets(sets)
     else:
@@ -281,7 +281,7 @@ def build_judge(kw: dict[str, Any]) -> Any:
         raise ConfigError(f"--judge model with --backend {kw['backend']} needs --model")
     from stepq.workers.backends import SamplingParams, make_backend
 
-    backend = make_backend(kw["backend"], _backend_config(kw["model"], kw["base_url"], kw["backend_options"]))
+    backend = make_backend(kw["backend"], backend_config(kw["model"], kw["base_url"], kw["backend_options"]))
     temperature = kw["temperature"] if kw["temperature"] is not None else (0.0 if kw["votes"] == 1 else 1.0)
     template = judges.chat_template_of(kw["model"]) if kw["backend"] in {"hf", "vllm"} else None
     return judges.ModelJudge(
@@ -360,7 +360,7 @@ def eval_snapshot(ref: str, as_json: bool, **kw: Any) -> None:
     """A judge's accuracy on a snapshot's validation split: per class and balanced."""
     from stepq.trainer.evaluation.validation import validation_accuracy
 
-    db = _db(_settings())
+    db = open_db(load_settings())
     report = validation_accuracy(db, ref, build_judge(kw))
     click.echo(
         json.dumps(report, indent=2)
@@ -384,7 +384,7 @@ def eval_best_of_n(set_name: str, ns: str, how: str, as_json: bool, **kw: Any) -
     """Pick one of N trajectories per problem by its aggregated step verdicts."""
     from stepq.trainer.evaluation.validation import set_best_of_n
 
-    rows = set_best_of_n(_db(_settings()), set_name, build_judge(kw), [int(n) for n in ns.split(",")], how)
+    rows = set_best_of_n(open_db(load_settings()), set_name, build_judge(kw), [int(n) for n in ns.split(",")], how)
     if as_json:
         click.echo(json.dumps([r.__dict__ for r in rows], indent=2))
         return
@@ -404,7 +404,7 @@ def eval_chunk_reset(set_name: str, attempts: int, seed: int, as_json: bool, **k
     """Chunk-reset inference with a judge, against plain sampling on the same seeds."""
     from stepq.trainer.evaluation.validation import set_chunk_reset
 
-    report = set_chunk_reset(_db(_settings()), set_name, build_judge(kw), attempts, seed)
+    report = set_chunk_reset(open_db(load_settings()), set_name, build_judge(kw), attempts, seed)
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return

@@ -1,0 +1,1 @@
+"""The CLI's commands, one module per concept, registered on the ``stepq`` group in ``base``."""

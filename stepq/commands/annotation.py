@@ -1,0 +1,135 @@
+"""Commands that plan and follow the annotation: annotate, label, retry, status, and the
+embedded default ``run``."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from stepq.commands.base import (
+    backend_config,
+    friendly,
+    load_settings,
+    main,
+    open_db,
+)
+from stepq.workers.backends import BACKENDS as BACKEND_NAMES
+
+
+@main.command()
+@click.option("--set", "set_name", required=True)
+@click.option("--rollouts", "m", type=click.IntRange(min=1), required=True, help="Rollouts per prefix (M).")
+@click.option("--rule", default=None, help="Label rule, e.g. abs-q or rel-ratio:gamma=0.7.")
+@click.option("--budget", default=None, help="exhaustive, or adaptive[:confidence=C,min=N,round=R].")
+@click.option("--backend", type=click.Choice(BACKEND_NAMES), default=None, help="The set's generation backend.")
+@click.option("--model", default=None, help="Backend model (path or served name).")
+@click.option("--base-url", default=None, help="openai: the server's base URL.")
+@click.option("--backend-option", "backend_options", multiple=True, metavar="KEY=VALUE")
+@click.option("--temperature", type=float, default=None, help="Rollout sampling temperature (default 1.0).")
+@click.option("--top-p", type=float, default=None)
+@click.option("--max-tokens", type=int, default=None, help="Most new tokens per rollout (default 8192).")
+@friendly
+def annotate(
+    set_name: str,
+    m: int,
+    rule: str | None,
+    budget: str | None,
+    backend: str | None,
+    model: str | None,
+    base_url: str | None,
+    backend_options: tuple[str, ...],
+    temperature: float | None,
+    top_p: float | None,
+    max_tokens: int | None,
+) -> None:
+    """Set a problem set's budget and plan its missing rollouts (only what is missing)."""
+    from stepq.workers.planning import configure_annotation
+
+    settings = load_settings()
+    config = backend_config(model, base_url, backend_options)
+    sampling = {
+        k: v for k, v in {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}.items() if v is not None
+    }
+    report = configure_annotation(
+        open_db(settings, migrate=settings.embedded),
+        set_name,
+        m,
+        rule=rule,
+        budget=budget,
+        backend=backend,
+        backend_config=config,
+        sampling=sampling,
+    )
+    click.echo(
+        f"set '{set_name}': M={report.rollouts_per_prefix}, rule {report.label_rule}, "
+        f"budget {report.budget_policy}; {report.work_items} work items planned or reopened"
+    )
+
+
+@main.command()
+@click.option("--set", "set_name", required=True)
+@click.option("--rule", required=True, help="abs-q, rel-ratio[:gamma=G] or rel-effective[:alpha=A].")
+@click.option("--default/--no-default", "make_default", default=False, help="Also make it the set's rule.")
+@friendly
+def label(set_name: str, rule: str, make_default: bool) -> None:
+    """Recompute labels for a rule from stored rollouts, without sampling again."""
+    from stepq.workers.labels import parse_rule
+    from stepq.workers.qvalues import relabel_set
+
+    parsed = parse_rule(rule)
+    report = relabel_set(open_db(load_settings()), set_name, parsed, make_default=make_default)
+    click.echo(f"set '{set_name}': {report.labelled} chunks labelled under {parsed.key}")
+    if report.undecided:
+        click.echo(
+            f"{report.undecided} chunks need more rollouts under this rule and budget: "
+            f"run 'stepq annotate --set {set_name} --rollouts M --rule {parsed.key}'"
+        )
+
+
+@main.command()
+@click.option("--set", "set_name", default=None, help="Only this problem set (default: all).")
+@friendly
+def retry(set_name: str | None) -> None:
+    """Give failed work items another round of attempts (after fixing what made them fail)."""
+    from stepq.models import queries
+
+    database = open_db(load_settings())
+    with database.session() as s:
+        set_id = queries.get_set(s, set_name).id if set_name else None
+        n = queries.retry_failed(s, set_id)
+    click.echo(f"{n} failed work items are pending again")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@friendly
+def status(as_json: bool) -> None:
+    """Progress per problem set: rollouts done/planned, labels, rate, ETA."""
+    from stepq.status import collect, render
+
+    report = collect(open_db(load_settings()))
+    click.echo(json.dumps(report, indent=2) if as_json else render(report))
+
+
+@main.command()
+@click.option("--set", "set_name", default="demo", show_default=True)
+@click.option(
+    "--synthetic",
+    "n_synth",
+    type=click.IntRange(min=0),
+    default=50,
+    show_default=True,
+    help="Synthetic problems to create when the set does not exist yet.",
+)
+@click.option("--rollouts", "m", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--rule", default=None, help="Label rule (default: the set's, abs-q for a new set).")
+@click.option("--budget", default=None, help="exhaustive or adaptive[:...] (default: the set's).")
+@friendly
+def run(set_name: str, n_synth: int, m: int, seed: int, rule: str | None, budget: str | None) -> None:
+    """The embedded default: problems to labels in this process (SQLite, no services)."""
+    from stepq.embedded import run_embedded
+
+    settings = load_settings()
+    run_embedded(settings, set_name, n_synth=n_synth, m=m, seed=seed, rule=rule, budget=budget, echo=click.echo)

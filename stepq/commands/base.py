@@ -1,0 +1,107 @@
+"""What every command shares: the ``stepq`` group, settings, database opening, error translation
+(one line on stderr and a documented exit code) and the backend option helpers."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from stepq.models import Database
+from stepq.models.errors import BrokerError, DatabaseError, StepqError
+from stepq.settings import Settings
+
+F = TypeVar("F", bound=Callable[..., Any])
+INTERNAL_ERROR = 70  # EX_SOFTWARE: a bug or an unforeseen failure, not a user error
+
+
+def friendly(fn: F) -> F:
+    """Turn user-facing errors into one line on stderr and a non-zero exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from kombu.exceptions import OperationalError as KombuOperationalError
+        from sqlalchemy.exc import OperationalError
+
+        try:
+            return fn(*args, **kwargs)
+        except StepqError as exc:
+            click.echo(f"stepq: error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except OperationalError as exc:
+            first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+            err = DatabaseError(f"database error: {first}")
+            click.echo(f"stepq: error: {err}", err=True)
+            sys.exit(err.exit_code)
+        except KombuOperationalError as exc:
+            err2 = BrokerError(f"cannot reach the broker: {exc}")
+            click.echo(f"stepq: error: {err2}", err=True)
+            sys.exit(err2.exit_code)
+        except click.ClickException:
+            raise
+        except Exception as exc:
+            if os.environ.get("STEPQ_DEBUG"):
+                raise
+            click.echo(
+                f"stepq: internal error: {type(exc).__name__}: {exc} (set STEPQ_DEBUG=1 for the traceback)", err=True
+            )
+            sys.exit(INTERNAL_ERROR)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def load_settings() -> Settings:
+    return Settings.from_env()
+
+
+def open_db(settings: Settings, *, migrate: bool = False) -> Database:
+    if migrate:
+        from stepq.migrations import upgrade
+
+        upgrade(settings.database_url)
+    db = Database(settings.database_url)
+    db.check()
+    return db
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@click.group()
+@click.version_option(package_name="stepq")
+def main() -> None:
+    """stepq: Monte Carlo step labels for chains of thought, as a resumable job queue."""
+
+
+def key_values(items: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            from stepq.models.errors import ConfigError
+
+            raise ConfigError(f"expected KEY=VALUE, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def backend_config(model: str | None, base_url: str | None, options: tuple[str, ...], **extra: Any) -> dict[str, Any]:
+    """A backend config from the common flags plus ``--backend-option KEY=VALUE`` pairs."""
+    config = {"model": model, "base_url": base_url, **extra, **key_values(options)}
+    return {k: v for k, v in config.items() if v is not None}
+
+
+def backend_from_options(backend: str, model: str | None, base_url: str | None, options: tuple[str, ...]) -> Any:
+    from stepq.workers.backends import make_backend
+
+    return make_backend(backend, backend_config(model, base_url, options))

@@ -1,0 +1,223 @@
+"""Commands that bring problems in and turn them into trajectories and chunks: ingest, synth,
+generate (policy sampling), segment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from stepq.commands.base import (
+    backend_from_options,
+    friendly,
+    load_settings,
+    main,
+    open_db,
+)
+from stepq.workers.backends import BACKENDS as BACKEND_NAMES
+
+
+@main.command()
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--set", "set_name", required=True, help="Problem set to add the records to.")
+@click.option("--question", default=None, help="Question field (default: problem, question or prompt).")
+@click.option("--answer", default="answer", show_default=True, help="Reference answer field; '-' for none.")
+@click.option(
+    "--answer-format",
+    type=click.Choice(["auto", "plain", "gsm8k"]),
+    default="auto",
+    show_default=True,
+    help="gsm8k: the final answer follows '####'; auto detects it.",
+)
+@click.option("--id", "id_field", default=None, help="Id field (default: unique_id, id or idx; else a content hash).")
+@click.option("--steps", default=None, help="Field with a list of solution steps: ingest them as a trajectory.")
+@click.option("--outcome", default=None, help="Boolean field: the trajectory's outcome (else graded).")
+@click.option("--first-error", default=None, help="Field: 0-based index of the first wrong step, -1 if none.")
+@friendly
+def ingest(
+    file: Path,
+    set_name: str,
+    question: str | None,
+    answer: str,
+    answer_format: str,
+    id_field: str | None,
+    steps: str | None,
+    outcome: str | None,
+    first_error: str | None,
+) -> None:
+    """Add problems (and given trajectories) from a JSONL file or a JSON array."""
+    from stepq.workers.ingest import FieldMap, ingest_file
+
+    settings = load_settings()
+    database = open_db(settings, migrate=settings.embedded)
+    fields = FieldMap(
+        question=question,
+        answer=None if answer == "-" else answer,
+        id=id_field,
+        steps=steps,
+        outcome=outcome,
+        first_error=first_error,
+        answer_format=answer_format,
+    )
+    report = ingest_file(database, file, set_name, fields)
+    click.echo(
+        f"{file}: {report.records} records, {report.new_problems} new problems, "
+        f"{report.new_trajectories} new trajectories in set '{set_name}'"
+    )
+
+
+@main.command()
+@click.option("--set", "set_name", required=True)
+@click.option("--problems", type=click.IntRange(min=1), required=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--trajectories-per-problem", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--error-rate", type=click.FloatRange(0, 1), default=0.1, show_default=True)
+@click.option("--recovery-rate", type=click.FloatRange(0, 1), default=0.001, show_default=True)
+@click.option(
+    "--latency-s",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Simulated generation time per rollout.",
+)
+@friendly
+def synth(
+    set_name: str,
+    problems: int,
+    seed: int,
+    trajectories_per_problem: int,
+    error_rate: float,
+    recovery_rate: float,
+    latency_s: float,
+) -> None:
+    """Create a synthetic arithmetic problem set with policy trajectories of known truth."""
+    from stepq.workers.synthetic_set import synth_set
+
+    settings = load_settings()
+    database = open_db(settings, migrate=settings.embedded)
+    report = synth_set(
+        database,
+        set_name,
+        problems=problems,
+        seed=seed,
+        trajectories_per_problem=trajectories_per_problem,
+        error_rate=error_rate,
+        recovery_rate=recovery_rate,
+        latency_s=latency_s,
+    )
+    click.echo(f"set '{set_name}': {report.new_problems} new problems, {report.new_trajectories} new trajectories")
+
+
+@main.command()
+@click.option("--set", "set_name", required=True)
+@click.option("--samples", type=click.IntRange(min=1), required=True, help="Trajectories per problem (K).")
+@click.option("--template", default=None, help="chunk (StepWiser <chunk> tags), step ('Step n:') or synthetic.")
+@click.option("--template-file", type=click.Path(path_type=Path), default=None, help="A template with {question}.")
+@click.option(
+    "--segmentation",
+    type=click.Choice(["auto", "chunk-tags", "step-markers", "blank-lines", "llm"]),
+    default="auto",
+    show_default=True,
+)
+@click.option(
+    "--filter-mixed",
+    is_flag=True,
+    help="Keep only problems whose K outcomes are neither all right nor "
+    "all wrong (the paper's prompt filter); the others are excluded from annotation.",
+)
+@click.option("--backend", type=click.Choice(BACKEND_NAMES), default=None, help="Default: the set's backend.")
+@click.option("--model", default=None)
+@click.option("--base-url", default=None)
+@click.option("--backend-option", "backend_options", multiple=True, metavar="KEY=VALUE")
+@click.option("--segmenter-model", default=None, help="With --segmentation llm: the segmenting model (same backend).")
+@click.option("--temperature", type=float, default=1.0, show_default=True)
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--max-tokens", type=int, default=8192, show_default=True)
+@friendly
+def generate(
+    set_name: str,
+    samples: int,
+    template: str | None,
+    template_file: Path | None,
+    segmentation: str,
+    filter_mixed: bool,
+    backend: str | None,
+    model: str | None,
+    base_url: str | None,
+    backend_options: tuple[str, ...],
+    segmenter_model: str | None,
+    temperature: float,
+    top_p: float,
+    max_tokens: int,
+) -> None:
+    """Sample K policy trajectories per problem (only the missing ones), then segment them."""
+    from stepq.models import queries
+    from stepq.workers.backends import SamplingParams
+    from stepq.workers.generate import generate_trajectories
+    from stepq.workers.prompts import load_template
+
+    settings = load_settings()
+    database = open_db(settings, migrate=settings.embedded)
+    with database.session() as s:
+        pset = queries.get_set(s, set_name)
+        name, config = backend or pset.backend, dict(pset.backend_config)
+    policy = backend_from_options(name, model, base_url, backend_options) if backend else None
+    if policy is None:
+        from stepq.workers.backends import make_backend
+
+        policy = make_backend(name, config)
+    chosen = template or ("synthetic" if name == "synthetic" else "chunk")
+    segmenter = None
+    if segmentation == "llm":
+        segmenter = backend_from_options(name, segmenter_model or model, base_url, backend_options)
+    report = generate_trajectories(
+        database,
+        set_name,
+        policy,
+        samples=samples,
+        template=load_template(None if template_file else chosen, template_file),
+        params=SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens),
+        segmentation=segmentation,
+        segmenter=segmenter,
+        filter_mixed=filter_mixed,
+    )
+    methods = ", ".join(f"{k} {v}" for k, v in sorted(report.segmentation.items())) or "none"
+    click.echo(
+        f"set '{set_name}': {report.new_trajectories} new trajectories for {report.problems} problems "
+        f"(segmentation: {methods})"
+    )
+    if filter_mixed:
+        click.echo(f"prompt filter: {report.excluded_problems} problems excluded (all right or all wrong)")
+
+
+@main.command()
+@click.option("--set", "set_name", required=True)
+@click.option(
+    "--method", type=click.Choice(["auto", "chunk-tags", "step-markers", "blank-lines", "llm"]), required=True
+)
+@click.option("--backend", type=click.Choice(BACKEND_NAMES), default=None, help="With --method llm: the segmenter.")
+@click.option("--model", default=None)
+@click.option("--base-url", default=None)
+@click.option("--backend-option", "backend_options", multiple=True, metavar="KEY=VALUE")
+@friendly
+def segment(
+    set_name: str,
+    method: str,
+    backend: str | None,
+    model: str | None,
+    base_url: str | None,
+    backend_options: tuple[str, ...],
+) -> None:
+    """Segment a set's not-yet-annotated trajectories again, e.g. with a model (--method llm)."""
+    from stepq.models.errors import ConfigError
+    from stepq.workers.generate import resegment_set
+
+    if method == "llm" and backend is None:
+        raise ConfigError("--method llm needs --backend (and --model) for the segmenting model")
+    segmenter = backend_from_options(backend, model, base_url, backend_options) if backend else None
+    report = resegment_set(open_db(load_settings()), set_name, method, segmenter=segmenter)
+    methods = ", ".join(f"{k} {v}" for k, v in sorted(report.segmentation.items())) or "none"
+    click.echo(
+        f"set '{set_name}': {report.resegmented} trajectories segmented ({methods}); "
+        f"{report.skipped_with_rollouts} left alone because they already have rollouts"
+    )

@@ -1,0 +1,186 @@
+"""Long-running processes and their set-up: db upgrade, worker, dispatch, flower,
+serve-synthetic."""
+
+from __future__ import annotations
+
+import click
+
+from stepq.commands.base import (
+    backend_config,
+    friendly,
+    load_settings,
+    main,
+    open_db,
+    setup_logging,
+)
+from stepq.models import Database
+from stepq.models.errors import DatabaseError
+from stepq.workers.backends import BACKENDS as BACKEND_NAMES
+
+
+@main.group()
+def db() -> None:
+    """Database schema commands."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True)
+@friendly
+def db_upgrade(revision: str) -> None:
+    """Migrate the database named by STEPQ_DATABASE_URL to the latest schema."""
+    from stepq.migrations import current, upgrade
+
+    settings = load_settings()
+    try:
+        upgrade(settings.database_url, revision)
+    except Exception as exc:
+        if "OperationalError" in type(exc).__name__:
+            raise DatabaseError(f"cannot migrate {settings.database_url}: {str(exc).splitlines()[0]}") from None
+        raise
+    click.echo(f"database at revision {current(settings.database_url)}")
+
+
+@main.command()
+@click.option("--name", default=None, help="Worker name (default host:pid).")
+@click.option(
+    "--pool",
+    type=click.Choice(["solo", "prefork", "threads"]),
+    default="solo",
+    show_default=True,
+    help="solo: one task at a time in the main process (one per GPU).",
+)
+@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--loglevel", default=None)
+@click.option(
+    "--backend",
+    type=click.Choice(BACKEND_NAMES),
+    default=None,
+    help="Generate with this backend for every set (default: each set's own backend).",
+)
+@click.option("--model", default=None, help="vllm/hf: model path or name; openai: the served model name.")
+@click.option("--base-url", default=None, help="openai: the server's base URL, e.g. http://host:8000/v1.")
+@click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--gpu-memory-utilization", type=click.FloatRange(0.05, 1.0), default=0.9, show_default=True)
+@click.option(
+    "--backend-option",
+    "backend_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Any other backend setting (repeatable), e.g. concurrency=32.",
+)
+@friendly
+def worker(
+    name: str | None,
+    pool: str,
+    concurrency: int,
+    loglevel: str | None,
+    backend: str | None,
+    model: str | None,
+    base_url: str | None,
+    tensor_parallel_size: int,
+    gpu_memory_utilization: float,
+    backend_options: tuple[str, ...],
+) -> None:
+    """Run a Celery worker that pulls rollout work (one per GPU, concurrency 1)."""
+    from stepq.workers.annotate import WorkerRuntime
+    from stepq.workers.backends import make_backend
+    from stepq.workers.celery_app import create_app
+    from stepq.workers.grading import Grader
+
+    settings = load_settings()
+    setup_logging(loglevel or settings.log_level)
+    open_db(settings).dispose()
+    config = backend_config(
+        model,
+        base_url,
+        backend_options,
+        tensor_parallel_size=tensor_parallel_size,
+        gpu_memory_utilization=gpu_memory_utilization,
+    )
+    # The engine is built once, here, and kept warm for every task this process runs.
+    override = make_backend(backend, config) if backend else None
+
+    def runtime() -> WorkerRuntime:
+        database = Database(settings.database_url, pool_size=2, synchronous_commit=settings.synchronous_commit)
+        return WorkerRuntime(
+            database,
+            settings.worker_options(name),
+            Grader(timeout_s=settings.grade_timeout_s),
+            backend_override=override,
+        )
+
+    app = create_app(settings.celery_options(), runtime)
+    argv = [
+        "worker",
+        f"--pool={pool}",
+        f"--concurrency={concurrency}",
+        f"--queues={settings.queue}",
+        f"--loglevel={(loglevel or settings.log_level).upper()}",
+        "--without-gossip",
+        "--without-mingle",
+    ]
+    if name:
+        argv.append(f"--hostname={name}@%h")
+    app.worker_main(argv)
+
+
+@main.command()
+@click.option("--once", is_flag=True, help="One cycle, then exit.")
+@click.option("--interval", type=click.FloatRange(min=0.05), default=None, help="Seconds between cycles.")
+@click.option("--wait", type=float, default=None, help="With --once: give up after waiting this long for the lock.")
+@friendly
+def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
+    """Publish missing work to the broker; only one dispatcher acts at a time."""
+    from stepq.workers.celery_app import create_app, publisher, redis_queue_depth
+    from stepq.workers.dispatcher import Dispatcher
+
+    settings = load_settings()
+    setup_logging(settings.log_level)
+    database = open_db(settings)
+    app = create_app(settings.celery_options())
+    dispatcher = Dispatcher(
+        database,
+        publisher(app, settings.items_per_task),
+        options=settings.dispatch_options(),
+        queue_depth=redis_queue_depth(settings.broker_url, settings.queue),
+    )
+    try:
+        published = dispatcher.run(once=once, interval_s=interval or settings.dispatch_interval_s, wait_s=wait)
+    except KeyboardInterrupt:
+        published = 0
+    click.echo(f"published {published} work items")
+
+
+@main.command()
+@click.option("--port", type=int, default=5555, show_default=True)
+@click.option("--address", default="0.0.0.0", show_default=True)
+@friendly
+def flower(port: int, address: str) -> None:
+    """Celery's Flower dashboard for the stepq queue (needs the 'flower' extra)."""
+    from stepq.workers.celery_app import create_app
+
+    try:
+        import flower as _flower  # noqa: F401
+    except ImportError:
+        from stepq.models.errors import ConfigError
+
+        raise ConfigError("Flower is not installed: pip install 'stepq[flower]'") from None
+    settings = load_settings()
+    create_app(settings.celery_options()).start(["flower", f"--port={port}", f"--address={address}"])
+
+
+@main.command("serve-synthetic")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--error-rate", type=click.FloatRange(0, 1), default=0.1, show_default=True)
+@click.option("--recovery-rate", type=click.FloatRange(0, 1), default=0.001, show_default=True)
+def serve_synthetic(host: str, port: int, error_rate: float, recovery_rate: float) -> None:
+    """Serve the synthetic policy as an OpenAI-compatible /v1/completions endpoint."""
+    from stepq.workers.backends.synthetic_server import SyntheticCompletionsServer
+
+    server = SyntheticCompletionsServer(host, port, error_rate=error_rate, recovery_rate=recovery_rate)
+    click.echo(f"serving the synthetic policy at {server.url}/completions")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        server.stop()
