@@ -52,5 +52,11 @@ class BrokerError(StepqError):
     exit_code = 6
 
 
+class TrainingBusy(StepqError):
+    """Another process holds a training run's lease (it is training it now): try later."""
+
+    exit_code = 75  # EX_TEMPFAIL
+
+
 class LeaseLost(StepqError):
     """Another process took over work this process held; stop writing for it."""

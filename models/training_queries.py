@@ -94,8 +94,8 @@ def next_snapshot_number(session: Session) -> int:
 def get_snapshot(session: Session, ref: str | int) -> Snapshot:
     """A snapshot by number or by name."""
     key = str(ref)
-    query = select(Snapshot).where(Snapshot.id == int(key)) if key.isdigit() else select(Snapshot)
-    found = session.scalar(query if key.isdigit() else query.where(Snapshot.name == key))
+    match = Snapshot.id == int(key) if key.isdigit() else Snapshot.name == key
+    found = session.scalar(select(Snapshot).where(match))
     if found is None:
         raise NotFoundError(f"no snapshot {key!r} (see 'stepq snapshot list')")
     return found
@@ -226,9 +226,6 @@ def training_progress(session: Session) -> list[dict[str, Any]]:
 
 def lineage_runs(session: Session, lineage: str) -> list[TrainingRun]:
     return list(session.scalars(select(TrainingRun).where(TrainingRun.lineage == lineage).order_by(TrainingRun.id)))
-
-
-__all__ = ["RUN_DONE", "RUN_FAILED", "RUN_RUNNING"]
 
 
 # --- evaluation ---------------------------------------------------------------------

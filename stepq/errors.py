@@ -8,6 +8,16 @@ from stepq.models.errors import (
     LeaseLost,
     NotFoundError,
     StepqError,
+    TrainingBusy,
 )
 
-__all__ = ["BrokerError", "ConfigError", "DatabaseError", "InputError", "LeaseLost", "NotFoundError", "StepqError"]
+__all__ = [
+    "BrokerError",
+    "ConfigError",
+    "DatabaseError",
+    "InputError",
+    "LeaseLost",
+    "NotFoundError",
+    "StepqError",
+    "TrainingBusy",
+]

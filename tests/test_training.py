@@ -108,7 +108,7 @@ def test_grpo_run_is_recorded_and_its_checkpoint_scores_processbench(pg: Databas
 
 def test_a_second_trainer_waits_for_the_run_lease(pg: Database, tmp_path: Path) -> None:
     from stepq.models.base import epoch
-    from stepq.trainer.training.grpo import TrainingBusy
+    from stepq.models.errors import TrainingBusy
 
     annotated_set(pg, problems=20)
     snapshot = create_snapshot(pg, SnapshotSpec(("s",), "abs-q", val_fraction=0.2))

@@ -252,6 +252,12 @@ def judge_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="--judge scores: JSONL of {id, scores: [per step]}.",
         ),
         click.option("--threshold", type=float, default=0.5, show_default=True),
+        click.option(
+            "--chat-template/--raw-prompt",
+            default=True,
+            show_default=True,
+            help="Send the judge prompt through the model's chat template (as a recipe with conversational: true).",
+        ),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -283,12 +289,11 @@ def build_judge(kw: dict[str, Any]) -> Any:
 
     backend = make_backend(kw["backend"], backend_config(kw["model"], kw["base_url"], kw["backend_options"]))
     temperature = kw["temperature"] if kw["temperature"] is not None else (0.0 if kw["votes"] == 1 else 1.0)
-    template = judges.chat_template_of(kw["model"]) if kw["backend"] in {"hf", "vllm"} else None
     return judges.ModelJudge(
         backend,
         SamplingParams(temperature=temperature, max_tokens=kw["max_tokens"]),
         votes=kw["votes"],
-        tokenizer_template=template,
+        chat_template=kw["chat_template"],
     )
 
 

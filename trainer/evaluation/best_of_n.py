@@ -1,6 +1,6 @@
 """Best-of-N: pick one of N policy samples by aggregating its step scores, and compare with
-random choice and majority vote (pure functions; loaders for the database and the synthetic
-policy)."""
+random choice and majority vote (pure functions, and samples of the synthetic policy; the
+database's trajectories are read in ``validation.py``)."""
 
 from __future__ import annotations
 

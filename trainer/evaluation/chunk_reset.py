@@ -36,7 +36,6 @@ class ChunkResetReport:
     """Chunks kept after the last attempt was rejected too."""
     accepted_tokens: int = 0
     rejected_tokens: int = 0
-    judge_calls: int = 0
     solutions: list[str] = field(default_factory=list)
 
     @property
@@ -107,7 +106,6 @@ def chunk_reset(
         verdicts = judge.judge(
             [StepItem(problems[p].question, tuple(chunks[p]), chunk, {"problem": p}) for p, chunk, _, _ in candidates]
         )
-        report.judge_calls += 1
         still = []
         for (p, chunk, last, tokens), verdict in zip(candidates, verdicts, strict=True):
             accept = verdict is True or attempt[p] + 1 >= max_attempts or not chunk

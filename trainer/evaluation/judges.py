@@ -100,28 +100,30 @@ class ScoreJudge:
 class ModelJudge:
     """A generative judge on any backend: renders the judge prompt, samples ``votes``
     answers per chunk (seeded, so a re-run gives the same verdicts) and takes the majority
-    of the parsed verdicts; a tie or no parsed verdict is no verdict."""
+    of the parsed verdicts; a tie or no parsed verdict is no verdict.
+
+    With ``chat_template`` the prompt goes through the backend's own ``format_prompt`` (the
+    model's chat template, applied once, as in training with ``conversational: true``).
+    """
 
     backend: GenerationBackend
     params: SamplingParams
     prompt: JudgePrompt = field(default_factory=JudgePrompt.load)
     votes: int = 1
     seed: int = 0
-    conversational: bool = False
-    tokenizer_template: Callable[[str], str] | None = None
+    chat_template: bool = True
     name: str = "model"
-    calls: int = 0
 
     def judge(self, items: Sequence[StepItem]) -> list[bool | None]:
+        format_prompt = getattr(self.backend, "format_prompt", None) if self.chat_template else None
         requests = []
         for item in items:
             text = self.prompt.render(item.problem, item.history, item.chunk)
-            if self.tokenizer_template is not None:
-                text = self.tokenizer_template(text)
+            if format_prompt is not None:
+                text = format_prompt(text)
             key = (item.problem, item.history, item.chunk)
             seeds = tuple(derive_seed("judge", self.seed, *key, v) for v in range(self.votes))
             requests.append(GenerationRequest(text, seeds))
-        self.calls += 1
         out: list[bool | None] = []
         for completions in self.backend.generate(requests, self.params):
             verdicts = Counter(v for v in (parse_verdict(c.text) for c in completions) if v is not None)
@@ -130,19 +132,3 @@ class ModelJudge:
             else:
                 out.append(verdicts[True] > verdicts[False])
         return out
-
-
-def chat_template_of(model_dir: str) -> Callable[[str], str] | None:
-    """The model's chat template as a function of the user text, when it has one."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    if not getattr(tok, "chat_template", None):
-        return None
-
-    def apply(text: str) -> str:
-        return str(
-            tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
-        )
-
-    return apply

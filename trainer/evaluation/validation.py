@@ -46,16 +46,19 @@ def set_best_of_n(db: Database, name: str, judge: StepJudge, ns: Sequence[int], 
     """Best-of-N over the set's trajectories (the first N per problem), each scored by its
     step verdicts (1 accepted, 0 not) aggregated with ``how``."""
     _, solutions = _set(db, name)
+    # every step of every trajectory goes to the judge in one call: one engine batch, not one
+    # call per trajectory
+    items = [
+        StepItem(t["question"], tuple(t["chunks"][:i]), t["chunks"][i])
+        for trajs in solutions.values()
+        for t in trajs
+        for i in range(len(t["chunks"]))
+    ]
+    verdicts = iter(judge.judge(items)) if items else iter(())
     problems, scores = [], []
     for trajs in solutions.values():
-        cands, per = [], []
-        for t in trajs:
-            chunks = t["chunks"]
-            items = [StepItem(t["question"], tuple(chunks[:i]), chunks[i]) for i in range(len(chunks))]
-            per.append([1.0 if v is True else 0.0 for v in judge.judge(items)])
-            cands.append(Candidate(tuple(chunks), t["answer"], bool(t["outcome"])))
-        problems.append(cands)
-        scores.append(per)
+        problems.append([Candidate(tuple(t["chunks"]), t["answer"], bool(t["outcome"])) for t in trajs])
+        scores.append([[1.0 if next(verdicts) is True else 0.0 for _ in t["chunks"]] for t in trajs])
     if not problems:
         raise ConfigError(f"set '{name}' has no trajectories (stepq generate --samples N)")
     return best_of_n(problems, scores, ns, how)

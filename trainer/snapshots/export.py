@@ -25,12 +25,19 @@ def snapshot_records(
     db: Database, ref: str | int, template: JudgePrompt | None = None
 ) -> dict[str, list[dict[str, Any]]]:
     """The snapshot's records per split, in a stable order (split, chunk id)."""
+    return _read(db, ref, template)[1]
+
+
+def _read(
+    db: Database, ref: str | int, template: JudgePrompt | None
+) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+    """The snapshot's manifest and records, read in one transaction."""
     prompt = template or JudgePrompt.load()
     with db.session() as session:
         snap = tq.get_snapshot(session, ref)
         rows = tq.snapshot_rows(session, snap.id)
         contexts = tq.snapshot_contexts(session, snap.id)
-        snap_id = snap.id
+        snap_id, manifest = snap.id, dict(snap.manifest)
     out: dict[str, list[dict[str, Any]]] = {TRAIN: [], VALIDATION: []}
     for r in rows:
         ctx = contexts[r.trajectory_id]
@@ -53,16 +60,14 @@ def snapshot_records(
                 "chunk": chunk,
             }
         )
-    return out
+    return manifest, out
 
 
 def export_snapshot(db: Database, ref: str | int, out_dir: Path, fmt: str = "parquet") -> dict[str, int]:
     """Write ``train.<ext>``, ``validation.<ext>`` and ``manifest.json``; returns row counts."""
     if fmt not in FORMATS:
         raise ConfigError(f"unknown export format '{fmt}' (one of: {', '.join(FORMATS)})")
-    records = snapshot_records(db, ref)
-    with db.session() as session:
-        manifest = dict(tq.get_snapshot(session, ref).manifest)
+    manifest, records = _read(db, ref, None)
     out_dir.mkdir(parents=True, exist_ok=True)
     for split, rows in records.items():
         path = out_dir / f"{split}.{fmt}"

@@ -17,7 +17,7 @@ from typing import Any
 
 from stepq.models import Database
 from stepq.models import training_queries as tq
-from stepq.models.errors import ConfigError, StepqError
+from stepq.models.errors import ConfigError, TrainingBusy
 from stepq.models.snapshots import TRAIN
 from stepq.models.training import RUN_DONE
 from stepq.trainer.judge.prompt import JudgePrompt
@@ -28,12 +28,6 @@ from stepq.trainer.training.records import ClassAccuracy, make_recorder, process
 
 log = logging.getLogger(__name__)
 FINAL = "final"
-
-
-class TrainingBusy(StepqError):
-    """Another process holds this run's lease (it is training it now)."""
-
-    exit_code = 75  # EX_TEMPFAIL: try again later
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from stepq.models import Database, queries
@@ -102,7 +102,7 @@ def _step(
     if unfinished:
         run = unfinished[0]
         say(f"resuming training run {run.id} (snapshot {run.snapshot_id}) from {run.last_checkpoint or 'its start'}")
-        opts = TrainOptions(**{**train_options.__dict__, "base_model": run.base_model})
+        opts = replace(train_options, base_model=run.base_model)
         result = train_judge(db, run.snapshot_id, recipe, Path(run.output_dir), opts, on_step=renew)
         say(f"training run {result.run_id} done at step {result.global_step}: {result.final_model}")
         return True
@@ -122,7 +122,7 @@ def _step(
     done = [r for r in runs if r.status == RUN_DONE]
     base = str(Path(done[-1].output_dir) / FINAL) if done else recipe.model
     say(f"snapshot {snapshot} ({labelled - seen} new labelled chunks); training from {base}")
-    opts = TrainOptions(**{**train_options.__dict__, "base_model": base})
+    opts = replace(train_options, base_model=base)
     result = train_judge(db, snapshot, recipe, options.output_root / name, opts, on_step=renew)
     say(f"training run {result.run_id} done at step {result.global_step}: {result.final_model}")
     return True
