@@ -58,5 +58,15 @@ class TrainingBusy(StepqError):
     exit_code = 75  # EX_TEMPFAIL
 
 
+class GenerationError(StepqError):
+    """A backend could not generate.  ``permanent`` errors (a context longer than the
+    model's limit, an HTTP 400) fail their work item at once with the message; transient
+    ones (a timeout, a 5xx, a refused connection) are retried with backoff."""
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
 class LeaseLost(StepqError):
     """Another process took over work this process held; stop writing for it."""

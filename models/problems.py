@@ -29,6 +29,8 @@ class ProblemSet(Base):
     backend_config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     sampling: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     seed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    paused: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """A paused set is not dispatched; its running items finish their current batch."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 

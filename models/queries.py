@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, delete, func, or_, select, text, update
+from sqlalchemy import and_, case, delete, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from stepq.models.base import epoch
@@ -20,6 +20,9 @@ from stepq.models.problems import Problem, ProblemSet
 from stepq.models.rollouts import ChunkLabel, QValue, Rollout
 from stepq.models.trajectories import Chunk, Trajectory
 from stepq.models.work import DONE, FAILED, PENDING, QUEUED, RUNNING, Lock, RolloutWork, Worker
+
+MAX_BACKOFF_S = 600.0
+"""The longest a transiently failing item waits before it is published again."""
 
 
 def _insert(session: Session, model: Any) -> Any:
@@ -188,7 +191,8 @@ def labels_with_truth(session: Session, set_id: int, rule: str) -> list[tuple[bo
 def plan_work(session: Session, set_id: int | None = None) -> int:
     """Make sure every trajectory of an annotated set has work for its set's current M.
 
-    New trajectories get a pending item; items planned for a smaller M are reopened.
+    New trajectories get a pending item; items planned for a smaller M are reopened (a
+    running one is marked to run again when its task ends, so the new M reaches it too).
     Returns how many items were created or reopened.
     """
     sets = select(ProblemSet.id, ProblemSet.rollouts_per_prefix).where(ProblemSet.rollouts_per_prefix > 0)
@@ -208,22 +212,58 @@ def plan_work(session: Session, set_id: int | None = None) -> int:
         ]
         for start in range(0, len(rows), 1000):
             changed += insert_ignore(session, RolloutWork, rows[start : start + 1000])
-        reopened = session.execute(
+        smaller = and_(RolloutWork.trajectory_id.in_(in_set), RolloutWork.target_m < m)
+        running = session.execute(
             update(RolloutWork)
-            .where(RolloutWork.trajectory_id.in_(in_set), RolloutWork.target_m < m)
-            .values(target_m=m, state=PENDING, lease_owner=None, lease_expires_at=None, attempts=0)
+            .where(smaller, RolloutWork.state == RUNNING)
+            .values(target_m=m, rerun=True)
             .execution_options(synchronize_session=False)
         )
-        changed += int(reopened.rowcount or 0)  # type: ignore[attr-defined]
+        reopened = session.execute(
+            update(RolloutWork)
+            .where(smaller)
+            .values(target_m=m, state=PENDING, lease_owner=None, lease_expires_at=None, attempts=0, retry_at=None)
+            .execution_options(synchronize_session=False)
+        )
+        changed += int(running.rowcount or 0) + int(reopened.rowcount or 0)  # type: ignore[attr-defined]
     return changed
 
 
-def pending_work_ids(session: Session, limit: int) -> list[int]:
+def pending_work_ids(session: Session, limit: int, now: float | None = None) -> list[int]:
+    """Pending items in id order, leaving out those backing off after a transient failure
+    and those of paused sets.  Walks the (state, id) index: its cost follows ``limit``."""
+    now = epoch() if now is None else now
+    paused = (
+        select(ProblemSet.paused)
+        .join(Problem, Problem.problem_set_id == ProblemSet.id)
+        .join(Trajectory, Trajectory.problem_id == Problem.id)
+        .where(Trajectory.id == RolloutWork.trajectory_id)
+        .scalar_subquery()
+    )
     return list(
         session.scalars(
-            select(RolloutWork.id).where(RolloutWork.state == PENDING).order_by(RolloutWork.id).limit(limit)
+            select(RolloutWork.id)
+            .where(
+                RolloutWork.state == PENDING,
+                or_(RolloutWork.retry_at.is_(None), RolloutWork.retry_at <= now),
+                paused.is_(False),
+            )
+            .order_by(RolloutWork.id)
+            .limit(limit)
         )
     )
+
+
+def next_retry_at(session: Session) -> float | None:
+    """When the earliest pending item that is backing off may be tried again (None: none)."""
+    return session.scalar(
+        select(func.min(RolloutWork.retry_at)).where(RolloutWork.state == PENDING, RolloutWork.retry_at.is_not(None))
+    )
+
+
+def queued_count(session: Session) -> int:
+    """Items whose message is (or may be) waiting in the broker."""
+    return int(session.scalar(select(func.count()).where(RolloutWork.state == QUEUED)) or 0)
 
 
 def mark_queued(session: Session, ids: Sequence[int], now: float) -> list[int]:
@@ -262,7 +302,8 @@ def reschedule_expired(session: Session, now: float, max_attempts: int) -> tuple
 
 
 def requeue_stale(session: Session, older_than: float) -> int:
-    """Queued items whose message may be lost (queued before ``older_than``) go back to pending."""
+    """Queued items whose message is lost (queued before ``older_than``) go back to pending;
+    the dispatcher decides the cut-off from what the broker says it holds."""
     result = session.execute(
         update(RolloutWork)
         .where(RolloutWork.state == QUEUED, RolloutWork.enqueued_at < older_than)
@@ -284,10 +325,29 @@ def claim_work(session: Session, work_id: int, owner: str, ttl: float) -> int | 
                 and_(RolloutWork.state == RUNNING, RolloutWork.lease_expires_at < now),
             ),
         )
-        .values(state=RUNNING, lease_owner=owner, lease_expires_at=now + ttl, attempts=RolloutWork.attempts + 1)
+        .values(
+            state=RUNNING,
+            lease_owner=owner,
+            lease_expires_at=now + ttl,
+            attempts=RolloutWork.attempts + 1,
+            rerun=False,
+            retry_at=None,
+        )
         .returning(RolloutWork.trajectory_id)
     )
     return result.scalar_one_or_none()
+
+
+def renew_owner_leases(session: Session, owner: str, ttl: float) -> int:
+    """Extend every lease a worker process holds: its heartbeat, so one long ``generate``
+    call does not lose the work."""
+    result = session.execute(
+        update(RolloutWork)
+        .where(RolloutWork.lease_owner == owner, RolloutWork.state == RUNNING)
+        .values(lease_expires_at=epoch() + ttl)
+        .execution_options(synchronize_session=False)
+    )
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
 def renew_lease(session: Session, work_id: int, owner: str, ttl: float) -> bool:
@@ -300,36 +360,77 @@ def renew_lease(session: Session, work_id: int, owner: str, ttl: float) -> bool:
 
 
 def finish_work(session: Session, work_id: int, owner: str) -> bool:
-    """running -> done, only for the lease holder; False when the lease was lost."""
+    """running -> done, only for the lease holder; False when the lease was lost.  An item
+    whose set changed while it ran (``rerun``) goes back to pending instead."""
     result = session.execute(
         update(RolloutWork)
         .where(RolloutWork.id == work_id, RolloutWork.lease_owner == owner, RolloutWork.state == RUNNING)
-        .values(state=DONE, last_error=None, lease_owner=None, lease_expires_at=None, finished_at=epoch())
+        .values(
+            state=case((RolloutWork.rerun.is_(True), PENDING), else_=DONE),
+            finished_at=case((RolloutWork.rerun.is_(True), None), else_=epoch()),
+            attempts=case((RolloutWork.rerun.is_(True), 0), else_=RolloutWork.attempts),
+            rerun=False,
+            last_error=None,
+            lease_owner=None,
+            lease_expires_at=None,
+        )
     )
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
-def fail_or_retry(session: Session, work_id: int, owner: str, error: str, max_attempts: int) -> str:
-    """After an error: back to pending for another try, or failed once attempts run out."""
-    item = session.get(RolloutWork, work_id, populate_existing=True)
-    if item is None or item.lease_owner != owner:
+def fail_or_retry(
+    session: Session,
+    work_id: int,
+    owner: str,
+    error: str,
+    max_attempts: int,
+    *,
+    permanent: bool = False,
+    backoff_s: float = 0.0,
+) -> str:
+    """After an error: back to pending after a backoff, or failed when the error is
+    permanent or attempts ran out.  One conditional update: an item another worker owns
+    now (its lease expired and was taken) is left alone and reported "lost"."""
+    mine = and_(RolloutWork.id == work_id, RolloutWork.lease_owner == owner, RolloutWork.state == RUNNING)
+    attempts = session.scalar(select(RolloutWork.attempts).where(mine).with_for_update())
+    if attempts is None:
         return "lost"
-    state = FAILED if item.attempts >= max_attempts else PENDING
-    item.state, item.last_error = state, error[:2000]
-    item.lease_owner, item.lease_expires_at = None, None
-    return "failed" if state == FAILED else "retry"
+    give_up = permanent or attempts >= max_attempts
+    delay = min(backoff_s * 2 ** max(0, attempts - 1), MAX_BACKOFF_S)
+    result = session.execute(
+        update(RolloutWork)
+        .where(mine)
+        .values(
+            state=FAILED if give_up else PENDING,
+            retry_at=None if give_up else epoch() + delay,
+            last_error=("permanent: " if permanent else "") + error[:2000],
+            lease_owner=None,
+            lease_expires_at=None,
+        )
+    )
+    if not result.rowcount:  # type: ignore[attr-defined]
+        return "lost"
+    return "failed" if give_up else "retry"
 
 
 def reopen_set(session: Session, set_id: int) -> int:
-    """Done items of a set go back to pending, e.g. after its rule or budget changed; the
-    task works out from the rollouts what, if anything, is still missing."""
+    """Items of a set run again, e.g. after its rule or budget changed: done items go back
+    to pending, running ones are marked to go back when their task ends (their task read
+    the old settings).  The task works out from the rollouts what is still missing."""
+    in_set = RolloutWork.trajectory_id.in_(_set_trajectories(set_id))
+    running = session.execute(
+        update(RolloutWork)
+        .where(RolloutWork.state == RUNNING, in_set)
+        .values(rerun=True)
+        .execution_options(synchronize_session=False)
+    )
     result = session.execute(
         update(RolloutWork)
-        .where(RolloutWork.state == DONE, RolloutWork.trajectory_id.in_(_set_trajectories(set_id)))
+        .where(RolloutWork.state == DONE, in_set)
         .values(state=PENDING, attempts=0)
         .execution_options(synchronize_session=False)
     )
-    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+    return int(result.rowcount or 0) + int(running.rowcount or 0)  # type: ignore[attr-defined]
 
 
 def mark_trajectory_counted(session: Session, trajectory_id: int, counted: bool) -> None:
@@ -377,6 +478,8 @@ class WorkContext:
     problem_set: ProblemSet
     chunks: list[Chunk]
     rewards: dict[int, dict[int, int]]
+    generator: str | None = None
+    """Who drew the trajectory's stored rollouts (None: none yet)."""
 
 
 def load_work_context(session: Session, trajectory_id: int) -> WorkContext:
@@ -387,8 +490,9 @@ def load_work_context(session: Session, trajectory_id: int) -> WorkContext:
     assert problem is not None
     pset = session.get(ProblemSet, problem.problem_set_id)
     assert pset is not None
+    generator = session.scalar(select(Rollout.generator).where(Rollout.trajectory_id == trajectory_id).limit(1))
     return WorkContext(
-        traj, problem, pset, trajectory_chunks(session, trajectory_id), rollout_rewards(session, traj.id)
+        traj, problem, pset, trajectory_chunks(session, trajectory_id), rollout_rewards(session, traj.id), generator
     )
 
 
@@ -449,34 +553,71 @@ def release_lock(session: Session, name: str, owner: str) -> None:
 
 
 def heartbeat(
-    session: Session, name: str, *, hostname: str, pid: int, backend: str, rollouts: int = 0, tokens: int = 0
+    session: Session,
+    name: str,
+    *,
+    hostname: str,
+    pid: int,
+    backend: str,
+    rollouts: int = 0,
+    tokens: int = 0,
+    busy_items: int | None = None,
+    label: str = "",
 ) -> None:
     """Record that a worker is alive and what it has done, in one upsert."""
+    now = epoch()
     stmt = _insert(session, Worker.__table__).values(
         name=name,
         hostname=hostname,
         pid=pid,
         backend=backend,
-        last_heartbeat=epoch(),
+        label=label,
+        last_heartbeat=now,
         rollouts_done=rollouts,
         tokens_done=tokens,
+        busy_items=busy_items or 0,
     )
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["name"],
-        set_={
-            "last_heartbeat": stmt.excluded.last_heartbeat,
-            "pid": stmt.excluded.pid,
-            "backend": stmt.excluded.backend,
-            "rollouts_done": Worker.__table__.c.rollouts_done + stmt.excluded.rollouts_done,
-            "tokens_done": Worker.__table__.c.tokens_done + stmt.excluded.tokens_done,
-        },
-    )
-    session.execute(stmt)
+    table = Worker.__table__.c
+    updates: dict[str, Any] = {
+        "last_heartbeat": stmt.excluded.last_heartbeat,
+        "backend": stmt.excluded.backend,
+        "stopped_at": None,
+        "rollouts_done": table.rollouts_done + stmt.excluded.rollouts_done,
+        "tokens_done": table.tokens_done + stmt.excluded.tokens_done,
+    }
+    if busy_items is not None:
+        updates["busy_items"] = stmt.excluded.busy_items
+    session.execute(stmt.on_conflict_do_update(index_elements=["name"], set_=updates))
 
 
-def active_workers(session: Session, since: float) -> list[dict[str, Any]]:
-    rows = session.scalars(select(Worker).where(Worker.last_heartbeat >= since).order_by(Worker.name))
-    return [{"name": w.name, "backend": w.backend, "rollouts": w.rollouts_done, "tokens": w.tokens_done} for w in rows]
+def worker_stopped(session: Session, name: str) -> None:
+    """A worker that exits cleanly says so: it stops counting as live at once."""
+    session.execute(update(Worker).where(Worker.name == name).values(stopped_at=epoch(), busy_items=0))
+
+
+def live_workers(session: Session, since: float) -> list[dict[str, Any]]:
+    """Workers whose heartbeat is newer than ``since`` and that have not stopped."""
+    rows = session.scalars(
+        select(Worker).where(Worker.last_heartbeat >= since, Worker.stopped_at.is_(None)).order_by(Worker.name)
+    )
+    return [
+        {
+            "name": w.name,
+            "label": w.label,
+            "backend": w.backend,
+            "busy_items": w.busy_items,
+            "rollouts": w.rollouts_done,
+            "tokens": w.tokens_done,
+            "last_heartbeat": w.last_heartbeat,
+        }
+        for w in rows
+    ]
+
+
+def live_worker_count(session: Session, since: float) -> int:
+    return int(
+        session.scalar(select(func.count()).where(Worker.last_heartbeat >= since, Worker.stopped_at.is_(None))) or 0
+    )
 
 
 # --- progress ------------------------------------------------------------------------

@@ -32,6 +32,7 @@ class Rollout(Base):
     __table_args__ = (
         UniqueConstraint("trajectory_id", "prefix_len", "sample_idx"),
         Index("ix_rollouts_created_at", "created_at"),
+        Index("ix_rollouts_grade_method", "grade_method"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -42,6 +43,8 @@ class Rollout(Base):
     text: Mapped[str] = mapped_column(Text)
     final_answer: Mapped[str | None] = mapped_column(Text, nullable=True)
     reward: Mapped[int] = mapped_column(SmallInteger)
+    grade_method: Mapped[str | None] = mapped_column(String(20), nullable=True)
+    """How the reward was decided (exact, numeric, math-verify, timeout, error, no-answer)."""
     tokens: Mapped[int] = mapped_column(Integer)
     generator: Mapped[str] = mapped_column(String(200))
     worker: Mapped[str] = mapped_column(String(200))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, func
+from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, false, func
 from sqlalchemy.orm import Mapped, mapped_column
 
 from stepq.models.base import Base
@@ -25,7 +25,12 @@ class RolloutWork(Base):
     """
 
     __tablename__ = "rollout_work"
-    __table_args__ = (Index("ix_rollout_work_state", "state"),)
+    __table_args__ = (
+        Index("ix_rollout_work_state", "state"),
+        Index("ix_rollout_work_state_id", "state", "id"),
+        Index("ix_rollout_work_state_lease", "state", "lease_expires_at"),
+        Index("ix_rollout_work_state_enqueued", "state", "enqueued_at"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     trajectory_id: Mapped[int] = mapped_column(ForeignKey("trajectories.id", ondelete="CASCADE"), unique=True)
@@ -40,6 +45,10 @@ class RolloutWork(Base):
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     trajectory_is_sample: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     """Whether the budget counts the trajectory as one of its own prefixes' samples."""
+    retry_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """A transient failure's backoff: the item is not published again before this moment."""
+    rerun: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """The set's settings changed while the item ran: it goes back to pending, not done."""
 
 
 class Lock(Base):
@@ -53,7 +62,8 @@ class Lock(Base):
 
 
 class Worker(Base):
-    """A worker process: heartbeat and running totals, for operators."""
+    """A worker process: heartbeat and running totals, for operators and the dispatcher
+    (which sizes the broker queue by the live workers)."""
 
     __tablename__ = "workers"
 
@@ -65,3 +75,8 @@ class Worker(Base):
     last_heartbeat: Mapped[float] = mapped_column(Float)
     rollouts_done: Mapped[int] = mapped_column(Integer, default=0)
     tokens_done: Mapped[int] = mapped_column(Integer, default=0)
+    busy_items: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """Work items the process holds right now (0: idle), written by its heartbeat."""
+    label: Mapped[str] = mapped_column(String(200), default="", server_default="")
+    """The operator's ``--name`` (several processes may share it; ``name`` is unique)."""
+    stopped_at: Mapped[float | None] = mapped_column(Float, nullable=True)

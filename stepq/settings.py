@@ -25,12 +25,19 @@ class Settings:
     broker_url: str = "redis://127.0.0.1:6379/0"
     queue: str = DEFAULT_QUEUE
     lease_ttl_s: float = 300.0
-    """How long a worker's claim on a trajectory lasts without a heartbeat (batch commit)."""
+    """How long a worker's claim on a trajectory lasts without a heartbeat."""
+    heartbeat_s: float = 10.0
+    """Seconds between worker heartbeats (each renews the worker's leases; at most a third
+    of the lease is used, whatever is set)."""
     batch_rollouts: int = 128
     """Rollouts per trajectory generated, graded and committed together: the most a crash loses."""
     items_per_task: int = 4
     """Trajectories per Celery task; their batches share one engine call."""
     max_attempts: int = 5
+    retry_backoff_s: float = 5.0
+    """A transiently failed item waits this long before its next try, doubling each time."""
+    messages_per_worker: int = 2
+    """Broker messages kept queued per live worker: the queue's bound."""
     visibility_timeout_s: int = 12 * 3600
     requeue_after_s: float = 900.0
     lost_grace_s: float = 10.0
@@ -78,7 +85,15 @@ class Settings:
             object.__setattr__(
                 self, "database_url", "postgresql+psycopg://" + self.database_url[len("postgresql://") :]
             )
-        for name in ("lease_ttl_s", "batch_rollouts", "items_per_task", "max_attempts", "visibility_timeout_s"):
+        for name in (
+            "lease_ttl_s",
+            "heartbeat_s",
+            "batch_rollouts",
+            "items_per_task",
+            "max_attempts",
+            "messages_per_worker",
+            "visibility_timeout_s",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{PREFIX}{name.upper()} must be positive")
         if self.visibility_timeout_s <= self.lease_ttl_s:
@@ -95,6 +110,8 @@ class Settings:
             batch_rollouts=self.batch_rollouts,
             max_attempts=self.max_attempts,
             name=name,
+            heartbeat_s=self.heartbeat_s,
+            retry_backoff_s=self.retry_backoff_s,
         )
 
     def celery_options(self) -> CeleryOptions:
@@ -106,4 +123,7 @@ class Settings:
             max_attempts=self.max_attempts,
             requeue_after_s=self.requeue_after_s,
             lost_grace_s=self.lost_grace_s,
+            items_per_message=self.items_per_task,
+            messages_per_worker=self.messages_per_worker,
+            worker_live_s=max(30.0, 3 * self.heartbeat_s),
         )

@@ -8,6 +8,8 @@ from typing import Any
 from stepq.models import Database, queries
 
 RATE_WINDOW_S = 60.0
+WORKER_LIVE_S = 60.0
+"""A worker whose last heartbeat is older than this is not shown as live."""
 
 
 def collect(db: Database) -> dict[str, Any]:
@@ -16,7 +18,7 @@ def collect(db: Database) -> dict[str, Any]:
         rows = queries.progress(s)
         recent = queries.recent_rollouts_by_set(s, time.time() - RATE_WINDOW_S)
         work = queries.work_counts(s)
-        workers = queries.active_workers(s, time.time() - 120)
+        workers = queries.live_workers(s, time.time() - WORKER_LIVE_S)
         segmentation = queries.segmentation_stats(s)
     sets = []
     for r in rows:
@@ -95,5 +97,7 @@ def render(report: dict[str, Any]) -> str:
     ]
     work = ", ".join(f"{k} {v}" for k, v in sorted(report["work"].items())) or "none"
     lines.append("")
-    lines.append(f"work items: {work}; active workers: {len(report['workers'])}")
+    busy = sum(1 for w in report["workers"] if w["busy_items"])
+    live = len(report["workers"])
+    lines.append(f"work items: {work}; workers: {live} live ({busy} busy, {live - busy} idle)")
     return "\n".join(lines)

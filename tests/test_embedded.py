@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from sqlalchemy import func, select
 
 from stepq.models import Database, Rollout, queries
@@ -83,9 +85,11 @@ def test_a_failing_backend_marks_work_failed_after_max_attempts(sqlite: Database
         def close(self) -> None:
             pass
 
-    rt = WorkerRuntime(sqlite, WorkerOptions(max_attempts=2, name="t"), backend_override=Broken())
+    rt = WorkerRuntime(sqlite, WorkerOptions(max_attempts=2, name="t", retry_backoff_s=0.2), backend_override=Broken())
+    started = time.monotonic()
     outcomes = run_in_process(sqlite, rt)
     assert outcomes == {"retry": 2, "failed": 2}
+    assert time.monotonic() - started >= 0.2, "the retry waited out its backoff"
     with sqlite.session() as s:
         assert queries.work_counts(s) == {"failed": 2}
         assert queries.retry_failed(s) == 2

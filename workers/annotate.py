@@ -10,12 +10,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from stepq.models import Database, queries
-from stepq.models.errors import ConfigError, LeaseLost
+from stepq.models.errors import ConfigError, GenerationError, LeaseLost
 from stepq.models.problems import ProblemSet
 from stepq.models.rollouts import Rollout
 from stepq.workers.backends import (
@@ -28,6 +32,7 @@ from stepq.workers.backends import (
 )
 from stepq.workers.budget import parse_budget
 from stepq.workers.grading import Grader
+from stepq.workers.heartbeat import Heartbeat
 from stepq.workers.labels import parse_rule
 from stepq.workers.qvalues import TrajectoryLabeller
 from stepq.workers.seeds import derive_seed
@@ -43,8 +48,17 @@ class WorkerOptions:
     batch_rollouts: int = 128
     max_attempts: int = 5
     name: str | None = None
+    """The operator's label for the process; its unique name adds host, pid and a random part."""
     store_text: bool = True
     """Keep each rollout's text; off keeps only answer, reward and tokens (~2 KB less a row)."""
+    heartbeat_s: float = 10.0
+    """Seconds between heartbeats (at most a third of the lease, whatever is set)."""
+    retry_backoff_s: float = 5.0
+    """A transient failure's first wait before the item is tried again (doubling, capped)."""
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        return max(0.05, min(self.heartbeat_s, self.lease_ttl_s / 3))
 
 
 @dataclass
@@ -58,7 +72,41 @@ class WorkerRuntime:
     _backends: dict[str, GenerationBackend] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.name = self.options.name or f"{socket.gethostname()}:{os.getpid()}"
+        self.label = self.options.name or "worker"
+        # Unique per process: every host may run workers under the same --name, and a
+        # lease must never be mistaken for another process's.
+        self.name = f"{self.label}@{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self._held: set[int] = set()
+        self._held_lock = threading.Lock()
+        self._generator = self.backend_override.generator if self.backend_override else "per-set"
+        self.heartbeat = Heartbeat(
+            self.db,
+            self.name,
+            label=self.label,
+            interval_s=self.options.heartbeat_interval_s,
+            lease_ttl_s=self.options.lease_ttl_s,
+            busy=lambda: len(self._held),
+            backend=lambda: self._generator,
+        )
+
+    def start(self) -> WorkerRuntime:
+        """Start the heartbeat (live worker, renewed leases); ``close`` stops it."""
+        self.heartbeat.start()
+        return self
+
+    @property
+    def busy_items(self) -> int:
+        return len(self._held)
+
+    @contextmanager
+    def holding(self, work_ids: list[int]) -> Iterator[None]:
+        with self._held_lock:
+            self._held.update(work_ids)
+        try:
+            yield
+        finally:
+            with self._held_lock:
+                self._held.difference_update(work_ids)
 
     def backend_for(self, pset: ProblemSet) -> GenerationBackend:
         if self.backend_override is not None:
@@ -66,9 +114,11 @@ class WorkerRuntime:
         key = pset.backend + json.dumps(pset.backend_config, sort_keys=True)
         if key not in self._backends:
             self._backends[key] = make_backend(pset.backend, pset.backend_config)
+        self._generator = self._backends[key].generator
         return self._backends[key]
 
     def close(self) -> None:
+        self.heartbeat.stop()
         for backend in self._backends.values():
             backend.close()
         self._backends.clear()
@@ -106,6 +156,12 @@ class TrajectoryJob:
         self.params = SamplingParams.from_config(pset.sampling)
         self.backend = rt.backend_for(pset)
         self.generator = generator_id(self.backend, self.params)
+        if ctx.generator is not None and ctx.generator != self.generator:
+            # One trajectory's samples must be draws of one distribution.
+            raise GenerationError(
+                f"trajectory {traj.id} was sampled by {ctx.generator}, this worker generates with "
+                f"{self.generator}: run it on a worker with that backend and sampling"
+            )
         self.labeller = TrajectoryLabeller(
             traj,
             ctx.chunks,
@@ -153,6 +209,7 @@ class TrajectoryJob:
                         "text": comp.text if opts.store_text else "",
                         "final_answer": grade.answer,
                         "reward": grade.reward,
+                        "grade_method": grade.method,
                         "tokens": comp.tokens,
                         "generator": self.generator,
                         "worker": rt.name,
@@ -174,6 +231,8 @@ class TrajectoryJob:
                 backend=self.backend.generator,
                 rollouts=len(rows),
                 tokens=tokens,
+                busy_items=rt.busy_items,
+                label=rt.label,
             )
             if self.decision.done:  # the last batch commits together with "done"
                 queries.finish_work(s, self.work_id, rt.name)
@@ -181,9 +240,50 @@ class TrajectoryJob:
 
 
 def _fail(rt: WorkerRuntime, work_id: int, exc: Exception) -> str:
-    log.error("work item %s failed: %s: %s", work_id, type(exc).__name__, exc)
+    """Record a failed item: permanent errors fail it at once, others retry with backoff."""
+    permanent = isinstance(exc, ConfigError) or (isinstance(exc, GenerationError) and exc.permanent)
+    log.error(
+        "work item %s failed (%s): %s: %s", work_id, "permanent" if permanent else "will retry", type(exc).__name__, exc
+    )
     with rt.db.session() as s:
-        return queries.fail_or_retry(s, work_id, rt.name, f"{type(exc).__name__}: {exc}", rt.options.max_attempts)
+        return queries.fail_or_retry(
+            s,
+            work_id,
+            rt.name,
+            f"{type(exc).__name__}: {exc}",
+            rt.options.max_attempts,
+            permanent=permanent,
+            backoff_s=rt.options.retry_backoff_s,
+        )
+
+
+def _generate_isolated(
+    backend: GenerationBackend,
+    members: list[tuple[TrajectoryJob, list[GenerationRequest]]],
+    params: SamplingParams,
+) -> list[tuple[TrajectoryJob, list[GenerationRequest], list[list[Completion]] | Exception]]:
+    """One engine call for every member; when it fails, one call per member, so a request
+    that fails (a context over the model's limit) fails only its own work item."""
+    everything = [r for _, reqs in members for r in reqs]
+    try:
+        results = backend.generate(everything, params) if everything else []
+    except Exception as exc:
+        if len(members) == 1:
+            return [(members[0][0], members[0][1], exc)]
+        log.warning("a batch of %d work items failed (%s); retrying them one by one", len(members), exc)
+        out: list[tuple[TrajectoryJob, list[GenerationRequest], list[list[Completion]] | Exception]] = []
+        for job, reqs in members:
+            try:
+                out.append((job, reqs, backend.generate(reqs, params)))
+            except Exception as own:
+                out.append((job, reqs, own))
+        return out
+    split: list[tuple[TrajectoryJob, list[GenerationRequest], list[list[Completion]] | Exception]] = []
+    offset = 0
+    for job, reqs in members:
+        split.append((job, reqs, results[offset : offset + len(reqs)]))
+        offset += len(reqs)
+    return split
 
 
 def run_work_items(rt: WorkerRuntime, work_ids: list[int]) -> dict[int, WorkOutcome]:
@@ -192,8 +292,14 @@ def run_work_items(rt: WorkerRuntime, work_ids: list[int]) -> dict[int, WorkOutc
     Each step asks every trajectory's budget policy what to sample next and sends all of it
     to the engine in one ``generate`` call per backend (more sequences per call, and the
     engine's prefix cache sees every prefix together), then commits each trajectory's batch
-    in its own transaction, with "done" in the last one.
+    in its own transaction, with "done" in the last one.  A failure fails only the item it
+    belongs to.  While this runs, the runtime's heartbeat keeps the leases alive.
     """
+    with rt.holding(work_ids):
+        return _run(rt, work_ids)
+
+
+def _run(rt: WorkerRuntime, work_ids: list[int]) -> dict[int, WorkOutcome]:
     outcomes: dict[int, WorkOutcome] = {}
     jobs: list[TrajectoryJob] = []
     for work_id in work_ids:
@@ -216,19 +322,11 @@ def run_work_items(rt: WorkerRuntime, work_ids: list[int]) -> dict[int, WorkOutc
                 outcomes[job.work_id] = WorkOutcome(_fail(rt, job.work_id, exc))
         still: list[TrajectoryJob] = []
         for (_, params), members in groups.items():
-            everything = [r for _, reqs in members for r in reqs]
-            try:
-                results = members[0][0].backend.generate(everything, params) if everything else []
-            except Exception as exc:
-                for job, _ in members:
-                    outcomes[job.work_id] = WorkOutcome(_fail(rt, job.work_id, exc))
-                continue
-            offset = 0
-            for job, reqs in members:
-                mine = results[offset : offset + len(reqs)]
-                offset += len(reqs)
+            for job, reqs, result in _generate_isolated(members[0][0].backend, members, params):
                 try:
-                    if job.write(reqs, mine):
+                    if isinstance(result, Exception):
+                        raise result
+                    if job.write(reqs, result):
                         outcomes[job.work_id] = WorkOutcome("done")
                     else:
                         still.append(job)

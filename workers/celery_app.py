@@ -9,6 +9,10 @@ Choices, each for a reason:
   after a crash is not needed anyway: the dispatcher reschedules expired database leases.
 - messages go to the queue through the default exchange, so they still route after the
   broker lost its state (a flushed Redis forgets Celery's exchange bindings).
+- the per-process runtime (database pool, grader, engine, heartbeat) is built in the
+  process that runs tasks: for a prefork pool in each child after the fork, never in the
+  parent, so no engine, CUDA context or connection is forked.  It is closed (heartbeat
+  stopped, worker marked stopped) when that process shuts down.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from celery import Celery
+from celery import Celery, signals
 
 from stepq.workers.annotate import WorkerRuntime
 
@@ -31,8 +35,14 @@ class CeleryOptions:
     visibility_timeout_s: int = 12 * 3600
 
 
-def create_app(options: CeleryOptions, runtime_factory: Callable[[], WorkerRuntime] | None = None) -> Celery:
-    """Build the app; ``runtime_factory`` makes the per-process runtime on first use."""
+def create_app(
+    options: CeleryOptions,
+    runtime_factory: Callable[[], WorkerRuntime] | None = None,
+    *,
+    forking_pool: bool = False,
+) -> Celery:
+    """Build the app; ``runtime_factory`` makes the runtime of each process that runs tasks
+    (``forking_pool``: in each child after the fork, never in the parent)."""
     app = Celery("stepq", broker=options.broker_url, set_as_current=False)
     app.conf.update(
         task_serializer="json",
@@ -57,8 +67,29 @@ def create_app(options: CeleryOptions, runtime_factory: Callable[[], WorkerRunti
         if "rt" not in state:
             if runtime_factory is None:
                 raise RuntimeError("this app was built for publishing only")
-            state["rt"] = runtime_factory()
+            state["rt"] = runtime_factory().start()
         return state["rt"]
+
+    def start_runtime(**_: object) -> None:
+        runtime()
+
+    def start_child_runtime(**_: object) -> None:
+        state.clear()  # never use what a parent built before the fork
+        runtime()
+
+    def close_runtime(**_: object) -> None:
+        rt = state.pop("rt", None)
+        if rt is not None:
+            rt.close()
+
+    if runtime_factory is not None:
+        if forking_pool:
+            signals.worker_process_init.connect(start_child_runtime, weak=False)
+        else:  # solo / threads: this process runs the tasks; warm it before the first
+            signals.worker_ready.connect(start_runtime, weak=False)
+        signals.worker_process_shutdown.connect(close_runtime, weak=False)
+        signals.worker_shutdown.connect(close_runtime, weak=False)
+    app.stepq_runtime = runtime  # type: ignore[attr-defined]
 
     @app.task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True)
     def annotate_trajectory(self: object, work_ids: list[int] | int) -> str:

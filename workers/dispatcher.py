@@ -1,9 +1,17 @@
 """The dispatcher: turns what the database says is missing into broker messages.
 
-The broker only carries hints (a few work item ids per message).  Each cycle the dispatcher plans work for
-new trajectories or a raised budget, returns expired leases to pending, notices queued
-items whose message was lost, and publishes what is pending.  Only one dispatcher acts at
-a time (a lease in the ``locks`` table); a second one waits for it.
+The broker only carries hints (a few work item ids per message).  Each cycle the dispatcher
+plans work for new trajectories or a raised budget, returns expired leases to pending,
+notices queued items whose message was lost, and publishes what is pending.  Only one
+dispatcher acts at a time (a lease in the ``locks`` table); a second one waits for it.
+
+The broker stays bounded: the dispatcher keeps only as many items queued as the live
+workers (from their heartbeats) can take soon, a few messages each, and tops the queue up
+as it drains; a multi-day backlog waits in the database, not in Redis.  A queued item is
+published again only when its message cannot still be waiting: the broker says its queue
+is empty (a flushed Redis, a lost message) and the item was queued a grace period ago.
+When the broker cannot say how deep its queue is, an item queued ``requeue_after_s`` ago is
+presumed lost.
 """
 
 from __future__ import annotations
@@ -29,10 +37,18 @@ class DispatchOptions:
     lock_ttl_s: float = 30.0
     max_attempts: int = 5
     requeue_after_s: float = 900.0
-    """A queued item older than this is published again (its message may be lost)."""
+    """Only when the broker's queue depth is unknown: a queued item older than this is
+    presumed lost and published again."""
     lost_grace_s: float = 10.0
     """When the broker queue is empty, queued items older than this are surely lost."""
     batch: int = 500
+    items_per_message: int = 1
+    messages_per_worker: int | None = 2
+    """Messages kept queued per live worker; None publishes everything pending (embedded)."""
+    min_messages: int = 2
+    """Kept queued even with no live worker, so the first one to start finds work."""
+    worker_live_s: float = 30.0
+    """A worker whose heartbeat is older than this is not counted."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +58,7 @@ class CycleReport:
     failed: int = 0
     requeued: int = 0
     published: int = 0
+    bound: int | None = None
 
 
 class Dispatcher:
@@ -68,13 +85,17 @@ class Dispatcher:
             planned = queries.plan_work(s)
             expired, failed = queries.reschedule_expired(s, now, o.max_attempts)
         depth = self.queue_depth()
-        cutoff = now - (o.lost_grace_s if depth == 0 else o.requeue_after_s)
-        with self.db.session() as s:
-            requeued = queries.requeue_stale(s, cutoff)
+        requeued = 0
+        if depth is None or depth == 0:  # depth > 0: every queued message may still be waiting
+            cutoff = now - (o.lost_grace_s if depth == 0 else o.requeue_after_s)
+            with self.db.session() as s:
+                requeued = queries.requeue_stale(s, cutoff)
+        bound = self.bound()
         published = 0
         while True:
             with self.db.session() as s:
-                ids = queries.pending_work_ids(s, o.batch)
+                room = o.batch if bound is None else min(o.batch, bound - queries.queued_count(s))
+                ids = queries.pending_work_ids(s, room) if room > 0 else []
                 claimed = queries.mark_queued(s, ids, epoch())
             if not claimed:
                 break
@@ -85,12 +106,21 @@ class Dispatcher:
                     queries.unmark_queued(s, claimed)
                 raise BrokerError(f"cannot publish to the broker: {exc}") from exc
             published += len(claimed)
-            if len(ids) < o.batch:
+            if len(ids) < room:
                 break
-        report = CycleReport(planned, expired, failed, requeued, published)
+        report = CycleReport(planned, expired, failed, requeued, published, bound)
         if any((planned, expired, failed, requeued, published)):
             log.info("dispatch: %s", report)
         return report
+
+    def bound(self) -> int | None:
+        """How many items may be queued at once: a few messages per live worker."""
+        o = self.options
+        if o.messages_per_worker is None:
+            return None
+        with self.db.session() as s:
+            live = queries.live_worker_count(s, epoch() - o.worker_live_s)
+        return o.items_per_message * max(o.min_messages, o.messages_per_worker * live)
 
     def acquire(self) -> bool:
         with self.db.session() as s:

@@ -4,7 +4,12 @@ At fleet scale (thousands of rollouts a second) grading must cost almost nothing
 the reference is parsed once per problem (LRU cache), an answer whose ``\\boxed{}``
 content equals the reference after light normalisation is accepted without sympy, and
 every math-verify call runs under a timeout with a size cap, so one pathological answer
-cannot stall a worker.
+cannot stall a worker.  The timeout holds in every pool: on a main thread (solo and
+prefork pools) math-verify's own SIGALRM limit bounds it in-process; on any other thread
+(the threads pool) the check runs in a child process that is killed when it overruns.
+
+Each grade says how it was decided (``method``), and rollouts store it, so answers that
+timed out can be found and re-graded (``stepq regrade``).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
+
+from stepq.workers.verify_process import VerifyProcesses
 
 _SPACES = re.compile(r"\s+")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
@@ -60,7 +67,7 @@ _normalized_reference = lru_cache(maxsize=65536)(normalize)
 class Grade:
     reward: int
     answer: str | None
-    method: str  # exact | verify | no-answer | too-long | timeout | error
+    method: str  # exact | numeric | verify | no-answer | too-long | timeout | error
 
 
 class Grader:
@@ -72,10 +79,15 @@ class Grader:
         self.cache_size = cache_size
         self._gold: OrderedDict[str, tuple[str, Any]] = OrderedDict()
         self._lock = threading.Lock()
+        self._children = VerifyProcesses()
 
     def _timeout(self) -> int | None:
         # math-verify's timeout uses SIGALRM, which only the main thread may set.
-        return self.timeout_s if threading.current_thread() is threading.main_thread() else None
+        return self.timeout_s if _on_main_thread() else None
+
+    def close(self) -> None:
+        """Stop the verify child processes that threads started (if any)."""
+        self._children.close()
 
     def gold(self, reference: str) -> tuple[str, Any]:
         """(normalised text, parsed expression) of a reference, parsed once."""
@@ -115,6 +127,9 @@ class Grader:
         candidate = f"\\boxed{{{boxed}}}" if boxed is not None else completion[-self.max_answer_chars :]
         if len(candidate) > self.max_answer_chars:
             return Grade(0, boxed, "too-long")
+        if not _on_main_thread():
+            method, reward, parsed = self._children.get().check(reference, candidate, self.timeout_s)
+            return Grade(reward, boxed if boxed is not None else parsed, method)
         return self._verify(self.gold(reference)[1], candidate, boxed)
 
     def _verify(self, gold: Any, candidate: str, boxed: str | None) -> Grade:
@@ -126,10 +141,15 @@ class Grader:
             pred = parse(candidate, parsing_timeout=timeout, raise_on_error=False)
             if not pred or not gold:
                 return Grade(0, boxed, "no-answer")
-            ok = verify(gold, pred, timeout_seconds=timeout, raise_on_error=False)
+            # raise_on_error: a timeout must say so (recorded, re-gradable), not read as "wrong".
+            ok = verify(gold, pred, timeout_seconds=timeout, raise_on_error=True)
         except TimeoutException:
             return Grade(0, boxed, "timeout")
         except Exception:
             return Grade(0, boxed, "error")
         answer = boxed if boxed is not None else (str(pred[-1]) if pred else None)
         return Grade(int(bool(ok)), answer, "verify")
+
+
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()

@@ -6,10 +6,12 @@ same ``run_work_item`` a Celery worker runs drains it.  Used by ``stepq run`` an
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
-from stepq.models import Database
+from stepq.models import Database, epoch, queries
 from stepq.workers.annotate import WorkerRuntime, run_work_items
 from stepq.workers.dispatcher import Dispatcher, DispatchOptions
 
@@ -28,8 +30,10 @@ def run_in_process(
     def publish(ids: Sequence[int]) -> None:
         inbox.extend(ids)
 
+    # No broker to keep bounded: each cycle hands over everything pending.
+    unbounded = replace(options or DispatchOptions(), messages_per_worker=None)
     dispatcher = Dispatcher(
-        db, publish, options=options, queue_depth=lambda: len(inbox), name=f"embedded:{runtime.name}"
+        db, publish, options=unbounded, queue_depth=lambda: len(inbox), name=f"embedded:{runtime.name}"
     )
     outcomes: dict[str, int] = {}
     if not dispatcher.acquire():
@@ -40,7 +44,12 @@ def run_in_process(
         while True:  # each cycle publishes what is pending (retries included); none left: done
             dispatcher.cycle()
             if not inbox:
-                break
+                with db.session() as s:
+                    wake = queries.next_retry_at(s)
+                if wake is None:
+                    break
+                time.sleep(min(max(0.0, wake - epoch()), 60.0))  # a retry is backing off
+                continue
             while inbox:
                 ids = [inbox.popleft() for _ in range(min(items_per_task, len(inbox)))]
                 for work_id, outcome in run_work_items(runtime, ids).items():

@@ -97,19 +97,19 @@ def worker(
         tensor_parallel_size=tensor_parallel_size,
         gpu_memory_utilization=gpu_memory_utilization,
     )
-    # The engine is built once, here, and kept warm for every task this process runs.
-    override = make_backend(backend, config) if backend else None
 
     def runtime() -> WorkerRuntime:
+        # Built in the process that runs tasks (each prefork child after its fork), once:
+        # the engine stays warm for every task that process runs.
         database = Database(settings.database_url, pool_size=2, synchronous_commit=settings.synchronous_commit)
         return WorkerRuntime(
             database,
             settings.worker_options(name),
             Grader(timeout_s=settings.grade_timeout_s),
-            backend_override=override,
+            backend_override=make_backend(backend, config) if backend else None,
         )
 
-    app = create_app(settings.celery_options(), runtime)
+    app = create_app(settings.celery_options(), runtime, forking_pool=pool == "prefork")
     argv = [
         "worker",
         f"--pool={pool}",

@@ -2,8 +2,11 @@
 
 Rollouts continue raw text, so this uses the completions endpoint, never chat: the context
 is sent as the prompt exactly as stored.  Requests run with bounded concurrency; timeouts,
-429 and 5xx are retried with exponential backoff (honouring ``Retry-After``); anything
-else is an error at once.  Token usage comes from the server's ``usage``.
+429 and 5xx are retried with exponential backoff (honouring ``Retry-After``).  Any other
+HTTP status (a 400 for a context longer than the model's limit) is a permanent error of
+that request, and a refused connection (no server there) fails at once as a transient
+error: the work item is retried later by the queue, not held by a sleeping worker.
+Token usage comes from the server's ``usage``.
 """
 
 from __future__ import annotations
@@ -18,14 +21,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from stepq.models.errors import StepqError
+from stepq.models.errors import GenerationError
 from stepq.workers.backends.base import Completion, GenerationRequest, SamplingParams, split_calls
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
 
-class ServerError(StepqError):
-    """The completions server failed for good (after retries, or with a non-retryable status)."""
+class ServerError(GenerationError):
+    """The completions server failed (after retries, or with a non-retryable status)."""
 
 
 @dataclass(frozen=True)
@@ -142,9 +145,13 @@ class OpenAICompletionsBackend:
             except urllib.error.HTTPError as exc:
                 if exc.code not in RETRY_STATUS or attempt == self.max_retries:
                     detail = exc.read()[:300].decode(errors="replace")
-                    raise ServerError(f"{self.base_url}{path}: HTTP {exc.code}: {detail}") from None
+                    raise ServerError(
+                        f"{self.base_url}{path}: HTTP {exc.code}: {detail}", permanent=exc.code not in RETRY_STATUS
+                    ) from None
                 wait = _retry_after(exc.headers.get("Retry-After")) or self._backoff(attempt)
             except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+                if _refused(exc):
+                    raise ServerError(f"{self.base_url}{path}: connection refused (is the server up?)") from None
                 if attempt == self.max_retries:
                     raise ServerError(f"{self.base_url}{path}: {exc}") from None
                 wait = self._backoff(attempt)
@@ -157,6 +164,11 @@ class OpenAICompletionsBackend:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
+
+
+def _refused(exc: BaseException) -> bool:
+    reason = getattr(exc, "reason", exc)
+    return isinstance(reason, ConnectionRefusedError) or isinstance(exc, ConnectionRefusedError)
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -1,0 +1,85 @@
+"""A worker process's heartbeat: it keeps the process visible and its leases alive.
+
+Without it a lease would be renewed only when a batch commits, and one ``generate`` call
+longer than the lease (a slow server, a long batch) would lose the work it is doing.  The
+beat runs on its own thread, so it goes on while the main thread waits on an engine; it
+also tells the dispatcher (which sizes the broker queue by live workers) and operators
+(``stepq status``: live, busy and idle workers) that the process is there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+
+from stepq.models import Database, queries
+
+log = logging.getLogger("stepq.worker")
+
+
+class Heartbeat:
+    """Beats every ``interval_s`` until stopped; each beat renews the process's leases."""
+
+    def __init__(
+        self,
+        db: Database,
+        name: str,
+        *,
+        label: str,
+        interval_s: float,
+        lease_ttl_s: float,
+        busy: Callable[[], int],
+        backend: Callable[[], str],
+    ) -> None:
+        self.db, self.name, self.label = db, name, label
+        self.interval_s, self.lease_ttl_s = interval_s, lease_ttl_s
+        self.busy, self.backend = busy, backend
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.beats = 0
+
+    def beat(self) -> int:
+        """One beat; returns how many leases it renewed."""
+        with self.db.session() as s:
+            renewed = queries.renew_owner_leases(s, self.name, self.lease_ttl_s)
+            queries.heartbeat(
+                s,
+                self.name,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                backend=self.backend(),
+                busy_items=self.busy(),
+                label=self.label,
+            )
+        self.beats += 1
+        return renewed
+
+    def start(self) -> Heartbeat:
+        if self._thread is None:
+            self.beat()  # visible at once, before the first task
+            self._thread = threading.Thread(target=self._run, name="stepq-heartbeat", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.beat()
+            except Exception as exc:  # a database blip must not kill the beat
+                log.warning("heartbeat failed: %s: %s", type(exc).__name__, exc)
+
+    def stop(self) -> None:
+        """Stop beating and mark the worker stopped (it stops counting as live at once)."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join(timeout=self.interval_s + 5)
+        self._thread = None
+        try:
+            with self.db.session() as s:
+                queries.worker_stopped(s, self.name)
+        except Exception as exc:
+            log.warning("could not mark worker %s stopped: %s", self.name, exc)
