@@ -219,13 +219,19 @@ def plan_work(session: Session, set_id: int | None = None) -> int:
             .values(target_m=m, rerun=True)
             .execution_options(synchronize_session=False)
         )
+        queued = session.execute(  # its message is waiting; the task reads the new M
+            update(RolloutWork)
+            .where(smaller, RolloutWork.state == QUEUED)
+            .values(target_m=m)
+            .execution_options(synchronize_session=False)
+        )
         reopened = session.execute(
             update(RolloutWork)
-            .where(smaller)
+            .where(smaller, RolloutWork.state.in_([PENDING, DONE, FAILED]))
             .values(target_m=m, state=PENDING, lease_owner=None, lease_expires_at=None, attempts=0, retry_at=None)
             .execution_options(synchronize_session=False)
         )
-        changed += int(running.rowcount or 0) + int(reopened.rowcount or 0)  # type: ignore[attr-defined]
+        changed += sum(int(r.rowcount or 0) for r in (running, queued, reopened))  # type: ignore[attr-defined]
     return changed
 
 

@@ -224,6 +224,50 @@ def test_two_dispatchers_do_not_double_schedule(cluster: Cluster, pg: Database, 
     assert sorted(_message_ids(redis_client, cluster)) == queued, "every queued item is in exactly one message"
 
 
+def test_the_broker_stays_bounded_under_a_long_backlog(
+    cluster: Cluster, pg: Database, redis_client: redis.Redis
+) -> None:
+    """A backlog of 1500 items, a slow worker, a requeue interval far shorter than an item
+    waits, a dispatcher cycling every 0.1 s: the Redis queue never holds more than its
+    bound, no item is published twice, and the run still completes exactly."""
+    cluster.env.update(
+        {
+            "STEPQ_REQUEUE_AFTER_S": "0.3",
+            "STEPQ_DISPATCH_INTERVAL_S": "0.1",
+            "STEPQ_ITEMS_PER_TASK": "2",
+            "STEPQ_MESSAGES_PER_WORKER": "3",
+        }
+    )
+    _prepare(cluster, "backlog", problems=1500, m=1, latency=0.002)
+    queue = cluster.env["STEPQ_QUEUE"]
+    cluster.start_worker("slow")
+    _dispatcher(cluster)
+    depths: list[int] = []
+    deadline = time.monotonic() + 12
+    while time.monotonic() < deadline:
+        depths.append(int(redis_client.llen(queue)))
+        time.sleep(0.02)
+    with pg.engine.connect() as conn:
+        queued = conn.execute(text("SELECT count(*) FROM rollout_work WHERE state = 'queued'")).scalar_one()
+        pending = conn.execute(text("SELECT count(*) FROM rollout_work WHERE state = 'pending'")).scalar_one()
+    assert max(depths) > 0, "work was flowing"
+    assert max(depths) <= 3, f"one live worker: at most 3 messages queued, saw {max(depths)}"
+    assert queued <= 6 and pending > 500, "the backlog waits in the database, not in Redis"
+    cluster.start_worker("fast1")
+    cluster.start_worker("fast2")
+    more: list[int] = []
+    while not _all_done(pg):
+        more.append(int(redis_client.llen(queue)))
+        assert len(more) < 20000, "the run did not finish"
+        time.sleep(0.02)
+    assert max(more) <= 9, f"three live workers: at most 9 messages queued, saw {max(more)}"
+    assert_exact(pg, "backlog", 1)
+    with pg.engine.connect() as conn:
+        published = conn.execute(text("SELECT max(enqueue_count), sum(enqueue_count) FROM rollout_work")).one()
+        n_items = conn.execute(text("SELECT count(*) FROM rollout_work")).scalar_one()
+    assert published == (1, n_items), "every item was published exactly once"
+
+
 def _message_ids(redis_client: redis.Redis, cluster: Cluster) -> list[int]:
     import base64
     import json

@@ -94,7 +94,7 @@ class Dispatcher:
         published = 0
         while True:
             with self.db.session() as s:
-                room = o.batch if bound is None else min(o.batch, bound - queries.queued_count(s))
+                room = o.batch if bound is None else self.room(bound - queries.queued_count(s))
                 ids = queries.pending_work_ids(s, room) if room > 0 else []
                 claimed = queries.mark_queued(s, ids, epoch())
             if not claimed:
@@ -112,6 +112,12 @@ class Dispatcher:
         if any((planned, expired, failed, requeued, published)):
             log.info("dispatch: %s", report)
         return report
+
+    def room(self, free: int) -> int:
+        """Items to publish into ``free`` queued slots: whole messages only, so the queue
+        holds at most bound / items_per_message messages while a backlog lasts."""
+        per = self.options.items_per_message
+        return min(self.options.batch // per * per or per, free // per * per)
 
     def bound(self) -> int | None:
         """How many items may be queued at once: a few messages per live worker."""

@@ -1,0 +1,194 @@
+"""Leases, failures and changes while work runs: the defects a multi-day run would hit.
+
+Each test here failed before its fix: a lease lost during one long ``generate`` call, one
+failing request failing its neighbours, ``fail_or_retry`` failing an item another worker
+owns, a settings change that never reached running items, and one trajectory's rollouts
+drawn by two generators.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+from sqlalchemy import select
+
+from stepq.models import ChunkLabel, Database, Rollout, RolloutWork, queries
+from stepq.models.errors import GenerationError
+from stepq.workers.annotate import WorkerOptions, WorkerRuntime, run_work_item, run_work_items
+from stepq.workers.backends import Completion, GenerationRequest, SamplingParams
+from stepq.workers.backends.synthetic import SyntheticBackend
+from stepq.workers.planning import configure_annotation
+from stepq.workers.synthetic_set import synth_set
+from tests.pipeline_checks import assert_exact
+
+
+def _setup(db: Database, problems: int = 3, m: int = 2, rule: str | None = None) -> list[int]:
+    synth_set(db, "f", problems=problems, seed=4)
+    configure_annotation(db, "f", m, rule=rule)
+    with db.session() as s:
+        return queries.pending_work_ids(s, 100)
+
+
+class Slow(SyntheticBackend):
+    """The synthetic policy behind a slow engine: every call takes ``delay_s``."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
+        time.sleep(self.delay_s)
+        return super().generate(requests, params)
+
+
+class FailsOn(SyntheticBackend):
+    """Fails any call that includes a context holding ``needle`` (a request over the
+    model's context limit, say), like an engine or server rejecting the whole batch."""
+
+    def __init__(self, needle: str, *, permanent: bool) -> None:
+        super().__init__()
+        self.needle, self.permanent, self.calls = needle, permanent, 0
+
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
+        self.calls += 1
+        if any(self.needle in r.context for r in requests):
+            raise GenerationError("HTTP 400: context longer than the model's limit", permanent=self.permanent)
+        return super().generate(requests, params)
+
+
+def _question(db: Database, work_id: int) -> str:
+    with db.session() as s:
+        return queries.load_work_context(s, _item(db, work_id).trajectory_id).problem.question
+
+
+def _item(db: Database, work_id: int) -> RolloutWork:
+    with db.session() as s:
+        item = s.get(RolloutWork, work_id)
+        assert item is not None
+        s.expunge(item)
+        return item
+
+
+def test_heartbeat_keeps_the_lease_through_a_generate_call_longer_than_it(pg: Database) -> None:
+    (work_id,) = _setup(pg, problems=1)
+    options = WorkerOptions(name="slow", lease_ttl_s=1.0, batch_rollouts=1000)
+    rt = WorkerRuntime(pg, options, backend_override=Slow(delay_s=2.5)).start()
+    stolen: list[int | None] = []
+
+    def thief() -> None:  # what a second worker does once a lease looks expired
+        time.sleep(1.8)
+        with pg.session() as s:
+            stolen.append(queries.claim_work(s, work_id, "thief", ttl=60))
+
+    t = threading.Thread(target=thief)
+    t.start()
+    try:
+        assert run_work_item(rt, work_id).status == "done"
+    finally:
+        t.join()
+        rt.close()
+    assert stolen == [None], "the heartbeat renewed the lease while generate ran"
+    assert _item(pg, work_id).attempts == 1
+    assert_exact(pg, "f", 2)
+
+
+def test_without_a_heartbeat_that_lease_is_lost(pg: Database) -> None:
+    """The same run with no heartbeat: the lease runs out during generate (the old defect)."""
+    (work_id,) = _setup(pg, problems=1)
+    rt = WorkerRuntime(pg, WorkerOptions(name="slow", lease_ttl_s=1.0, batch_rollouts=1000), backend_override=Slow(2.5))
+    result: list[str] = []
+    t = threading.Thread(target=lambda: result.append(run_work_item(rt, work_id).status))
+    t.start()
+    time.sleep(1.8)
+    with pg.session() as s:
+        assert queries.claim_work(s, work_id, "thief", ttl=60) is not None
+    t.join()
+    assert result == ["lost"]
+
+
+def test_lease_owners_are_unique_per_process_even_with_one_name(pg: Database) -> None:
+    a = WorkerRuntime(pg, WorkerOptions(name="gpu"))
+    b = WorkerRuntime(pg, WorkerOptions(name="gpu"))
+    assert a.name != b.name and a.name.startswith("gpu@") and a.label == b.label == "gpu"
+
+
+def test_a_permanent_failure_fails_only_its_own_item_at_once(pg: Database) -> None:
+    ids = _setup(pg, problems=3)
+    backend = FailsOn(_question(pg, ids[1]), permanent=True)
+    rt = WorkerRuntime(pg, WorkerOptions(name="w", max_attempts=5), backend_override=backend)
+    outcomes = run_work_items(rt, ids)
+    assert {i: o.status for i, o in outcomes.items()} == {ids[0]: "done", ids[1]: "failed", ids[2]: "done"}
+    bad = _item(pg, ids[1])
+    assert bad.state == "failed" and bad.retry_at is None
+    assert bad.last_error is not None and bad.last_error.startswith("permanent:") and "context longer" in bad.last_error
+    assert bad.attempts == 1, "failed on its first try, never retried"
+
+
+def test_a_transient_failure_retries_only_its_item_after_a_backoff(pg: Database) -> None:
+    ids = _setup(pg, problems=3)
+    backend = FailsOn(_question(pg, ids[0]), permanent=False)
+    rt = WorkerRuntime(pg, WorkerOptions(name="w", retry_backoff_s=30), backend_override=backend)
+    before = time.time()
+    outcomes = run_work_items(rt, ids)
+    assert {i: o.status for i, o in outcomes.items()} == {ids[0]: "retry", ids[1]: "done", ids[2]: "done"}
+    item = _item(pg, ids[0])
+    assert item.state == "pending" and item.retry_at is not None and item.retry_at >= before + 30
+    with pg.session() as s:
+        assert queries.pending_work_ids(s, 10) == [], "backing off: not published yet"
+        assert queries.pending_work_ids(s, 10, now=item.retry_at + 1) == [ids[0]]
+
+
+def test_fail_or_retry_leaves_an_item_another_worker_now_owns(any_db: Database) -> None:
+    (work_id, *_) = _setup(any_db, problems=1)
+    with any_db.session() as s:
+        assert queries.claim_work(s, work_id, "a", ttl=-1) is not None  # a's lease is already over
+        assert queries.claim_work(s, work_id, "b", ttl=60) is not None
+    with any_db.session() as s:
+        assert queries.fail_or_retry(s, work_id, "a", "boom", max_attempts=1) == "lost"
+    item = _item(any_db, work_id)
+    assert (item.state, item.lease_owner, item.last_error) == ("running", "b", None)
+
+
+def test_a_rule_change_while_an_item_runs_reaches_it(any_db: Database) -> None:
+    (work_id,) = _setup(any_db, problems=1, rule="abs-q")
+    with any_db.session() as s:
+        assert queries.claim_work(s, work_id, "old", ttl=60) is not None
+    configure_annotation(any_db, "f", 2, rule="rel-ratio")  # while "old" runs under abs-q
+    with any_db.session() as s:
+        assert queries.finish_work(s, work_id, "old")
+    assert _item(any_db, work_id).state == "pending", "it ran under the old rule: it runs again"
+    assert run_work_item(WorkerRuntime(any_db, WorkerOptions(name="new")), work_id).status == "done"
+    with any_db.session() as s:
+        pset = queries.get_set(s, "f")
+        rules = {r for (r,) in s.execute(select(ChunkLabel.rule))}
+    assert pset.label_rule in rules
+
+
+def test_raising_m_while_an_item_runs_keeps_its_lease_and_reruns_it(any_db: Database) -> None:
+    (work_id,) = _setup(any_db, problems=1, m=2)
+    with any_db.session() as s:
+        assert queries.claim_work(s, work_id, "w", ttl=60) is not None
+    configure_annotation(any_db, "f", 4)
+    item = _item(any_db, work_id)
+    assert (item.state, item.lease_owner, item.target_m, item.rerun) == ("running", "w", 4, True)
+
+
+def test_a_worker_with_another_generator_refuses_the_trajectory(any_db: Database) -> None:
+    (work_id,) = _setup(any_db, problems=1, m=2)
+    assert run_work_item(WorkerRuntime(any_db, WorkerOptions(name="a")), work_id).status == "done"
+    configure_annotation(any_db, "f", 4)
+
+    class Other(SyntheticBackend):
+        @property
+        def generator(self) -> str:
+            return "another-model"
+
+    rt = WorkerRuntime(any_db, WorkerOptions(name="b"), backend_override=Other())
+    assert run_work_item(rt, work_id).status == "retry"
+    item = _item(any_db, work_id)
+    assert item.last_error is not None and "was sampled by synthetic" in item.last_error
+    with any_db.session() as s:
+        generators = {g for (g,) in s.execute(select(Rollout.generator))}
+    assert len(generators) == 1, "nothing was mixed in"
