@@ -231,7 +231,7 @@ def plan_work(session: Session, set_id: int | None = None) -> int:
             .values(target_m=m, state=PENDING, lease_owner=None, lease_expires_at=None, attempts=0, retry_at=None)
             .execution_options(synchronize_session=False)
         )
-        changed += sum(int(r.rowcount or 0) for r in (running, queued, reopened))  # type: ignore[attr-defined]
+        changed += sum(int(r.rowcount or 0) for r in (running, queued, reopened))  # type: ignore[attr-defined,misc]
     return changed
 
 

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
+from collections.abc import Iterator
 
 import pytest
 
 from stepq.workers.grading import Grader, extract_boxed, normalize
+from stepq.workers.verify_process import GoldCache
+
+
+@pytest.fixture(scope="module")
+def grader() -> Iterator[Grader]:
+    g = Grader()
+    yield g
+    g.close()
 
 
 @pytest.mark.parametrize(
@@ -47,33 +58,78 @@ def test_normalize() -> None:
         ("\\boxed{" + "1+" * 3000 + "1}", "1", 0, "too-long"),
     ],
 )
-def test_grade(completion: str, reference: str, reward: int, method: str) -> None:
-    grade = Grader().grade(completion, reference)
+def test_grade(grader: Grader, completion: str, reference: str, reward: int, method: str) -> None:
+    grade = grader.grade(completion, reference)
     assert (grade.reward, grade.method) == (reward, method)
 
 
 def test_reference_is_parsed_once() -> None:
-    g = Grader()
-    first = g.gold("\\frac{1}{2}")
-    assert g.gold("\\frac{1}{2}") is first
+    cache = GoldCache(size=3)
+    first = cache.get("\\frac{1}{2}", 3)
+    assert cache.get("\\frac{1}{2}", 3) is first and cache.parses == 1
 
 
 def test_gold_cache_is_bounded() -> None:
-    g = Grader(cache_size=3)
-    for i in range(10):
-        g.gold(str(i))
-    assert len(g._gold) == 3
+    cache = GoldCache(size=3)
+    for i in [*range(10), 9]:
+        cache.get(str(i), 3)
+    assert len(cache._items) == 3 and cache.parses == 10
 
 
-def test_grading_works_off_the_main_thread() -> None:
-    results = []
-    t = threading.Thread(target=lambda: results.append(Grader().grade("\\boxed{0.5}", "\\frac12")))
+PATHOLOGICAL = "\\boxed{9^{9^{9^{9}}}}"  # sympy would compute it for ever
+
+
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_a_pathological_answer_times_out_on_any_thread(where: str) -> None:
+    grader = Grader(timeout_s=1)
+    results: list[tuple[float, str, int]] = []
+
+    def grade_twice() -> None:
+        for completion in (PATHOLOGICAL, "\\boxed{0.5}"):
+            started = time.monotonic()
+            g = grader.grade(completion, "\\frac12" if "0.5" in completion else "1")
+            results.append((time.monotonic() - started, g.method, g.reward))
+
+    try:
+        if where == "main":
+            grade_twice()
+        else:
+            t = threading.Thread(target=grade_twice)
+            t.start()
+            t.join(timeout=60)
+            assert not t.is_alive(), "grading on a thread had no limit"
+    finally:
+        grader.close()
+    (slow, method, reward), (_, after_method, after_reward) = results
+    assert (method, reward) == ("timeout", 0) and slow < 1 + 2 + 1, "bounded by the timeout (plus the kill backstop)"
+    assert (after_method, after_reward) == ("verify", 1), "the next answer is graded normally"
+
+
+def test_the_heartbeat_thread_runs_while_a_pathological_answer_is_graded() -> None:
+    """sympy's big-integer work holds the GIL: in-process it would starve other threads."""
+    grader = Grader(timeout_s=2)
+    ticks: list[float] = []
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(0.05):
+            ticks.append(time.monotonic())
+
+    t = threading.Thread(target=tick)
     t.start()
-    t.join()
-    assert results[0].reward == 1
+    try:
+        grader.grade("\\boxed{1}", "\\frac{2}{2}")  # start the child first
+        ticks.clear()
+        assert grader.grade(PATHOLOGICAL, "1").method == "timeout"
+    finally:
+        stop.set()
+        t.join()
+        grader.close()
+    gaps = [b - a for a, b in itertools.pairwise(ticks)]
+    assert len(ticks) >= 10 and max(gaps) < 0.5, f"longest pause of the other thread: {max(gaps):.2f}s"
 
 
-def test_garbage_never_raises() -> None:
-    g = Grader()
+def test_garbage_is_graded_wrong_with_a_reason(grader: Grader) -> None:
     for junk in ["\\boxed{\\frac{}{}}", "\\boxed{}", "\\boxed{\\sqrt[}", "\\boxed{x^^^^2}", "\x00\\boxed{1/0}"]:
-        assert g.grade(junk, "1").reward in (0, 1)
+        grade = grader.grade(junk, "1")
+        assert grade.reward == 0 and grade.method in {"no-answer", "error", "verify"}, (junk, grade)

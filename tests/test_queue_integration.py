@@ -268,6 +268,36 @@ def test_the_broker_stays_bounded_under_a_long_backlog(
     assert published == (1, n_items), "every item was published exactly once"
 
 
+PATHOLOGICAL = "so the answer is \\boxed{9^{9^{9^{9}}}}"  # sympy would compute it for ever
+
+
+@pytest.mark.parametrize("pool", ["solo", "threads", "prefork"])
+def test_grading_timeout_holds_in_every_pool(cluster: Cluster, pg: Database, pool: str) -> None:
+    """A server answers every third sample with an answer math-verify cannot finish: in each
+    pool the worker records a timeout and goes on.  (Before the fix, the threads pool had no
+    limit and hung.)  The engine is built in the process that runs tasks: a prefork child."""
+    server = SyntheticCompletionsServer(override=lambda _prompt, seed: PATHOLOGICAL if seed % 3 == 0 else None).start()
+    cluster.env["STEPQ_GRADE_TIMEOUT_S"] = "1"
+    try:
+        _prepare(cluster, "patho", problems=2, m=2)
+        proc = cluster.start_worker(
+            "g", "--pool", pool, "--backend", "openai", "--base-url", server.url, "--model", "synthetic"
+        )
+        _dispatcher(cluster)
+        wait_for(lambda: _all_done(pg), 120, f"all work done with the {pool} pool")
+    finally:
+        server.stop()
+    assert_exact(pg, "patho", 2)
+    with pg.engine.connect() as conn:
+        methods = dict(conn.execute(text("SELECT grade_method, count(*) FROM rollouts GROUP BY 1")).all())
+        pids = {int(w.split(":")[1]) for (w,) in conn.execute(text("SELECT DISTINCT worker FROM rollouts"))}
+    assert methods.get("timeout", 0) >= 3 and None not in methods, methods
+    if pool == "prefork":
+        assert proc.pid not in pids, "the child that ran the task built its own engine"
+    else:
+        assert pids == {proc.pid}
+
+
 def _message_ids(redis_client: redis.Redis, cluster: Cluster) -> list[int]:
     import base64
     import json

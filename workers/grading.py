@@ -1,12 +1,12 @@
 """Grade final answers against a reference with math-verify, fast and bounded.
 
 At fleet scale (thousands of rollouts a second) grading must cost almost nothing, so:
-the reference is parsed once per problem (LRU cache), an answer whose ``\\boxed{}``
+the reference is parsed once per problem (an LRU cache in the verify process), an answer whose ``\\boxed{}``
 content equals the reference after light normalisation is accepted without sympy, and
 every math-verify call runs under a timeout with a size cap, so one pathological answer
-cannot stall a worker.  The timeout holds in every pool: on a main thread (solo and
-prefork pools) math-verify's own SIGALRM limit bounds it in-process; on any other thread
-(the threads pool) the check runs in a child process that is killed when it overruns.
+cannot stall a worker.  math-verify runs in a child process (``verify_process``), so the
+limit holds in every pool (its SIGALRM timeout works only on a main thread) and a stuck
+check is killed, not waited for.
 
 Each grade says how it was decided (``method``), and rollouts store it, so answers that
 timed out can be found and re-graded (``stepq regrade``).
@@ -15,11 +15,8 @@ timed out can be found and re-graded (``stepq regrade``).
 from __future__ import annotations
 
 import re
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
 from stepq.workers.verify_process import VerifyProcesses
 
@@ -71,42 +68,22 @@ class Grade:
 
 
 class Grader:
-    """Grades completions; one per worker process, reused across tasks."""
+    """Grades completions; one per worker process, reused across tasks.
 
-    def __init__(self, *, timeout_s: int = 3, max_answer_chars: int = 2000, cache_size: int = 50000) -> None:
+    The fast paths (exact and numeric) run in-process; everything that needs math-verify
+    runs in a verify child process per thread, which is killed when it overruns.  So the
+    limit holds in every pool, and the worker's own threads (its heartbeat) keep running
+    while sympy works: a computation in C holds the GIL and would otherwise starve them.
+    """
+
+    def __init__(self, *, timeout_s: int = 3, max_answer_chars: int = 2000) -> None:
         self.timeout_s = timeout_s
         self.max_answer_chars = max_answer_chars
-        self.cache_size = cache_size
-        self._gold: OrderedDict[str, tuple[str, Any]] = OrderedDict()
-        self._lock = threading.Lock()
         self._children = VerifyProcesses()
 
-    def _timeout(self) -> int | None:
-        # math-verify's timeout uses SIGALRM, which only the main thread may set.
-        return self.timeout_s if _on_main_thread() else None
-
     def close(self) -> None:
-        """Stop the verify child processes that threads started (if any)."""
+        """Stop the verify child processes (started on first use)."""
         self._children.close()
-
-    def gold(self, reference: str) -> tuple[str, Any]:
-        """(normalised text, parsed expression) of a reference, parsed once."""
-        with self._lock:
-            hit = self._gold.get(reference)
-            if hit is not None:
-                self._gold.move_to_end(reference)
-                return hit
-        from math_verify import parse
-
-        parsed = parse(f"${reference}$", parsing_timeout=self._timeout()) or parse(
-            reference, parsing_timeout=self._timeout()
-        )
-        value = (normalize(reference), parsed)
-        with self._lock:
-            self._gold[reference] = value
-            if len(self._gold) > self.cache_size:
-                self._gold.popitem(last=False)
-        return value
 
     def grade(self, completion: str, reference: str) -> Grade:
         boxed = extract_boxed(completion)
@@ -127,29 +104,5 @@ class Grader:
         candidate = f"\\boxed{{{boxed}}}" if boxed is not None else completion[-self.max_answer_chars :]
         if len(candidate) > self.max_answer_chars:
             return Grade(0, boxed, "too-long")
-        if not _on_main_thread():
-            method, reward, parsed = self._children.get().check(reference, candidate, self.timeout_s)
-            return Grade(reward, boxed if boxed is not None else parsed, method)
-        return self._verify(self.gold(reference)[1], candidate, boxed)
-
-    def _verify(self, gold: Any, candidate: str, boxed: str | None) -> Grade:
-        from math_verify import parse, verify
-        from math_verify.errors import TimeoutException
-
-        timeout = self._timeout()
-        try:
-            pred = parse(candidate, parsing_timeout=timeout, raise_on_error=False)
-            if not pred or not gold:
-                return Grade(0, boxed, "no-answer")
-            # raise_on_error: a timeout must say so (recorded, re-gradable), not read as "wrong".
-            ok = verify(gold, pred, timeout_seconds=timeout, raise_on_error=True)
-        except TimeoutException:
-            return Grade(0, boxed, "timeout")
-        except Exception:
-            return Grade(0, boxed, "error")
-        answer = boxed if boxed is not None else (str(pred[-1]) if pred else None)
-        return Grade(int(bool(ok)), answer, "verify")
-
-
-def _on_main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
+        method, reward, parsed = self._children.get().check(reference, candidate, self.timeout_s)
+        return Grade(reward, boxed if boxed is not None else parsed, method)

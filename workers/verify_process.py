@@ -1,75 +1,121 @@
-"""math-verify in a child process, for threads that cannot bound it themselves.
+"""math-verify in a child process: a limit that holds on any thread, and a free GIL.
 
 math-verify's own timeout is SIGALRM, which only a process's main thread can use: a
-worker with ``--pool threads`` (or any library that grades on a thread) would have no limit,
-and one pathological answer (``9^{9^{9^9}}``) would hold a worker slot forever.  Here the
-check runs in a child process (started by spawn, so it never inherits an engine or a CUDA
-context) that is killed and replaced when it overruns.  Each thread gets its own child, so
-threads grade in parallel.
+worker with ``--pool threads`` would have no limit, and one pathological answer
+(``9^{9^{9^9}}``) would hold a worker slot for ever.  Even on a main thread, sympy's big
+integer arithmetic holds the GIL, starving the worker's heartbeat until its leases expire.
+Here the check runs in a child process (a fresh interpreter, so it never inherits an engine
+or a CUDA context) that is killed and replaced when it overruns.  Each thread gets its own
+child, so threads grade in parallel.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import multiprocessing as mp
+import select
+import subprocess
+import sys
 import threading
-from multiprocessing.connection import Connection
-from typing import Any
+from collections import OrderedDict
+from typing import IO, Any
 
 log = logging.getLogger("stepq.grading")
 
 
-def _serve(conn: Connection) -> None:  # pragma: no cover - runs in the child process
+class GoldCache:
+    """Parsed references, most recent kept: every rollout of a problem is graded against
+    the same reference, so each is parsed once."""
+
+    def __init__(self, size: int = 50000) -> None:
+        self.size = size
+        self._items: OrderedDict[str, Any] = OrderedDict()
+        self.parses = 0
+
+    def get(self, reference: str, timeout: int) -> Any:
+        hit = self._items.get(reference)
+        if hit is not None:
+            self._items.move_to_end(reference)
+            return hit
+        from math_verify import parse
+
+        self.parses += 1
+        parsed = parse(f"${reference}$", parsing_timeout=timeout) or parse(reference, parsing_timeout=timeout)
+        self._items[reference] = parsed
+        if len(self._items) > self.size:
+            self._items.popitem(last=False)
+        return parsed
+
+
+def check(gold_cache: GoldCache, reference: str, candidate: str, timeout: int) -> tuple[str, int, str | None]:
+    """(method, reward, parsed answer) for one candidate; runs in the verify process."""
     from math_verify import parse, verify
     from math_verify.errors import TimeoutException
 
-    while True:
-        try:
-            reference, candidate, timeout = conn.recv()
-        except EOFError:
-            return
-        try:
-            gold = parse(f"${reference}$", parsing_timeout=timeout) or parse(reference, parsing_timeout=timeout)
-            pred = parse(candidate, parsing_timeout=timeout, raise_on_error=False)
-            if not pred or not gold:
-                conn.send(("no-answer", 0, None))
-                continue
-            ok = verify(gold, pred, timeout_seconds=timeout, raise_on_error=True)
-            conn.send(("verify", int(bool(ok)), str(pred[-1])))
-        except TimeoutException:  # not an Exception subclass
-            conn.send(("timeout", 0, None))
-        except Exception:
-            conn.send(("error", 0, None))
+    try:
+        gold = gold_cache.get(reference, timeout)
+        pred = parse(candidate, parsing_timeout=timeout, raise_on_error=False)
+        if not pred or not gold:
+            return ("no-answer", 0, None)
+        # raise_on_error: a timeout must say so (recorded, re-gradable), not read as "wrong".
+        ok = verify(gold, pred, timeout_seconds=timeout, raise_on_error=True)
+        return ("verify", int(bool(ok)), str(pred[-1]))
+    except TimeoutException:  # not an Exception subclass
+        return ("timeout", 0, None)
+    except Exception:
+        return ("error", 0, None)
+
+
+def serve(requests: IO[bytes], replies: IO[bytes]) -> None:  # pragma: no cover - the child's loop
+    """Answer one JSON line per request line until the parent closes the pipe."""
+    cache = GoldCache()
+    for line in requests:
+        reference, candidate, timeout = json.loads(line)
+        replies.write(json.dumps(check(cache, reference, candidate, int(timeout))).encode() + b"\n")
+        replies.flush()
 
 
 class VerifyProcess:
-    """One child process answering verify requests, restarted after a timeout."""
+    """One child process answering verify requests, restarted after a timeout.
+
+    A plain subprocess (``python -m stepq.workers.verify_process``), not multiprocessing:
+    Celery's prefork children are daemonic and may not start multiprocessing children.
+    """
 
     def __init__(self) -> None:
-        self._proc: Any = None
-        self._conn: Connection | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
+        self.started = False
+        """Whether the running child has answered once (its imports are done)."""
 
-    def _start(self) -> Connection:
-        ctx = mp.get_context("spawn")
-        parent, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(child,), daemon=True, name="stepq-verify")
-        self._proc.start()
-        child.close()
-        self._conn = parent
-        return parent
+    def _start(self) -> subprocess.Popen[bytes]:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "stepq.workers.verify_process"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        return self._proc
 
     def check(self, reference: str, candidate: str, timeout_s: float) -> tuple[str, int, str | None]:
         """(method, reward, parsed answer); method is "timeout" when the child overran."""
-        conn = self._conn or self._start()
-        conn.send((reference, candidate, max(1, int(timeout_s))))
-        # The child's own SIGALRM limit usually answers first; the kill is the backstop.
-        if conn.poll(timeout_s + 2.0):
-            try:
-                return conn.recv()  # type: ignore[no-any-return]
-            except EOFError:
-                pass
-        log.warning("grading overran %.1fs; restarting the verify process", timeout_s)
+        proc = self._proc if self._proc is not None and self._proc.poll() is None else self._start()
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(json.dumps([reference, candidate, max(1, int(timeout_s))]).encode() + b"\n")
+            proc.stdin.flush()
+            # The child's own SIGALRM limit usually answers first; the kill is the backstop
+            # (the first call also waits for the child's imports).
+            ready, _, _ = select.select([proc.stdout], [], [], timeout_s + (2.0 if self.started else 30.0))
+            if ready:
+                line = proc.stdout.readline()
+                if line:
+                    self.started = True
+                    method, reward, parsed = json.loads(line)
+                    return str(method), int(reward), parsed
+        except (BrokenPipeError, ValueError):
+            pass
+        log.warning("grading overran %.1fs (or its process died); restarting the verify process", timeout_s)
         self.close()
         self.restarts += 1
         return ("timeout", 0, None)
@@ -77,10 +123,11 @@ class VerifyProcess:
     def close(self) -> None:
         if self._proc is not None:
             self._proc.kill()
-            self._proc.join(timeout=5)
-        if self._conn is not None:
-            self._conn.close()
-        self._proc, self._conn = None, None
+            self._proc.wait(timeout=5)
+            for pipe in (self._proc.stdin, self._proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+        self._proc, self.started = None, False
 
 
 class VerifyProcesses:
@@ -104,3 +151,7 @@ class VerifyProcesses:
             for proc in self._all:
                 proc.close()
             self._all.clear()
+
+
+if __name__ == "__main__":  # pragma: no cover - the child
+    serve(sys.stdin.buffer, sys.stdout.buffer)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -45,9 +46,12 @@ class SyntheticCompletionsServer:
         error_rate: float = 0.1,
         recovery_rate: float = 0.001,
         failures: FailurePlan | None = None,
+        override: Callable[[str, int], str | None] | None = None,
     ) -> None:
         self.policy = SyntheticPolicy(error_rate=error_rate, recovery_rate=recovery_rate)
         self.failures = failures or FailurePlan()
+        self.override = override
+        """Tests: (prompt, seed) -> a reply to send instead of the policy's (None: the policy's)."""
         self.prompts: list[str] = []
         self.requests = 0
         server = self
@@ -76,7 +80,7 @@ class SyntheticCompletionsServer:
                     return self._reply(400, {"error": {"message": f"bad request: {exc}"}})
                 server.prompts.append(prompt)
                 head, _, prefix = prompt.rpartition(MARKER)
-                texts = [server.policy.continue_text(head + MARKER, prefix, seed + i) for i in range(n)]
+                texts = [server.reply(head + MARKER, prefix, seed + i) for i in range(n)]
                 tokens = sum(len(t.split()) for t in texts)
                 self._reply(
                     200,
@@ -105,6 +109,10 @@ class SyntheticCompletionsServer:
         self.httpd = ThreadingHTTPServer((host, port), Handler)
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
+
+    def reply(self, prompt: str, prefix: str, seed: int) -> str:
+        forced = self.override(prompt + prefix, seed) if self.override else None
+        return forced if forced is not None else self.policy.continue_text(prompt, prefix, seed)
 
     @property
     def url(self) -> str:
