@@ -76,6 +76,75 @@ def existing_problem_ids(session: Session, set_id: int, external_ids: Iterable[s
     return found
 
 
+def problem_contents(session: Session, set_id: int, external_ids: Iterable[str]) -> dict[str, tuple[str, str]]:
+    """external id -> (question, reference answer) of stored problems."""
+    ids = list(external_ids)
+    found: dict[str, tuple[str, str]] = {}
+    for start in range(0, len(ids), 500):
+        rows = session.execute(
+            select(Problem.external_id, Problem.question, Problem.reference_answer).where(
+                Problem.problem_set_id == set_id, Problem.external_id.in_(ids[start : start + 500])
+            )
+        )
+        found.update({ext: (q, a) for ext, q, a in rows})
+    return found
+
+
+def update_problems(session: Session, rows: Sequence[tuple[int, str, str, dict[str, Any]]]) -> None:
+    """New (question, reference answer, meta) for problems, by id."""
+    for pid, question, answer, meta in rows:
+        session.execute(
+            update(Problem).where(Problem.id == pid).values(question=question, reference_answer=answer, meta=meta)
+        )
+
+
+def trajectory_ids_of(session: Session, problem_ids: Sequence[int]) -> list[int]:
+    if not problem_ids:
+        return []
+    return list(session.scalars(select(Trajectory.id).where(Trajectory.problem_id.in_(problem_ids))))
+
+
+def delete_trajectories_of(session: Session, problem_ids: Sequence[int]) -> int:
+    """Drop these problems' trajectories with everything annotated on them (cascades)."""
+    tids = trajectory_ids_of(session, problem_ids)
+    if not tids:
+        return 0
+    from stepq.models.snapshots import SnapshotRow
+
+    in_snapshots = session.scalar(
+        select(func.count())
+        .select_from(SnapshotRow)
+        .join(Chunk, Chunk.id == SnapshotRow.chunk_id)
+        .where(Chunk.trajectory_id.in_(tids))
+    )
+    if in_snapshots:
+        from stepq.models.errors import ConfigError
+
+        raise ConfigError(
+            f"{in_snapshots} rows of existing snapshots hold these problems' chunks: a snapshot is immutable, "
+            "so their questions cannot change (ingest the new version under another id)"
+        )
+    chunk_ids = select(Chunk.id).where(Chunk.trajectory_id.in_(tids))
+    session.execute(delete(ChunkLabel).where(ChunkLabel.chunk_id.in_(chunk_ids)))
+    session.execute(delete(QValue).where(QValue.trajectory_id.in_(tids)))
+    session.execute(delete(Rollout).where(Rollout.trajectory_id.in_(tids)))
+    session.execute(delete(RolloutWork).where(RolloutWork.trajectory_id.in_(tids)))
+    session.execute(delete(Chunk).where(Chunk.trajectory_id.in_(tids)))
+    result = session.execute(delete(Trajectory).where(Trajectory.id.in_(tids)))
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+def regrade_outcomes(session: Session, trajectory_ids: Sequence[int], is_right: Any) -> None:
+    """Trajectory outcomes graded again against their problem's (new) reference."""
+    rows = session.execute(
+        select(Trajectory.id, Trajectory.text, Problem.reference_answer)
+        .join(Problem, Problem.id == Trajectory.problem_id)
+        .where(Trajectory.id.in_(trajectory_ids))
+    )
+    for tid, body, reference in rows.all():
+        session.execute(update(Trajectory).where(Trajectory.id == tid).values(outcome=is_right(body, reference)))
+
+
 def problems_without_reference(session: Session, set_id: int) -> int:
     return int(
         session.scalar(
@@ -149,8 +218,12 @@ def set_excluded(session: Session, set_id: int, problem_ids: Sequence[int]) -> N
 
 
 def unannotated_trajectories(session: Session, set_id: int) -> tuple[list[tuple[int, str]], int]:
-    """(id, text) of the set's trajectories without rollouts, and how many have rollouts."""
-    has_rollouts = select(Rollout.id).where(Rollout.trajectory_id == Trajectory.id).exists()
+    """(id, text) of the set's trajectories never planned for annotation (no work item, no
+    rollouts), and how many were."""
+    has_rollouts = or_(
+        select(RolloutWork.id).where(RolloutWork.trajectory_id == Trajectory.id).exists(),
+        select(Rollout.id).where(Rollout.trajectory_id == Trajectory.id).exists(),
+    )
     in_set = select(Trajectory.id, Trajectory.text).join(Problem, Problem.id == Trajectory.problem_id)
     in_set = in_set.where(Problem.problem_set_id == set_id)
     todo = [(int(t), str(x)) for t, x in session.execute(in_set.where(~has_rollouts).order_by(Trajectory.id))]
@@ -439,6 +512,16 @@ def reopen_set(session: Session, set_id: int) -> int:
     return int(result.rowcount or 0) + int(running.rowcount or 0)  # type: ignore[attr-defined]
 
 
+def reopen_trajectories(session: Session, trajectory_ids: Sequence[int]) -> int:
+    """These trajectories' items run again (done -> pending; running ones when they end)."""
+    in_ids = RolloutWork.trajectory_id.in_(trajectory_ids)
+    session.execute(update(RolloutWork).where(in_ids, RolloutWork.state == RUNNING).values(rerun=True))
+    result = session.execute(
+        update(RolloutWork).where(in_ids, RolloutWork.state == DONE).values(state=PENDING, attempts=0)
+    )
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
 def mark_trajectory_counted(session: Session, trajectory_id: int, counted: bool) -> None:
     session.execute(
         update(RolloutWork).where(RolloutWork.trajectory_id == trajectory_id).values(trajectory_is_sample=counted)
@@ -511,6 +594,73 @@ def rollout_rewards(session: Session, trajectory_id: int) -> dict[int, dict[int,
     for k, i, r in rows:
         out.setdefault(k, {})[i] = int(r)
     return out
+
+
+def rollouts_to_regrade(
+    session: Session,
+    set_id: int,
+    methods: Sequence[str] | None,
+    *,
+    after_id: int,
+    limit: int,
+    trajectory_ids: Sequence[int] | None = None,
+) -> list[Any]:
+    """(id, trajectory_id, text, final_answer, reward, grade_method, reference_answer) of a
+    set's rollouts in id order after ``after_id``, optionally only those graded by ``methods``."""
+    stmt = (
+        select(
+            Rollout.id,
+            Rollout.trajectory_id,
+            Rollout.text,
+            Rollout.final_answer,
+            Rollout.reward,
+            Rollout.grade_method,
+            Problem.reference_answer,
+        )
+        .join(Trajectory, Trajectory.id == Rollout.trajectory_id)
+        .join(Problem, Problem.id == Trajectory.problem_id)
+        .where(Problem.problem_set_id == set_id, Rollout.id > after_id)
+        .order_by(Rollout.id)
+        .limit(limit)
+    )
+    if methods is not None:
+        stmt = stmt.where(Rollout.grade_method.in_(methods))
+    if trajectory_ids is not None:
+        stmt = stmt.where(Rollout.trajectory_id.in_(trajectory_ids))
+    return list(session.execute(stmt))
+
+
+def update_grades(session: Session, rows: Sequence[dict[str, Any]]) -> None:
+    """New reward, method and answer for rollouts, by id (one executemany)."""
+    if not rows:
+        return
+    from sqlalchemy import bindparam
+
+    table = Rollout.__table__
+    stmt = (
+        update(table)  # type: ignore[arg-type]
+        .where(table.c.id == bindparam("rid"))
+        .values(reward=bindparam("new_reward"), grade_method=bindparam("method"), final_answer=bindparam("answer"))
+    )
+    session.connection().execute(
+        stmt,
+        [
+            {"rid": r["id"], "new_reward": r["reward"], "method": r["grade_method"], "answer": r["final_answer"]}
+            for r in rows
+        ],
+    )
+
+
+def label_rules_of(session: Session, trajectory_ids: Sequence[int]) -> set[str]:
+    """The rules these trajectories' chunks have labels under."""
+    return set(
+        session.scalars(
+            select(ChunkLabel.rule)
+            .join(Chunk, Chunk.id == ChunkLabel.chunk_id)
+            .where(Chunk.trajectory_id.in_(trajectory_ids))
+            .distinct()
+        )
+    )
 
 
 def upsert_q_values(session: Session, rows: Sequence[dict[str, Any]]) -> None:

@@ -188,10 +188,37 @@ def test_resegment_touches_only_trajectories_without_rollouts(sqlite: Database) 
         ).scalar_one()
     assert run_work_item(WorkerRuntime(sqlite, WorkerOptions(name="t")), work_id).status == "done"
     report = resegment_set(sqlite, "r", "llm", segmenter=StandInSegmenter())
-    assert (report.resegmented, report.skipped_with_rollouts) == (5, 1)
+    assert (report.resegmented, report.skipped_annotated) == (5, 1)
     assert report.segmentation == {"llm": 5}
     with sqlite.session() as s:
         for t in s.scalars(select(Trajectory)):
             chunks = queries.trajectory_chunks(s, t.id)
             assert "".join(c.text for c in chunks) == t.text and len(chunks) == t.n_chunks
             assert t.segmentation == ("step-markers" if t.id == first else "llm")
+
+
+def test_resegment_leaves_a_trajectory_annotated_without_rollouts(sqlite: Database) -> None:
+    """The adaptive budget labels a right trajectory from its own outcome, with no rollout:
+    it is annotated all the same, and its chunks and labels must stay."""
+    from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+    from stepq.workers.generate import resegment_set
+    from stepq.workers.in_process import run_in_process
+    from stepq.workers.planning import configure_annotation
+    from stepq.workers.synthetic_set import synth_set
+
+    synth_set(sqlite, "a", problems=12, seed=3)
+    configure_annotation(sqlite, "a", 8, budget="adaptive")
+    run_in_process(sqlite, WorkerRuntime(sqlite, WorkerOptions(name="t")))
+    with sqlite.engine.connect() as conn:
+        bare = conn.execute(
+            text(
+                "SELECT count(*) FROM rollout_work w WHERE w.state = 'done' AND NOT EXISTS "
+                "(SELECT 1 FROM rollouts r WHERE r.trajectory_id = w.trajectory_id)"
+            )
+        ).scalar_one()
+        labels_before = conn.execute(text("SELECT count(*) FROM chunk_labels")).scalar_one()
+    assert bare >= 1, "some right trajectory was finished with zero rollouts"
+    report = resegment_set(sqlite, "a", "llm", segmenter=StandInSegmenter())
+    assert (report.resegmented, report.skipped_annotated) == (0, 12)
+    with sqlite.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM chunk_labels")).scalar_one() == labels_before

@@ -126,7 +126,8 @@ def apply_prompt_filter(db: Database, set_id: int, samples: int) -> int:
 @dataclass(frozen=True)
 class ResegmentReport:
     resegmented: int
-    skipped_with_rollouts: int
+    skipped_annotated: int
+    """Left alone: planned for annotation or annotated (work items, rollouts or labels)."""
     segmentation: dict[str, int]
 
 
@@ -140,8 +141,11 @@ def resegment_set(
 ) -> ResegmentReport:
     """Segment a set's trajectories again (e.g. with a model) before they are annotated.
 
-    Only trajectories without rollouts are touched: a rollout continues a prefix that
-    depends on the chunk boundaries, so re-cutting an annotated trajectory would orphan it.
+    Only trajectories never planned for annotation are touched: a rollout continues a
+    prefix that depends on the chunk boundaries, and labels (and snapshots) point at chunks,
+    so re-cutting an annotated trajectory would orphan them.  A trajectory that the adaptive
+    budget finished without a single rollout is annotated too (its labels stand on its own
+    outcome): having a work item, not having rollouts, is what counts.
     """
     with db.session() as s:
         todo, skipped = queries.unannotated_trajectories(s, queries.get_set(s, set_name).id)

@@ -58,6 +58,7 @@ class IngestReport:
     records: int
     new_problems: int
     new_trajectories: int
+    updated_problems: int = 0
 
 
 def _decode(path: Path, raw: bytes) -> str:
@@ -210,11 +211,20 @@ def ingest_file(
     *,
     prompt_template: str = GENERIC_PROMPT,
     grader: Grader | None = None,
+    update: bool = False,
 ) -> IngestReport:
-    """Validate the whole file, then add what is new in one transaction."""
+    """Validate the whole file, then add what is new in one transaction.
+
+    A record whose id exists with another question or answer is an error naming its line
+    (nothing is written), unless ``update``: then the problem takes the new content and the
+    work it invalidates is redone: a new answer re-grades the stored rollouts (no sampling),
+    a new question drops what was sampled for the old one.
+    """
     records = parse_records(path, fields)
     grader = grader or Grader()
     new_problems = new_trajs = 0
+    regrade_ids: list[int] = []
+    changed: list[tuple[Record, str]] = []
     with db.session() as s:
         pset = queries.ensure_set(s, set_name)
         # Known records hit the unique key and are skipped: no need to look them up first.
@@ -234,6 +244,14 @@ def ingest_file(
                 ],
             )
         ids = queries.existing_problem_ids(s, pset.id, [r.external_id for r in records])
+        changed = _changed_problems(s, path, set_name, pset.id, records, update=update)
+        if changed:
+            queries.update_problems(s, [(ids[r.external_id], r.question, r.answer, r.meta) for r, _ in changed])
+            question_changed = [ids[r.external_id] for r, field in changed if field == "question"]
+            # Whatever was sampled for another question is void; the file's own steps come back below.
+            queries.delete_trajectories_of(s, question_changed)
+            answer_changed = [ids[r.external_id] for r, field in changed if field == "answer"]
+            regrade_ids = queries.trajectory_ids_of(s, answer_changed)
         for r in records:
             if r.steps is None:
                 continue
@@ -265,4 +283,33 @@ def ingest_file(
                 [{"idx": i + 1, "text": c, "ground_truth": truth[i]} for i, c in enumerate(chunks)],
             )
             new_trajs += tid is not None
-    return IngestReport(len(records), new_problems, new_trajs)
+        if regrade_ids:
+            queries.regrade_outcomes(s, regrade_ids, lambda text, ref: bool(grader.grade(text, ref).reward))
+    if regrade_ids:
+        from stepq.workers.regrade import regrade_trajectories
+
+        regrade_trajectories(db, set_name, regrade_ids, grader)
+    return IngestReport(len(records), new_problems, new_trajs, len(changed))
+
+
+def _changed_problems(
+    session: Any, path: Path, set_name: str, set_id: int, records: list[Record], *, update: bool
+) -> list[tuple[Record, str]]:
+    """Records whose id exists with other content, with what changed (question first)."""
+    stored = queries.problem_contents(session, set_id, [r.external_id for r in records])
+    out: list[tuple[Record, str]] = []
+    for r in records:
+        question, answer = stored[r.external_id]
+        field = "question" if question != r.question else "answer" if answer != r.answer else None
+        if field is None:
+            continue
+        if not update:
+            raise InputError(
+                str(path),
+                r.line,
+                field,
+                f"problem '{r.external_id}' is already in set '{set_name}' with another {field}; "
+                "pass --update to replace it (its annotation is redone)",
+            )
+        out.append((r, field))
+    return out

@@ -88,6 +88,36 @@ def label(set_name: str, rule: str, make_default: bool) -> None:
 
 
 @main.command()
+@click.option("--set", "set_name", required=True)
+@click.option(
+    "--only",
+    type=click.Choice(["timeouts", "errors", "all"]),
+    default="timeouts",
+    show_default=True,
+    help="timeouts: answers whose grading timed out; errors: also those math-verify failed on; all: every rollout.",
+)
+@friendly
+def regrade(set_name: str, only: str) -> None:
+    """Re-grade stored answers (no sampling) and update Q-values and labels."""
+    from stepq.workers.grading import Grader
+    from stepq.workers.regrade import regrade_set
+
+    settings = load_settings()
+    grader = Grader(timeout_s=settings.grade_timeout_s)
+    try:
+        report = regrade_set(open_db(settings), set_name, grader, only=only)
+    finally:
+        grader.close()
+    methods = ", ".join(f"{k} {v}" for k, v in sorted(report.methods.items())) or "none"
+    click.echo(
+        f"set '{set_name}': {report.examined} rollouts re-graded ({methods}); {report.changed} rewards changed "
+        f"in {report.trajectories} trajectories, whose Q-values and labels were recomputed"
+    )
+    if report.unavailable:
+        click.echo(f"{report.unavailable} rollouts kept neither text nor answer: nothing to re-grade")
+
+
+@main.command()
 @click.option("--set", "set_name", default=None, help="Only this problem set (default: all).")
 @friendly
 def retry(set_name: str | None) -> None:

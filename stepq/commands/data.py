@@ -33,6 +33,11 @@ from stepq.workers.backends import BACKENDS as BACKEND_NAMES
 @click.option("--steps", default=None, help="Field with a list of solution steps: ingest them as a trajectory.")
 @click.option("--outcome", default=None, help="Boolean field: the trajectory's outcome (else graded).")
 @click.option("--first-error", default=None, help="Field: 0-based index of the first wrong step, -1 if none.")
+@click.option(
+    "--update",
+    is_flag=True,
+    help="Records whose id exists with another question or answer replace it (else: an error naming the line).",
+)
 @friendly
 def ingest(
     file: Path,
@@ -44,6 +49,7 @@ def ingest(
     steps: str | None,
     outcome: str | None,
     first_error: str | None,
+    update: bool,
 ) -> None:
     """Add problems (and given trajectories) from a JSONL file or a JSON array."""
     from stepq.workers.ingest import FieldMap, ingest_file
@@ -59,10 +65,11 @@ def ingest(
         first_error=first_error,
         answer_format=answer_format,
     )
-    report = ingest_file(database, file, set_name, fields)
+    report = ingest_file(database, file, set_name, fields, update=update)
     click.echo(
         f"{file}: {report.records} records, {report.new_problems} new problems, "
         f"{report.new_trajectories} new trajectories in set '{set_name}'"
+        + (f", {report.updated_problems} problems updated (their annotation is redone)" if update else "")
     )
 
 
@@ -219,5 +226,5 @@ def segment(
     methods = ", ".join(f"{k} {v}" for k, v in sorted(report.segmentation.items())) or "none"
     click.echo(
         f"set '{set_name}': {report.resegmented} trajectories segmented ({methods}); "
-        f"{report.skipped_with_rollouts} left alone because they already have rollouts"
+        f"{report.skipped_annotated} left alone because they are planned for annotation or annotated"
     )
