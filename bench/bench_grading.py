@@ -71,6 +71,7 @@ def main() -> None:
     ap.add_argument("--math500", type=int, default=500)
     args = ap.parse_args()
     result: dict[str, object] = {}
+    failures: list[str] = []
     sets = (
         ("synthetic", synthetic_answers(args.rollouts)),
         ("math500", math500_answers(args.math500)),
@@ -89,7 +90,12 @@ def main() -> None:
             "correct_share": round(sum(got) / len(got), 4),
         }
         print(name, result[name], flush=True)
+        if agree < 1.0:
+            bad = [a for a, x, y in zip(answers, ref, got, strict=True) if x != y][:5]
+            failures.append(f"{name}: stepq disagrees with plain math-verify on {1 - agree:.2%}, e.g. {bad}")
     emit(result)
+    if failures:  # the fast paths must never change a verdict
+        raise SystemExit("\n".join(failures))
 
 
 if __name__ == "__main__":

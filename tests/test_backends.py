@@ -285,6 +285,21 @@ class Recording:
         self.inner.close()
 
 
+def _spy_on_model_inputs(backend: HFBackend) -> list[str]:
+    """Decode the token ids the model's ``generate`` actually receives (padding dropped by
+    its attention mask, special tokens kept: a BOS added to a raw prompt would show)."""
+    received: list[str] = []
+    original = backend.model.generate
+
+    def spy(**kwargs: Any) -> Any:
+        for ids, mask in zip(kwargs["input_ids"].tolist(), kwargs["attention_mask"].tolist(), strict=True):
+            received.append(backend.tokenizer.decode([i for i, keep in zip(ids, mask, strict=True) if keep]))
+        return original(**kwargs)
+
+    backend.model.generate = spy
+    return received
+
+
 @pytest.mark.parametrize("kind", ["synthetic", "openai", "vllm", "hf"])
 def test_rollouts_continue_the_exact_trajectory_prefix(
     kind: str, sqlite: Database, server: SyntheticCompletionsServer, tiny_model: Path
@@ -301,6 +316,7 @@ def test_rollouts_continue_the_exact_trajectory_prefix(
         inner = VLLMBackend("m", engine=engine, sampling_factory=StandInSamplingParams)
     else:
         inner = HFBackend(str(tiny_model), batch_size=8)
+        received = _spy_on_model_inputs(inner)
     backend = Recording(inner)
     run_in_process(sqlite, WorkerRuntime(sqlite, WorkerOptions(name="t"), backend_override=backend))
     expected = set()
@@ -318,8 +334,7 @@ def test_rollouts_continue_the_exact_trajectory_prefix(
     elif kind == "vllm":
         transport = engine.prompts
     elif kind == "hf":
-        tok = inner.tokenizer  # type: ignore[attr-defined]
-        transport = [tok.decode(tok(c, add_special_tokens=False)["input_ids"]) for c in backend.contexts]
+        transport = received
     else:
         transport = backend.contexts
     assert set(transport) == expected, "what reached the model is byte-identical to the prefix"

@@ -82,8 +82,12 @@ def test_relative_rule_samples_until_confident() -> None:
 
 def test_spent_budget_takes_the_likelier_label() -> None:
     policy = Adaptive(confidence=0.99)
-    d = policy.decide(_obs(2, True, {0: [1, 0, 1, 0, 1, 0, 1], 1: [1, 0, 1, 0, 1, 0, 0]}), RATIO)
-    assert d.done and d.labels[0] in (True, False)
+    # All 8 samples spent on each prefix (7 rollouts + the trajectory itself), and no label
+    # reaches 0.99 confidence: each takes the side its posterior favours.
+    keeps = policy.decide(_obs(2, True, {0: [1, 0, 1, 0, 1, 0, 1], 1: [1, 1, 1, 0, 1, 0, 1]}), RATIO)
+    assert keeps.done and keeps.labels[0] is True, "Q 0.625 -> 0.75 keeps the chance"
+    drops = policy.decide(_obs(2, True, {0: [1, 0, 1, 0, 1, 0, 1], 1: [1, 0, 0, 0, 0, 0, 0]}), RATIO)
+    assert drops.done and drops.labels[0] is False, "Q 0.625 -> 0.25 loses it"
 
 
 @pytest.mark.parametrize("rule", [ABS, RATIO, EFF])
