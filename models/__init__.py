@@ -1,6 +1,7 @@
 """The database: tables grouped by concept, engine/session setup, and every query."""
 
 from stepq.models.base import Base, epoch
+from stepq.models.counters import LabelCounters, SetCounters
 from stepq.models.db import Database
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.rollouts import ChunkLabel, QValue, Rollout
@@ -14,12 +15,14 @@ __all__ = [
     "Chunk",
     "ChunkLabel",
     "Database",
+    "LabelCounters",
     "Lock",
     "Problem",
     "ProblemSet",
     "QValue",
     "Rollout",
     "RolloutWork",
+    "SetCounters",
     "Snapshot",
     "SnapshotRow",
     "TrainingMetric",

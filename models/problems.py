@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Integer, String, Text, UniqueConstraint, false, func
+from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Integer, String, Text, UniqueConstraint, false, func, true
 from sqlalchemy.orm import Mapped, mapped_column
 
 from stepq.models.base import Base
@@ -30,6 +30,9 @@ class ProblemSet(Base):
     sampling: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     seed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     paused: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    needs_planning: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    """New trajectories (or exclusions) since the dispatcher last planned this set: the
+    dispatcher plans only flagged sets, so its cycle does not scan every trajectory."""
     """A paused set is not dispatched; its running items finish their current batch."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 

@@ -15,6 +15,7 @@ from sqlalchemy import and_, case, delete, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from stepq.models.base import epoch
+from stepq.models.counters import LabelCounters, SetCounters
 from stepq.models.errors import NotFoundError
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.rollouts import ChunkLabel, QValue, Rollout
@@ -161,6 +162,7 @@ def add_trajectory(session: Session, traj: dict[str, Any], chunks: Sequence[dict
     new = insert_ignore(session, Trajectory, [traj])
     if not new:
         return None
+    flag_for_planning(session, select(Problem.problem_set_id).where(Problem.id == traj["problem_id"]).scalar_subquery())
     tid = session.scalar(
         select(Trajectory.id).where(
             Trajectory.problem_id == traj["problem_id"], Trajectory.source_key == traj["source_key"]
@@ -210,8 +212,18 @@ def policy_outcomes(session: Session, set_id: int) -> dict[int, list[bool]]:
     return out
 
 
+def flag_for_planning(session: Session, set_id: Any) -> None:
+    """The set has trajectories the dispatcher has not planned work for yet."""
+    session.execute(
+        update(ProblemSet)
+        .where(ProblemSet.id == set_id, ProblemSet.needs_planning.is_(False))
+        .values(needs_planning=True)
+    )
+
+
 def set_excluded(session: Session, set_id: int, problem_ids: Sequence[int]) -> None:
     """Exactly ``problem_ids`` of the set are excluded from annotation."""
+    flag_for_planning(session, set_id)
     session.execute(update(Problem).where(Problem.problem_set_id == set_id).values(excluded=False))
     if problem_ids:
         session.execute(update(Problem).where(Problem.id.in_(problem_ids)).values(excluded=True))
@@ -271,8 +283,13 @@ def plan_work(session: Session, set_id: int | None = None) -> int:
     sets = select(ProblemSet.id, ProblemSet.rollouts_per_prefix).where(ProblemSet.rollouts_per_prefix > 0)
     if set_id is not None:
         sets = sets.where(ProblemSet.id == set_id)
+    else:  # the dispatcher: only sets that gained trajectories since it last looked
+        sets = sets.where(ProblemSet.needs_planning.is_(True))
     changed = 0
     for sid, m in session.execute(sets).all():
+        # Clear the flag first: a trajectory added while this plans sets it again (and waits
+        # for this row), so it is planned next time rather than missed.
+        session.execute(update(ProblemSet).where(ProblemSet.id == sid).values(needs_planning=False))
         in_set = (
             select(Trajectory.id)
             .join(Problem, Problem.id == Trajectory.problem_id)
@@ -545,6 +562,11 @@ def retry_failed(session: Session, set_id: int | None = None) -> int:
 
 
 def work_counts(session: Session) -> dict[str, int]:
+    """Work items per state over every set (from the counters on PostgreSQL)."""
+    if session.get_bind().dialect.name == "postgresql":
+        states = ("pending", "queued", "running", "done", "failed")
+        row = session.execute(select(*(func.sum(getattr(SetCounters, f"work_{st}")) for st in states))).one()
+        return {st: int(n) for st, n in zip(states, row, strict=True) if n}
     rows = session.execute(select(RolloutWork.state, func.count()).group_by(RolloutWork.state))
     return {state: int(n) for state, n in rows}
 
@@ -780,9 +802,69 @@ def live_worker_count(session: Session, since: float) -> int:
 
 
 def progress(session: Session) -> list[dict[str, Any]]:
-    """One row per problem set from the ``annotation_progress`` view."""
-    rows = session.execute(text("SELECT * FROM annotation_progress ORDER BY problem_set"))
-    return [dict(r._mapping) for r in rows]
+    """One row per problem set, as the ``annotation_progress`` view has it.
+
+    On PostgreSQL from the trigger-kept counters (a few rows per set, whatever the size of
+    the database); on SQLite (small, embedded) from the view itself.
+    """
+    if session.get_bind().dialect.name != "postgresql":
+        rows = session.execute(text("SELECT * FROM annotation_progress ORDER BY problem_set"))
+        return [dict(r._mapping) for r in rows]
+    sums = {
+        c: func.coalesce(func.sum(getattr(SetCounters, c)), 0).label(c)
+        for c in (
+            "problems", "trajectories", "chunks", "rollouts", "chunks_done", "rollouts_done",
+            "work_pending", "work_queued", "work_running", "work_done", "work_failed",
+        )
+    }  # fmt: skip
+    counts = select(SetCounters.problem_set_id, *sums.values()).group_by(SetCounters.problem_set_id).subquery()
+    labels = (
+        select(
+            LabelCounters.problem_set_id,
+            LabelCounters.rule,
+            func.sum(LabelCounters.labelled).label("labelled"),
+            func.sum(LabelCounters.positive).label("positive"),
+        )
+        .group_by(LabelCounters.problem_set_id, LabelCounters.rule)
+        .subquery()
+    )
+    rows = session.execute(
+        select(ProblemSet, counts, labels.c.labelled, labels.c.positive)
+        .outerjoin(counts, counts.c.problem_set_id == ProblemSet.id)
+        .outerjoin(labels, and_(labels.c.problem_set_id == ProblemSet.id, labels.c.rule == ProblemSet.label_rule))
+        .order_by(ProblemSet.name)
+    )
+    out = []
+    for r in rows:
+        pset: ProblemSet = r[0]
+        m = r._mapping
+        n = {c: int(m[c] or 0) for c in sums}
+        labelled = int(m["labelled"] or 0)
+        out.append(
+            {
+                "problem_set": pset.name,
+                "rollouts_per_prefix": pset.rollouts_per_prefix,
+                "label_rule": pset.label_rule,
+                "budget_policy": pset.budget_policy,
+                "problems": n["problems"],
+                "trajectories": n["trajectories"],
+                "trajectories_done": n["work_done"],
+                "chunks": n["chunks"],
+                "rollouts_done": n["rollouts"],
+                "rollouts_planned": n["chunks"] * pset.rollouts_per_prefix,
+                "rollouts_saved": n["chunks_done"] * pset.rollouts_per_prefix - n["rollouts_done"],
+                "labelled_chunks": labelled,
+                "positive_share": (int(m["positive"] or 0) / labelled) if labelled else None,
+                "work": {s: n[f"work_{s}"] for s in ("pending", "queued", "running", "done", "failed")},
+            }
+        )
+    return out
+
+
+def recount(session: Session) -> None:
+    """Rebuild the progress counters from the tables (after a bulk load with triggers off)."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT stepq_recount()"))
 
 
 def segmentation_stats(session: Session) -> list[dict[str, Any]]:

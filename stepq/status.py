@@ -19,7 +19,6 @@ def collect(db: Database) -> dict[str, Any]:
         recent = queries.recent_rollouts_by_set(s, time.time() - RATE_WINDOW_S)
         work = queries.work_counts(s)
         workers = queries.live_workers(s, time.time() - WORKER_LIVE_S)
-        segmentation = queries.segmentation_stats(s)
     sets = []
     for r in rows:
         rate = recent.get(r["problem_set"], 0) / RATE_WINDOW_S
@@ -44,7 +43,7 @@ def collect(db: Database) -> dict[str, Any]:
                 "eta_s": (round(left / rate) if rate > 0 else None) if left else 0,
             }
         )
-    return {"sets": sets, "work": work, "workers": workers, "segmentation": segmentation}
+    return {"sets": sets, "work": work, "workers": workers}
 
 
 def _eta(seconds: int | None) -> str:

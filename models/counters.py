@@ -1,0 +1,53 @@
+"""Per-set progress counters, kept exact by PostgreSQL triggers in the writing transactions.
+
+At StepWiser's scale (~55M rollouts) counting rows on every ``stepq status`` would scan the
+rollout table.  Instead, statement-level triggers (migration 0006) add each statement's
+deltas to these rows, in the same transaction as the write, so the counters are exactly
+what the tables hold.  Rows are sharded by the writing backend (``pg_backend_pid() % 8``),
+so concurrent workers do not queue on one row; readers sum the shards.  SQLite, the
+embedded default for small runs, has no triggers here: there status reads the
+``annotation_progress`` view directly.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Integer, SmallInteger, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from stepq.models.base import Base
+
+SHARDS = 8
+
+
+class SetCounters(Base):
+    """One shard of a set's counts; a set's value is the sum over its shards."""
+
+    __tablename__ = "set_counters"
+
+    problem_set_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    shard: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    problems: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    trajectories: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    chunks: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    rollouts: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    work_pending: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    work_queued: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    work_running: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    work_done: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    work_failed: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    chunks_done: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    """Chunks of trajectories whose work is done (what an exhaustive budget would sample)."""
+    rollouts_done: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    """Rollouts of trajectories whose work is done (what was sampled for them)."""
+
+
+class LabelCounters(Base):
+    """One shard of a set's label counts under one rule."""
+
+    __tablename__ = "label_counters"
+
+    problem_set_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    rule: Mapped[str] = mapped_column(String(100), primary_key=True)
+    shard: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    labelled: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    positive: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
