@@ -11,7 +11,7 @@ embedded default for small runs, has no triggers here: there status reads the
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Integer, SmallInteger, String
+from sqlalchemy import BigInteger, Float, Index, Integer, SmallInteger, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from stepq.models.base import Base
@@ -51,3 +51,21 @@ class LabelCounters(Base):
     shard: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
     labelled: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     positive: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+
+class ProgressSample(Base):
+    """A set's progress at one moment, written by the dispatcher every few seconds.
+
+    Rates and ETAs come from two samples and the real time between them (not from a
+    fixed window), and the series is a run's progress over time, for plots and dashboards.
+    """
+
+    __tablename__ = "progress_samples"
+    __table_args__ = (Index("ix_progress_samples_set_at", "problem_set_id", "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    problem_set_id: Mapped[int] = mapped_column(Integer)
+    at: Mapped[float] = mapped_column(Float)
+    rollouts: Mapped[int] = mapped_column(BigInteger)
+    trajectories_done: Mapped[int] = mapped_column(BigInteger)
+    labelled_chunks: Mapped[int] = mapped_column(BigInteger)

@@ -15,7 +15,7 @@ from sqlalchemy import and_, case, delete, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from stepq.models.base import epoch
-from stepq.models.counters import LabelCounters, SetCounters
+from stepq.models.counters import LabelCounters, ProgressSample, SetCounters
 from stepq.models.errors import NotFoundError
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.rollouts import ChunkLabel, QValue, Rollout
@@ -808,8 +808,9 @@ def progress(session: Session) -> list[dict[str, Any]]:
     the database); on SQLite (small, embedded) from the view itself.
     """
     if session.get_bind().dialect.name != "postgresql":
+        ids = dict(session.execute(select(ProblemSet.name, ProblemSet.id)).all())
         rows = session.execute(text("SELECT * FROM annotation_progress ORDER BY problem_set"))
-        return [dict(r._mapping) for r in rows]
+        return [{**r._mapping, "problem_set_id": ids.get(r.problem_set)} for r in rows]
     sums = {
         c: func.coalesce(func.sum(getattr(SetCounters, c)), 0).label(c)
         for c in (
@@ -843,6 +844,7 @@ def progress(session: Session) -> list[dict[str, Any]]:
         out.append(
             {
                 "problem_set": pset.name,
+                "problem_set_id": pset.id,
                 "rollouts_per_prefix": pset.rollouts_per_prefix,
                 "label_rule": pset.label_rule,
                 "budget_policy": pset.budget_policy,
@@ -861,6 +863,52 @@ def progress(session: Session) -> list[dict[str, Any]]:
     return out
 
 
+def record_progress(session: Session, now: float) -> int:
+    """One progress sample per set (from the counters: cheap at any size)."""
+    rows = [
+        {
+            "problem_set_id": sid,
+            "at": now,
+            "rollouts": r["rollouts_done"],
+            "trajectories_done": r["trajectories_done"],
+            "labelled_chunks": r["labelled_chunks"],
+        }
+        for r in progress(session)
+        if (sid := r.get("problem_set_id")) is not None
+    ]
+    if rows:
+        session.execute(_insert(session, ProgressSample.__table__), rows)
+    return len(rows)
+
+
+def progress_since(session: Session, since: float) -> dict[int, tuple[float, int]]:
+    """set id -> (at, rollouts) of its oldest sample at or after ``since``."""
+    first = (
+        select(ProgressSample.problem_set_id, func.min(ProgressSample.at).label("at"))
+        .where(ProgressSample.at >= since)
+        .group_by(ProgressSample.problem_set_id)
+        .subquery()
+    )
+    rows = session.execute(
+        select(ProgressSample.problem_set_id, ProgressSample.at, ProgressSample.rollouts).join(
+            first, and_(first.c.problem_set_id == ProgressSample.problem_set_id, first.c.at == ProgressSample.at)
+        )
+    )
+    return {sid: (float(at), int(n)) for sid, at, n in rows}
+
+
+def progress_history(session: Session, set_id: int) -> list[tuple[float, int, int, int]]:
+    """(at, rollouts, trajectories done, labelled chunks) of a set over time."""
+    rows = session.execute(
+        select(
+            ProgressSample.at, ProgressSample.rollouts, ProgressSample.trajectories_done, ProgressSample.labelled_chunks
+        )
+        .where(ProgressSample.problem_set_id == set_id)
+        .order_by(ProgressSample.at)
+    )
+    return [(float(a), int(b), int(c), int(d)) for a, b, c, d in rows]
+
+
 def recount(session: Session) -> None:
     """Rebuild the progress counters from the tables (after a bulk load with triggers off)."""
     if session.get_bind().dialect.name == "postgresql":
@@ -877,21 +925,3 @@ def segmentation_stats(session: Session) -> list[dict[str, Any]]:
         }
         for r in rows
     ]
-
-
-def recent_rollouts_by_set(session: Session, since_epoch: float) -> dict[str, int]:
-    """Rollouts written since a moment, per set: the rate behind ``stepq status``."""
-    from datetime import UTC, datetime
-
-    since = datetime.fromtimestamp(since_epoch, UTC)
-    if session.get_bind().dialect.name == "sqlite":
-        since = since.replace(tzinfo=None)
-    rows = session.execute(
-        select(ProblemSet.name, func.count(Rollout.id))
-        .join(Problem, Problem.problem_set_id == ProblemSet.id)
-        .join(Trajectory, Trajectory.problem_id == Problem.id)
-        .join(Rollout, Rollout.trajectory_id == Trajectory.id)
-        .where(Rollout.created_at >= since)
-        .group_by(ProblemSet.name)
-    )
-    return {name: int(n) for name, n in rows}

@@ -8,20 +8,22 @@ from typing import Any
 from stepq.models import Database, queries
 
 RATE_WINDOW_S = 60.0
+"""Rates are measured from the oldest progress sample this recent (the dispatcher writes them)."""
 WORKER_LIVE_S = 60.0
 """A worker whose last heartbeat is older than this is not shown as live."""
 
 
 def collect(db: Database) -> dict[str, Any]:
-    """Progress per set, rollouts/s over the last minute, ETA, work states and workers."""
+    """Progress per set, its current rollouts/s and ETA, work states and workers."""
     with db.session() as s:
         rows = queries.progress(s)
-        recent = queries.recent_rollouts_by_set(s, time.time() - RATE_WINDOW_S)
+        now = time.time()
+        earlier = queries.progress_since(s, now - RATE_WINDOW_S)
         work = queries.work_counts(s)
         workers = queries.live_workers(s, time.time() - WORKER_LIVE_S)
     sets = []
     for r in rows:
-        rate = recent.get(r["problem_set"], 0) / RATE_WINDOW_S
+        rate = _rate(r, earlier.get(r["problem_set_id"]), now)
         left = max(0, int(r["rollouts_planned"]) - int(r["rollouts_done"]) - int(r["rollouts_saved"]))
         share = r["positive_share"]
         sets.append(
@@ -44,6 +46,14 @@ def collect(db: Database) -> dict[str, Any]:
             }
         )
     return {"sets": sets, "work": work, "workers": workers}
+
+
+def _rate(row: dict[str, Any], sample: tuple[float, int] | None, now: float) -> float:
+    """Rollouts/s since the oldest progress sample of the last minute, over the real time
+    elapsed (a run 10 s old is measured over 10 s, not 60)."""
+    if sample is None or now - sample[0] < 1.0:
+        return 0.0
+    return max(0, int(row["rollouts_done"]) - sample[1]) / (now - sample[0])
 
 
 def _eta(seconds: int | None) -> str:
@@ -87,13 +97,13 @@ def render(report: dict[str, Any]) -> str:
         ]
         for r in report["sets"]
     ]
-    if not body:
-        return "no problem sets yet: try 'stepq synth' or 'stepq ingest'"
     widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
     lines = [
         "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
         for row in [head, *body]
     ]
+    if not body:
+        lines = ["no problem sets yet: try 'stepq synth' or 'stepq ingest'"]
     work = ", ".join(f"{k} {v}" for k, v in sorted(report["work"].items())) or "none"
     lines.append("")
     busy = sum(1 for w in report["workers"] if w["busy_items"])

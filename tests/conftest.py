@@ -46,6 +46,9 @@ TABLES = [
     "problem_sets",
     "workers",
     "locks",
+    "set_counters",
+    "label_counters",
+    "progress_samples",
 ]
 
 

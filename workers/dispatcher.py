@@ -49,6 +49,8 @@ class DispatchOptions:
     """Kept queued even with no live worker, so the first one to start finds work."""
     worker_live_s: float = 30.0
     """A worker whose heartbeat is older than this is not counted."""
+    sample_every_s: float = 5.0
+    """How often the dispatcher records each set's progress (rates, ETAs, history)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ class Dispatcher:
         self.options = options or DispatchOptions()
         self.queue_depth = queue_depth or (lambda: None)
         self.name = name or f"dispatcher@{socket.gethostname()}:{os.getpid()}"
+        self._sampled_at = 0.0
 
     def cycle(self) -> CycleReport:
         """One pass; call only while holding the lock (``run`` does)."""
@@ -84,6 +87,9 @@ class Dispatcher:
         with self.db.session() as s:
             planned = queries.plan_work(s)
             expired, failed = queries.reschedule_expired(s, now, o.max_attempts)
+            if now - self._sampled_at >= o.sample_every_s:
+                queries.record_progress(s, now)
+                self._sampled_at = now
         depth = self.queue_depth()
         requeued = 0
         if depth is None or depth == 0:  # depth > 0: every queued message may still be waiting

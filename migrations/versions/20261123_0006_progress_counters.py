@@ -1,4 +1,4 @@
-"""per-set progress counters kept by triggers; dispatcher plans only flagged sets
+"""per-set progress counters kept by triggers, progress samples; dispatcher plans only flagged sets
 
 Revision ID: 20261123_0006
 Revises: 20261123_0005
@@ -172,6 +172,16 @@ def upgrade() -> None:
     sa.Column('positive', sa.BigInteger(), server_default='0', nullable=False),
     sa.PrimaryKeyConstraint('problem_set_id', 'rule', 'shard', name=op.f('pk_label_counters'))
     )
+    op.create_table('progress_samples',
+    sa.Column('id', sa.Integer(), nullable=False),
+    sa.Column('problem_set_id', sa.Integer(), nullable=False),
+    sa.Column('at', sa.Float(), nullable=False),
+    sa.Column('rollouts', sa.BigInteger(), nullable=False),
+    sa.Column('trajectories_done', sa.BigInteger(), nullable=False),
+    sa.Column('labelled_chunks', sa.BigInteger(), nullable=False),
+    sa.PrimaryKeyConstraint('id', name=op.f('pk_progress_samples'))
+    )
+    op.create_index('ix_progress_samples_set_at', 'progress_samples', ['problem_set_id', 'at'])
     if op.get_bind().dialect.name != "postgresql":
         return
     for table, event, statement in TRIGGERS:
@@ -193,6 +203,8 @@ def downgrade() -> None:
             op.execute(f"DROP TRIGGER {name} ON {table}")
             op.execute(f"DROP FUNCTION {name}()")
         op.execute("DROP FUNCTION stepq_recount()")
+    op.drop_index('ix_progress_samples_set_at', 'progress_samples')
+    op.drop_table('progress_samples')
     op.drop_table('label_counters')
     op.drop_table('set_counters')
     with op.batch_alter_table('problem_sets', schema=None) as batch_op:

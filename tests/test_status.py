@@ -1,0 +1,59 @@
+"""What ``stepq status`` reports: rates over the real elapsed time, live/busy/idle workers."""
+
+from __future__ import annotations
+
+import time
+
+from stepq.models import Database, queries
+from stepq.status import collect, render
+from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+from stepq.workers.in_process import run_in_process
+from stepq.workers.planning import configure_annotation
+from stepq.workers.synthetic_set import synth_set
+
+
+def test_rate_and_eta_use_the_real_elapsed_time(any_db: Database) -> None:
+    synth_set(any_db, "r", problems=20, seed=1)
+    configure_annotation(any_db, "r", 4)
+    with any_db.session() as s:
+        queries.record_progress(s, time.time() - 10.0)  # the dispatcher's sample, 10 s ago: 0 rollouts
+    half = WorkerRuntime(any_db, WorkerOptions(name="t"))
+    with any_db.session() as s:
+        ids = queries.pending_work_ids(s, 10)
+    from stepq.workers.annotate import run_work_items
+
+    run_work_items(half, ids)
+    report = collect(any_db)
+    (row,) = report["sets"]
+    expected = row["rollouts_done"] / 10.0
+    assert abs(row["rollouts_per_s"] - expected) <= 0.05 * expected, (row["rollouts_per_s"], expected)
+    left = row["rollouts_planned"] - row["rollouts_done"]
+    assert left > 0 and abs(row["eta_s"] - left / expected) <= 0.1 * left / expected + 1
+    run_in_process(any_db, half)
+    (row,) = collect(any_db)["sets"]
+    assert row["eta_s"] == 0 and row["rollouts_done"] == row["rollouts_planned"]
+
+
+def test_no_recent_sample_means_no_rate_rather_than_a_wrong_one(any_db: Database) -> None:
+    synth_set(any_db, "q", problems=3, seed=1)
+    configure_annotation(any_db, "q", 4)
+    (row,) = collect(any_db)["sets"]
+    assert row["rollouts_per_s"] == 0 and row["eta_s"] is None
+
+
+def test_live_busy_and_idle_workers(pg: Database) -> None:
+    idle = WorkerRuntime(pg, WorkerOptions(name="idle")).start()
+    busy = WorkerRuntime(pg, WorkerOptions(name="busy"))
+    gone = WorkerRuntime(pg, WorkerOptions(name="gone")).start()
+    gone.close()  # a clean exit: not live any more
+    try:
+        with busy.holding([1, 2]):
+            busy.start()
+            report = collect(pg)
+    finally:
+        idle.close()
+        busy.close()
+    workers = {w["label"]: w for w in report["workers"]}
+    assert set(workers) == {"idle", "busy"}
+    assert workers["busy"]["busy_items"] == 2 and workers["idle"]["busy_items"] == 0
+    assert "workers: 2 live (1 busy, 1 idle)" in render(report)
