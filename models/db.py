@@ -70,6 +70,12 @@ class Database:
                 conn.execute(text("SELECT 1 FROM problem_sets LIMIT 1"))
         except OperationalError as exc:
             msg = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+            if "database" in msg and "does not exist" in msg:  # PostgreSQL: the connection itself failed
+                name = self.engine.url.database
+                raise DatabaseError(
+                    f"database '{name}' does not exist on {self.engine.url.host}: create it "
+                    f"(createdb {name}), then run 'stepq db upgrade'"
+                ) from None
             if "no such table" in msg or "does not exist" in msg:
                 raise DatabaseError(f"database {self.safe_url} is not migrated: run 'stepq db upgrade'") from None
             raise DatabaseError(f"cannot reach database {self.safe_url}: {msg}") from None

@@ -52,10 +52,14 @@ class BrokerError(StepqError):
     exit_code = 6
 
 
-class TrainingBusy(StepqError):
-    """Another process holds a training run's lease (it is training it now): try later."""
+class Busy(StepqError):
+    """Another process holds what this command needs (a dispatcher, a training run): try later."""
 
     exit_code = 75  # EX_TEMPFAIL
+
+
+class TrainingBusy(Busy):
+    """Another process holds a training run's lease (it is training it now): try later."""
 
 
 class GenerationError(StepqError):

@@ -50,6 +50,43 @@ def insert_ignore(session: Session, model: Any, rows: Sequence[dict[str, Any]]) 
 # --- problem sets -------------------------------------------------------------------
 
 
+def pause_set(session: Session, name: str, paused: bool) -> bool:
+    """Pause or resume a set; returns whether it changed.  A paused set's pending items are
+    not published and its queued ones are not claimed; running ones finish their batch."""
+    pset = get_set(session, name)
+    changed = pset.paused != paused
+    pset.paused = paused
+    return changed
+
+
+def delete_set(session: Session, name: str) -> dict[str, int]:
+    """Remove a set and everything annotated on it; refuses while snapshots hold its chunks."""
+    from stepq.models.errors import ConfigError
+    from stepq.models.snapshots import SnapshotRow
+
+    pset = get_set(session, name)
+    held = session.scalar(
+        select(func.count())
+        .select_from(SnapshotRow)
+        .join(Chunk, Chunk.id == SnapshotRow.chunk_id)
+        .where(Chunk.trajectory_id.in_(_set_trajectories(pset.id)))
+    )
+    if held:
+        raise ConfigError(
+            f"set '{name}' has {held} chunks in snapshots, which are immutable: delete those snapshots first"
+        )
+    counts = {r["problem_set"]: r for r in progress(session)}.get(name, {})
+    session.execute(delete(ProblemSet).where(ProblemSet.id == pset.id))  # cascades to everything below it
+    for model in (SetCounters, LabelCounters, ProgressSample):
+        session.execute(delete(model).where(model.problem_set_id == pset.id))
+    return {k: int(counts.get(k) or 0) for k in ("problems", "trajectories", "rollouts_done")}
+
+
+def lock_holder(session: Session, name: str) -> str | None:
+    """Who holds a named lease now (None: nobody, or it expired)."""
+    return session.scalar(select(Lock.owner).where(Lock.name == name, Lock.expires_at >= epoch()))
+
+
 def get_set(session: Session, name: str) -> ProblemSet:
     found = session.scalar(select(ProblemSet).where(ProblemSet.name == name))
     if found is None:
@@ -177,13 +214,14 @@ def trajectory_chunks(session: Session, trajectory_id: int) -> list[Chunk]:
     return list(session.scalars(select(Chunk).where(Chunk.trajectory_id == trajectory_id).order_by(Chunk.idx)))
 
 
-def set_problems(session: Session, set_id: int) -> list[Any]:
-    """(id, external_id, question, reference_answer) of every problem of a set, in id order."""
+def set_problems(session: Session, set_id: int, limit: int | None = None) -> list[Any]:
+    """(id, external_id, question, reference_answer) of a set's problems, in id order."""
     return list(
         session.execute(
             select(Problem.id, Problem.external_id, Problem.question, Problem.reference_answer)
             .where(Problem.problem_set_id == set_id)
             .order_by(Problem.id)
+            .limit(limit)
         )
     )
 
@@ -329,13 +367,7 @@ def pending_work_ids(session: Session, limit: int, now: float | None = None) -> 
     """Pending items in id order, leaving out those backing off after a transient failure
     and those of paused sets.  Walks the (state, id) index: its cost follows ``limit``."""
     now = epoch() if now is None else now
-    paused = (
-        select(ProblemSet.paused)
-        .join(Problem, Problem.problem_set_id == ProblemSet.id)
-        .join(Trajectory, Trajectory.problem_id == Problem.id)
-        .where(Trajectory.id == RolloutWork.trajectory_id)
-        .scalar_subquery()
-    )
+    paused = _set_paused(RolloutWork.trajectory_id)
     return list(
         session.scalars(
             select(RolloutWork.id)
@@ -354,6 +386,17 @@ def next_retry_at(session: Session) -> float | None:
     """When the earliest pending item that is backing off may be tried again (None: none)."""
     return session.scalar(
         select(func.min(RolloutWork.retry_at)).where(RolloutWork.state == PENDING, RolloutWork.retry_at.is_not(None))
+    )
+
+
+def _set_paused(trajectory_id: Any) -> Any:
+    """Whether the set of a trajectory is paused (a correlated scalar subquery)."""
+    return (
+        select(ProblemSet.paused)
+        .join(Problem, Problem.problem_set_id == ProblemSet.id)
+        .join(Trajectory, Trajectory.problem_id == Problem.id)
+        .where(Trajectory.id == trajectory_id)
+        .scalar_subquery()
     )
 
 
@@ -420,6 +463,7 @@ def claim_work(session: Session, work_id: int, owner: str, ttl: float) -> int | 
                 RolloutWork.state.in_([PENDING, QUEUED]),
                 and_(RolloutWork.state == RUNNING, RolloutWork.lease_expires_at < now),
             ),
+            _set_paused(RolloutWork.trajectory_id).is_(False),
         )
         .values(
             state=RUNNING,
@@ -432,6 +476,21 @@ def claim_work(session: Session, work_id: int, owner: str, ttl: float) -> int | 
         .returning(RolloutWork.trajectory_id)
     )
     return result.scalar_one_or_none()
+
+
+def hand_back(session: Session, work_id: int, owner: str) -> bool:
+    """A stopping worker returns an item it holds: pending again, the attempt not counted."""
+    result = session.execute(
+        update(RolloutWork)
+        .where(RolloutWork.id == work_id, RolloutWork.lease_owner == owner, RolloutWork.state == RUNNING)
+        .values(
+            state=PENDING,
+            lease_owner=None,
+            lease_expires_at=None,
+            attempts=RolloutWork.attempts - 1,  # the claim counted one; handing back is no failure
+        )
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
 def renew_owner_leases(session: Session, owner: str, ttl: float) -> int:
@@ -707,8 +766,8 @@ def upsert_labels(session: Session, rows: Sequence[dict[str, Any]]) -> None:
     session.connection().execute(stmt, list(rows))
 
 
-def set_trajectory_ids(session: Session, set_id: int) -> list[int]:
-    return list(session.scalars(_set_trajectories(set_id).order_by(Trajectory.id)))
+def set_trajectory_ids(session: Session, set_id: int, limit: int | None = None) -> list[int]:
+    return list(session.scalars(_set_trajectories(set_id).order_by(Trajectory.id).limit(limit)))
 
 
 # --- locks and workers --------------------------------------------------------------

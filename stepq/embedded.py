@@ -8,7 +8,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from stepq.migrations import upgrade
 from stepq.models import Database, queries
-from stepq.models.errors import NotFoundError
+from stepq.models.errors import Busy, NotFoundError
 from stepq.settings import Settings
 from stepq.status import collect, render
 from stepq.workers.annotate import WorkerRuntime
@@ -31,6 +31,13 @@ def run_embedded(
 ) -> None:
     upgrade(settings.database_url)
     db = Database(settings.database_url)
+    with db.session() as s:
+        holder = queries.lock_holder(s, "dispatcher")
+    if holder is not None:  # before anything is created or planned
+        raise Busy(
+            f"a dispatcher ({holder}) is running against {db.safe_url}: stop it first, or let it do the work "
+            "('stepq annotate' plans, the dispatcher publishes)"
+        )
     with db.session() as s:
         try:
             queries.get_set(s, set_name)

@@ -14,6 +14,7 @@ from stepq.workers.celery_app import DEFAULT_QUEUE, CeleryOptions
 from stepq.workers.dispatcher import DispatchOptions
 
 PREFIX = "STEPQ_"
+BROKER_SCHEMES = ("redis", "rediss", "amqp", "amqps", "pyamqp", "memory")
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,9 @@ class Settings:
     """A transiently failed item waits this long before its next try, doubling each time."""
     messages_per_worker: int = 2
     """Broker messages kept queued per live worker: the queue's bound."""
+    broker_wait_s: float = 60.0
+    """How long a worker or dispatcher waits for an unreachable broker at start before it
+    exits with the broker exit code (6)."""
     visibility_timeout_s: int = 12 * 3600
     requeue_after_s: float = 900.0
     lost_grace_s: float = 10.0
@@ -80,6 +84,12 @@ class Settings:
         if not self.database_url.startswith(("sqlite", "postgresql")):
             raise ConfigError(
                 f"{PREFIX}DATABASE_URL must be a sqlite:// or postgresql:// URL, got {self.database_url!r}"
+            )
+        scheme, sep, rest = self.broker_url.partition("://")
+        if not sep or not rest or scheme not in BROKER_SCHEMES:
+            raise ConfigError(
+                f"{PREFIX}BROKER_URL={self.broker_url!r} is not a broker URL "
+                f"(scheme one of {', '.join(BROKER_SCHEMES)}, e.g. redis://host:6379/0)"
             )
         if self.database_url.startswith("postgresql://"):
             object.__setattr__(

@@ -78,6 +78,9 @@ class WorkerRuntime:
         self.name = f"{self.label}@{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._held: set[int] = set()
         self._held_lock = threading.Lock()
+        self.stopping = threading.Event()
+        """Set when the process is asked to stop: tasks hand their items back after the batch
+        in flight instead of finishing them."""
         self._generator = self.backend_override.generator if self.backend_override else "per-set"
         self.heartbeat = Heartbeat(
             self.db,
@@ -88,6 +91,9 @@ class WorkerRuntime:
             busy=lambda: len(self._held),
             backend=lambda: self._generator,
         )
+
+    def request_stop(self) -> None:
+        self.stopping.set()
 
     def start(self) -> WorkerRuntime:
         """Start the heartbeat (live worker, renewed leases); ``close`` stops it."""
@@ -126,7 +132,7 @@ class WorkerRuntime:
 
 @dataclass(frozen=True)
 class WorkOutcome:
-    status: str  # done | skipped | lost | failed | retry
+    status: str  # done | skipped | lost | failed | retry | handed-back
 
 
 def first_batch(requests: dict[int, list[int]], size: int) -> list[tuple[int, list[int]]]:
@@ -303,6 +309,9 @@ def _run(rt: WorkerRuntime, work_ids: list[int]) -> dict[int, WorkOutcome]:
     outcomes: dict[int, WorkOutcome] = {}
     jobs: list[TrajectoryJob] = []
     for work_id in work_ids:
+        if rt.stopping.is_set():  # not claimed: the dispatcher publishes it again
+            outcomes[work_id] = WorkOutcome("skipped")
+            continue
         with rt.db.session() as s:
             trajectory_id = queries.claim_work(s, work_id, rt.name, rt.options.lease_ttl_s)
             ctx = queries.load_work_context(s, trajectory_id) if trajectory_id is not None else None
@@ -314,6 +323,9 @@ def _run(rt: WorkerRuntime, work_ids: list[int]) -> dict[int, WorkOutcome]:
         except Exception as exc:
             outcomes[work_id] = WorkOutcome(_fail(rt, work_id, exc))
     while jobs:
+        if rt.stopping.is_set():
+            _hand_back(rt, jobs, outcomes)
+            break
         groups: dict[tuple[int, SamplingParams], list[tuple[TrajectoryJob, list[GenerationRequest]]]] = {}
         for job in jobs:
             try:
@@ -337,6 +349,15 @@ def _run(rt: WorkerRuntime, work_ids: list[int]) -> dict[int, WorkOutcome]:
                     outcomes[job.work_id] = WorkOutcome(_fail(rt, job.work_id, exc))
         jobs = still
     return outcomes
+
+
+def _hand_back(rt: WorkerRuntime, jobs: list[TrajectoryJob], outcomes: dict[int, WorkOutcome]) -> None:
+    """The worker is stopping: return the items it holds (their committed batches stay)."""
+    with rt.db.session() as s:
+        for job in jobs:
+            queries.hand_back(s, job.work_id, rt.name)
+            outcomes[job.work_id] = WorkOutcome("handed-back")
+    log.info("stopping: handed back %d work items after the batch in flight", len(jobs))
 
 
 def run_work_item(rt: WorkerRuntime, work_id: int) -> WorkOutcome:

@@ -82,7 +82,13 @@ def create_app(
         if rt is not None:
             rt.close()
 
+    def stop_runtime(**_: object) -> None:
+        rt = state.get("rt")
+        if rt is not None:  # SIGTERM: tasks hand back their items after the batch in flight
+            rt.request_stop()
+
     if runtime_factory is not None:
+        signals.worker_shutting_down.connect(stop_runtime, weak=False)
         if forking_pool:
             signals.worker_process_init.connect(start_child_runtime, weak=False)
         else:  # solo / threads: this process runs the tasks; warm it before the first
@@ -122,6 +128,28 @@ def publisher(app: Celery, items_per_task: int = 1) -> Callable[[Sequence[int]],
                 )
 
     return publish
+
+
+def wait_for_broker(broker_url: str, wait_s: float) -> None:
+    """Reach the broker within ``wait_s`` seconds, or raise BrokerError: a worker or
+    dispatcher started against a wrong or dead broker says so instead of retrying for ever."""
+    import time
+
+    from kombu import Connection
+
+    from stepq.models.errors import BrokerError
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with Connection(broker_url, connect_timeout=5) as conn:
+                conn.ensure_connection(max_retries=1)
+            return
+        except Exception as exc:
+            if time.monotonic() >= deadline:
+                safe = Connection(broker_url).as_uri()  # password masked
+                raise BrokerError(f"cannot reach the broker at {safe} (gave up after {wait_s:g} s): {exc}") from None
+            time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
 
 
 def redis_queue_depth(broker_url: str, queue: str) -> Callable[[], int | None]:

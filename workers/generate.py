@@ -15,6 +15,7 @@ from stepq.models import Database, queries
 from stepq.workers.backends import GenerationBackend, GenerationRequest, SamplingParams, generator_id
 from stepq.workers.grading import Grader, extract_boxed
 from stepq.workers.llm_segment import segment_with_model
+from stepq.workers.planning import require_synthetic_problems
 from stepq.workers.prompts import render
 from stepq.workers.seeds import derive_seed
 from stepq.workers.segmentation import Segmentation, segment
@@ -49,6 +50,7 @@ def generate_trajectories(
     with db.session() as s:
         pset = queries.get_set(s, set_name)
         set_id, set_seed = pset.id, pset.seed
+        require_synthetic_problems(s, set_id, backend.name, set_name)
         problems = queries.set_problems(s, set_id)
         have = queries.trajectory_keys(s, set_id)
     methods: dict[str, int] = {}

@@ -37,9 +37,9 @@ def run_in_process(
     )
     outcomes: dict[str, int] = {}
     if not dispatcher.acquire():
-        from stepq.models.errors import StepqError
+        from stepq.models.errors import Busy
 
-        raise StepqError("another dispatcher is running against this database; stop it first")
+        raise Busy("another dispatcher is running against this database; stop it first")
     try:
         while True:  # each cycle publishes what is pending (retries included); none left: done
             dispatcher.cycle()

@@ -6,10 +6,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepq.models import Database, queries
-from stepq.models.errors import ConfigError
-from stepq.workers.backends import BACKENDS
+from stepq.models.errors import ConfigError, NotFoundError
+from stepq.workers.backends import check_config
 from stepq.workers.budget import parse_budget
 from stepq.workers.labels import parse_rule
+from stepq.workers.synthetic_policy import is_synthetic_question
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,19 @@ class PlanReport:
     label_rule: str
     budget_policy: str
     work_items: int
+
+
+def require_synthetic_problems(session: Any, set_id: int, backend: str, set_name: str) -> None:
+    """The synthetic backend continues only synthetic arithmetic problems: say so before
+    anything is stored or sampled, not as a worker's ValueError."""
+    if backend != "synthetic":
+        return
+    first = queries.set_problems(session, set_id, limit=1)
+    if first and not is_synthetic_question(first[0].question):
+        raise ConfigError(
+            f"set '{set_name}' holds problems the synthetic backend cannot continue (it knows only 'stepq synth' "
+            "problems): choose --backend vllm, openai or hf with --model"
+        )
 
 
 def configure_annotation(
@@ -37,8 +51,16 @@ def configure_annotation(
     finished items are reopened, and each task works out from the stored rollouts what,
     if anything, is still missing.
     """
+    if backend is not None:
+        check_config(backend, dict(backend_config or {}))
     with db.session() as s:
         pset = queries.get_set(s, set_name)
+        if not queries.set_trajectory_ids(s, pset.id, limit=1):
+            raise NotFoundError(
+                f"set '{set_name}' has no trajectories to annotate: sample them with "
+                f"'stepq generate --set {set_name} --samples K' or ingest them with '--steps FIELD'"
+            )
+        require_synthetic_problems(s, pset.id, backend or pset.backend, set_name)
         ungradable = queries.problems_without_reference(s, pset.id)
         if ungradable:
             raise ConfigError(
@@ -52,8 +74,6 @@ def configure_annotation(
         if budget is not None:
             pset.budget_policy = parse_budget(budget).spec
         if backend is not None:
-            if backend not in BACKENDS:
-                raise ConfigError(f"unknown generation backend '{backend}' (one of: {', '.join(BACKENDS)})")
             pset.backend, pset.backend_config = backend, dict(backend_config or {})
         if sampling:
             pset.sampling = {**pset.sampling, **sampling}

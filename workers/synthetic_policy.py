@@ -73,6 +73,11 @@ def make_problem(seed: int, min_steps: int = 3, max_steps: int = 8) -> Arithmeti
     return ArithmeticProblem(start, tuple(ops))
 
 
+def is_synthetic_question(question: str) -> bool:
+    """Whether the synthetic policy can continue this problem (it only knows its own)."""
+    return bool(_QUESTION.search(f"Problem: {question}"))
+
+
 def parse_problem(prompt: str) -> ArithmeticProblem:
     """Read the problem back from a policy prompt (the backend sees only text)."""
     m = _QUESTION.search(prompt)

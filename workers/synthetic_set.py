@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from stepq.models import Database, queries
+from stepq.models.errors import ConfigError
 from stepq.models.problems import Problem
 from stepq.workers.backends import SamplingParams, generator_id
 from stepq.workers.backends.synthetic import SyntheticBackend
@@ -17,6 +20,13 @@ from stepq.workers.synthetic_policy import PROMPT_TEMPLATE, SyntheticPolicy, gro
 class SynthReport:
     new_problems: int
     new_trajectories: int
+
+
+def _describe(backend: str, seed: int, config: Mapping[str, Any]) -> str:
+    if backend != "synthetic":
+        return f"the {backend} backend (not a synthetic set)"
+    settings = ", ".join(f"{k}={config.get(k)}" for k in ("error_rate", "recovery_rate", "latency_s"))
+    return f"seed {seed} ({settings})"
 
 
 def synth_set(
@@ -39,6 +49,14 @@ def synth_set(
     new_p = new_t = 0
     with db.session() as s:
         pset = queries.ensure_set(s, set_name, backend="synthetic", backend_config=config, seed=seed)
+        if (pset.backend, pset.seed) != ("synthetic", seed) or (
+            pset.backend == "synthetic" and {k: pset.backend_config.get(k) for k in config} != config
+        ):
+            raise ConfigError(
+                f"set '{set_name}' exists with {_describe(pset.backend, pset.seed, pset.backend_config)}; "
+                f"'stepq synth' would add problems of {_describe('synthetic', seed, config)}: "
+                "use the same settings to grow it, or another --set"
+            )
         specs = [(f"synth-{seed}-{i}", make_problem(derive_seed("problem", seed, i))) for i in range(problems)]
         new_p = queries.insert_ignore(
             s,

@@ -83,13 +83,16 @@ def worker(
 ) -> None:
     """Run a Celery worker that pulls rollout work (one per GPU, concurrency 1)."""
     from stepq.workers.annotate import WorkerRuntime
-    from stepq.workers.backends import make_backend
-    from stepq.workers.celery_app import create_app
+    from stepq.workers.backends import check_config, make_backend
+    from stepq.workers.celery_app import create_app, wait_for_broker
     from stepq.workers.grading import Grader
 
     settings = load_settings()
     setup_logging(loglevel or settings.log_level)
     open_db(settings).dispose()
+    if backend:
+        check_config(backend, backend_config(model, base_url, backend_options))
+    wait_for_broker(settings.broker_url, settings.broker_wait_s)
     config = backend_config(
         model,
         base_url,
@@ -131,12 +134,13 @@ def worker(
 @friendly
 def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
     """Publish missing work to the broker; only one dispatcher acts at a time."""
-    from stepq.workers.celery_app import create_app, publisher, redis_queue_depth
+    from stepq.workers.celery_app import create_app, publisher, redis_queue_depth, wait_for_broker
     from stepq.workers.dispatcher import Dispatcher
 
     settings = load_settings()
     setup_logging(settings.log_level)
     database = open_db(settings)
+    wait_for_broker(settings.broker_url, settings.broker_wait_s)
     app = create_app(settings.celery_options())
     dispatcher = Dispatcher(
         database,
@@ -153,20 +157,34 @@ def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
 
 @main.command()
 @click.option("--port", type=int, default=5555, show_default=True)
-@click.option("--address", default="0.0.0.0", show_default=True)
+@click.option("--address", default="127.0.0.1", show_default=True, help="Listen address (loopback by default).")
+@click.option(
+    "--basic-auth",
+    default=None,
+    envvar="STEPQ_FLOWER_BASIC_AUTH",
+    metavar="USER:PASSWORD",
+    help="Require HTTP basic auth (also STEPQ_FLOWER_BASIC_AUTH); needed before listening beyond loopback.",
+)
 @friendly
-def flower(port: int, address: str) -> None:
+def flower(port: int, address: str, basic_auth: str | None) -> None:
     """Celery's Flower dashboard for the stepq queue (needs the 'flower' extra)."""
+    from stepq.models.errors import ConfigError
     from stepq.workers.celery_app import create_app
 
+    if address not in ("127.0.0.1", "localhost", "::1") and not basic_auth:
+        raise ConfigError(
+            f"Flower on {address} would let anyone on the network see and control the queue: "
+            "set --basic-auth USER:PASSWORD (or STEPQ_FLOWER_BASIC_AUTH), or keep the loopback default"
+        )
     try:
         import flower as _flower  # noqa: F401
     except ImportError:
-        from stepq.models.errors import ConfigError
-
         raise ConfigError("Flower is not installed: pip install 'stepq[flower]'") from None
     settings = load_settings()
-    create_app(settings.celery_options()).start(["flower", f"--port={port}", f"--address={address}"])
+    argv = ["flower", f"--port={port}", f"--address={address}"]
+    if basic_auth:
+        argv.append(f"--basic-auth={basic_auth}")
+    create_app(settings.celery_options()).start(argv)
 
 
 @main.command("serve-synthetic")

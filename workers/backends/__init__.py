@@ -7,10 +7,23 @@ from typing import Any
 from stepq.models.errors import ConfigError
 from stepq.workers.backends.base import Completion, GenerationBackend, GenerationRequest, SamplingParams, generator_id
 
+REQUIRED = {"openai": ("base_url", "model"), "vllm": ("model",), "hf": ("model",)}
+
+
+def check_config(name: str, config: dict[str, Any]) -> None:
+    """Refuse a backend config that could never generate, before it is stored or used."""
+    if name not in BACKENDS:
+        raise ConfigError(f"unknown generation backend '{name}' (one of: {', '.join(BACKENDS)})")
+    missing = [k for k in REQUIRED.get(name, ()) if not config.get(k)]
+    if missing:
+        flags = " and ".join(f"--{k.replace('_', '-')}" for k in missing)
+        raise ConfigError(f"the {name} backend needs {flags}")
+
 
 def make_backend(name: str, config: dict[str, Any] | None = None) -> GenerationBackend:
     """Build a backend; imports lazily so a worker only loads what it uses."""
     config = config or {}
+    check_config(name, config)
     if name == "synthetic":
         from stepq.workers.backends.synthetic import SyntheticBackend
 

@@ -1,0 +1,187 @@
+"""The mistakes operators make: each gets one line, a documented exit code, and changes nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from stepq.models import Database, queries
+from stepq.workers.dispatcher import Dispatcher
+from stepq.workers.planning import configure_annotation
+from stepq.workers.synthetic_set import synth_set
+from tests.conftest import DATA, PG_SERVER, table_counts
+
+
+def _stepq(
+    tmp: Path, *args: str, env: dict[str, str] | None = None, timeout: int = 120
+) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
+    base.update({"STEPQ_DATABASE_URL": f"sqlite:///{tmp / 'stepq.db'}", **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "stepq", *args], cwd=tmp, env=base, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _one_line(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stepq: error: "), proc.stderr
+    return lines[0]
+
+
+def _db(tmp: Path) -> Database:
+    return Database(f"sqlite:///{tmp / 'stepq.db'}")
+
+
+def test_annotating_a_set_without_trajectories_says_how_to_get_them(tmp_path: Path) -> None:
+    assert _stepq(tmp_path, "ingest", str(DATA / "math500_sample.jsonl"), "--set", "m").returncode == 0
+    before = table_counts(_db(tmp_path))
+    proc = _stepq(tmp_path, "annotate", "--set", "m", "--rollouts", "4")
+    assert proc.returncode == 4
+    line = _one_line(proc)
+    assert "no trajectories" in line and "stepq generate --set m" in line and "--steps" in line
+    assert table_counts(_db(tmp_path)) == before
+    with _db(tmp_path).session() as s:
+        assert queries.get_set(s, "m").rollouts_per_prefix == 0, "nothing was stored"
+
+
+@pytest.mark.parametrize(
+    ("backend", "missing"), [("openai", "--base-url and --model"), ("vllm", "--model"), ("hf", "--model")]
+)
+def test_a_backend_without_its_model_is_refused(tmp_path: Path, backend: str, missing: str) -> None:
+    assert _stepq(tmp_path, "synth", "--set", "s", "--problems", "2").returncode == 0
+    proc = _stepq(tmp_path, "annotate", "--set", "s", "--rollouts", "4", "--backend", backend)
+    assert proc.returncode == 2 and f"the {backend} backend needs {missing}" in _one_line(proc)
+    with _db(tmp_path).session() as s:
+        pset = queries.get_set(s, "s")
+        assert (pset.backend, pset.rollouts_per_prefix) == ("synthetic", 0)
+    proc = _stepq(tmp_path, "generate", "--set", "s", "--samples", "1", "--backend", backend)
+    assert proc.returncode == 2 and missing in _one_line(proc)
+
+
+def test_the_synthetic_backend_on_real_problems_is_refused_before_sampling(tmp_path: Path) -> None:
+    assert _stepq(tmp_path, "ingest", str(DATA / "gsm8k_sample.jsonl"), "--set", "g").returncode == 0
+    before = table_counts(_db(tmp_path))
+    proc = _stepq(tmp_path, "generate", "--set", "g", "--samples", "2")
+    assert proc.returncode == 2 and "synthetic backend cannot continue" in _one_line(proc)
+    assert table_counts(_db(tmp_path)) == before
+
+
+@pytest.mark.parametrize("url", ["foo://host:1/0", "redis//127.0.0.1:6379/0", "127.0.0.1:6379"])
+def test_a_malformed_broker_url_is_refused_at_start(tmp_path: Path, url: str) -> None:
+    for command in (["worker"], ["dispatch", "--once"]):
+        proc = _stepq(tmp_path, *command, env={"STEPQ_BROKER_URL": url})
+        assert proc.returncode == 2 and "is not a broker URL" in _one_line(proc), proc.stderr
+
+
+def test_an_unreachable_broker_gives_up_after_a_bounded_wait(tmp_path: Path) -> None:
+    env = {"STEPQ_BROKER_URL": "redis://127.0.0.1:1/0", "STEPQ_BROKER_WAIT_S": "2"}
+    assert _stepq(tmp_path, "db", "upgrade").returncode == 0
+    for command in (["worker"], ["dispatch", "--once"]):
+        started = time.monotonic()
+        proc = _stepq(tmp_path, *command, env=env, timeout=60)
+        assert proc.returncode == 6, proc.stderr
+        assert "cannot reach the broker" in proc.stderr and "gave up after 2 s" in proc.stderr
+        assert time.monotonic() - started < 30
+
+
+def test_status_on_a_database_that_does_not_exist(tmp_path: Path) -> None:
+    url = make_url(PG_SERVER).set(database="stepq_no_such_database").render_as_string(hide_password=False)
+    proc = _stepq(tmp_path, "status", env={"STEPQ_DATABASE_URL": url})
+    assert proc.returncode == 5
+    line = _one_line(proc)
+    assert "database 'stepq_no_such_database' does not exist" in line and "createdb" in line
+
+
+def test_synth_onto_a_set_of_another_seed_is_refused(tmp_path: Path) -> None:
+    assert _stepq(tmp_path, "synth", "--set", "s", "--problems", "3", "--seed", "1").returncode == 0
+    before = table_counts(_db(tmp_path))
+    proc = _stepq(tmp_path, "synth", "--set", "s", "--problems", "5", "--seed", "2")
+    assert proc.returncode == 2 and "seed 1" in _one_line(proc) and "seed 2" in _one_line(proc)
+    assert table_counts(_db(tmp_path)) == before
+    assert _stepq(tmp_path, "synth", "--set", "s", "--problems", "5", "--seed", "1").returncode == 0, "growing is fine"
+
+
+def test_run_while_a_dispatcher_runs_is_busy_and_creates_nothing(tmp_path: Path) -> None:
+    assert _stepq(tmp_path, "db", "upgrade").returncode == 0
+    db = _db(tmp_path)
+    holder = Dispatcher(db, lambda ids: None, name="the-other-dispatcher")
+    assert holder.acquire()
+    proc = _stepq(tmp_path, "run", "--set", "d", "--synthetic", "3")
+    assert proc.returncode == 75 and "the-other-dispatcher" in _one_line(proc)
+    with db.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM problem_sets")).scalar_one() == 0
+
+
+def test_flower_refuses_to_listen_beyond_loopback_without_auth(tmp_path: Path) -> None:
+    proc = _stepq(tmp_path, "flower", "--address", "0.0.0.0")
+    assert proc.returncode == 2 and "--basic-auth" in _one_line(proc)
+
+
+def test_an_unreachable_openai_server_fails_fast() -> None:
+    import socket
+
+    from stepq.models.errors import GenerationError
+    from stepq.workers.backends import GenerationRequest, SamplingParams
+    from stepq.workers.backends.openai_server import OpenAICompletionsBackend
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    backend = OpenAICompletionsBackend(f"http://127.0.0.1:{port}/v1", "m", max_retries=6, backoff_s=1.0)
+    started = time.monotonic()
+    with pytest.raises(GenerationError, match="connection refused") as err:
+        backend.generate([GenerationRequest("x", (1, 2))], SamplingParams())
+    assert time.monotonic() - started < 2, "no backoff on a refused connection"
+    assert not err.value.permanent, "the queue retries it later"
+    backend.close()
+
+
+def test_pause_resume_and_delete_a_set(any_db: Database) -> None:
+    synth_set(any_db, "keep", problems=3, seed=1)
+    synth_set(any_db, "stop", problems=3, seed=2)
+    configure_annotation(any_db, "keep", 2)
+    configure_annotation(any_db, "stop", 2)
+    published: list[int] = []
+    with any_db.session() as s:
+        assert queries.pause_set(s, "stop", True)
+        stop_items = set(queries.set_trajectory_ids(s, queries.get_set(s, "stop").id))
+    d = Dispatcher(any_db, published.extend)
+    d.options = type(d.options)(messages_per_worker=None)
+    d.cycle()
+    with any_db.session() as s:
+        published_trajectories = {s.get(queries.RolloutWork, i).trajectory_id for i in published}  # type: ignore[union-attr]
+    assert published_trajectories and not (published_trajectories & stop_items), "a paused set is not dispatched"
+    with any_db.session() as s:
+        assert queries.pause_set(s, "stop", False)
+    d.cycle()
+    assert len(published) == 6
+    with any_db.session() as s:
+        gone = queries.delete_set(s, "stop")
+    assert gone["problems"] == 3 and gone["trajectories"] == 3
+    with any_db.session() as s:
+        assert [r["problem_set"] for r in queries.progress(s)] == ["keep"]
+    with any_db.engine.connect() as conn:
+        left = conn.execute(text("SELECT count(*) FROM trajectories")).scalar_one()
+        counters = conn.execute(text("SELECT count(DISTINCT problem_set_id) FROM set_counters")).scalar_one()
+    assert left == 3
+    if any_db.engine.dialect.name == "postgresql":
+        assert counters == 1, "the deleted set's counters went with it"
+
+
+def test_set_commands(tmp_path: Path) -> None:
+    assert _stepq(tmp_path, "synth", "--set", "s", "--problems", "2").returncode == 0
+    assert "paused" in _stepq(tmp_path, "set", "pause", "s").stdout
+    assert "resumed" in _stepq(tmp_path, "set", "resume", "s").stdout
+    proc = _stepq(tmp_path, "set", "delete", "s")
+    assert proc.returncode == 2 and "--yes" in _one_line(proc)
+    assert _stepq(tmp_path, "set", "delete", "nope", "--yes").returncode == 4
+    done = _stepq(tmp_path, "set", "delete", "s", "--yes")
+    assert done.returncode == 0 and "2 problems" in done.stdout
+    assert _stepq(tmp_path, "status").returncode == 0
