@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from sqlalchemy import text
+from sqlalchemy import bindparam, text
 
 from stepq.models import Database, queries
 from stepq.workers.backends.synthetic_server import FailurePlan, SyntheticCompletionsServer
@@ -296,6 +296,44 @@ def test_grading_timeout_holds_in_every_pool(cluster: Cluster, pg: Database, poo
         assert proc.pid not in pids, "the child that ran the task built its own engine"
     else:
         assert pids == {proc.pid}
+
+
+def test_sigterm_hands_back_the_batch_and_exits_promptly(cluster: Cluster, pg: Database) -> None:
+    """A scale-down (``docker compose stop``) sends SIGTERM: the worker commits the batch in
+    flight, hands its items back and exits in about a batch's time, not a task's; another
+    worker then finishes exactly."""
+    cluster.env["STEPQ_ITEMS_PER_TASK"] = "2"
+    _prepare(cluster, "term", problems=6, m=16, latency=0.05)  # a batch ~1.6 s, a task ~10 s
+    proc = cluster.start_worker("leaving")
+    _dispatcher(cluster)
+    _freeze_holding_a_lease(pg, proc, "leaving")
+    with pg.engine.connect() as conn:
+        held = [i for (i,) in conn.execute(text("SELECT id FROM rollout_work WHERE state = 'running'"))]
+    proc.send_signal(signal.SIGCONT)
+    time.sleep(0.3)  # mid-batch
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    took = time.monotonic() - started
+    assert took < 4.0, f"SIGTERM took {took:.1f}s; a whole task takes ~10 s"
+    with pg.engine.connect() as conn:
+        states = dict(
+            conn.execute(
+                text("SELECT id, state FROM rollout_work WHERE id IN :ids").bindparams(
+                    bindparam("ids", expanding=True)
+                ),
+                {"ids": held},
+            ).all()
+        )
+        alive = conn.execute(text("SELECT count(*) FROM workers WHERE stopped_at IS NULL")).scalar_one()
+    assert set(states.values()) <= {"pending", "queued", "done"} and "pending" in states.values(), states
+    assert alive == 0, "the worker said it stopped"
+    cluster.start_worker("staying")
+    wait_for(lambda: _all_done(pg), 240, "all work done after the hand-back")
+    assert_exact(pg, "term", 16)
+    with pg.engine.connect() as conn:
+        attempts = conn.execute(text("SELECT max(attempts) FROM rollout_work")).scalar_one()
+    assert attempts == 1, "handing back is not a failed attempt"
 
 
 def _message_ids(redis_client: redis.Redis, cluster: Cluster) -> list[int]:
