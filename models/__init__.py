@@ -1,7 +1,7 @@
 """The database: tables grouped by concept, engine/session setup, and every query."""
 
 from stepq.models.base import Base, epoch
-from stepq.models.counters import LabelCounters, ProgressSample, SetCounters
+from stepq.models.counters import EventCount, LabelCounters, ProgressSample, SetCounters
 from stepq.models.db import Database
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.rollouts import ChunkLabel, QValue, Rollout
@@ -15,6 +15,7 @@ __all__ = [
     "Chunk",
     "ChunkLabel",
     "Database",
+    "EventCount",
     "LabelCounters",
     "Lock",
     "Problem",

@@ -53,6 +53,16 @@ class LabelCounters(Base):
     positive: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
+class EventCount(Base):
+    """A running total of something that happens (lease expiries, failed items, lost
+    messages, retries): what the dispatcher and workers saw, for metrics."""
+
+    __tablename__ = "event_counts"
+
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+
 class ProgressSample(Base):
     """A set's progress at one moment, written by the dispatcher every few seconds.
 

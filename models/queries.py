@@ -15,7 +15,7 @@ from sqlalchemy import and_, case, delete, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from stepq.models.base import epoch
-from stepq.models.counters import LabelCounters, ProgressSample, SetCounters
+from stepq.models.counters import EventCount, LabelCounters, ProgressSample, SetCounters
 from stepq.models.errors import NotFoundError
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.rollouts import ChunkLabel, QValue, Rollout
@@ -80,6 +80,41 @@ def delete_set(session: Session, name: str) -> dict[str, int]:
     for model in (SetCounters, LabelCounters, ProgressSample):
         session.execute(delete(model).where(model.problem_set_id == pset.id))
     return {k: int(counts.get(k) or 0) for k in ("problems", "trajectories", "rollouts_done")}
+
+
+def count_event(session: Session, name: str, n: int = 1) -> None:
+    """Add ``n`` to a running total (lease expiries, failures, lost messages, retries)."""
+    if n:
+        stmt = _insert(session, EventCount.__table__).values(name=name, value=n)
+        session.execute(
+            stmt.on_conflict_do_update(
+                index_elements=["name"], set_={"value": EventCount.__table__.c.value + stmt.excluded.value}
+            )
+        )
+
+
+def event_counts(session: Session) -> dict[str, int]:
+    return {name: int(v) for name, v in session.execute(select(EventCount.name, EventCount.value))}
+
+
+def work_troubles(session: Session) -> dict[int, dict[str, Any]]:
+    """set id -> failed items, items backing off after a transient error, and the latest
+    error; reads only failed and backing-off items (indexes on state and retry_at)."""
+    out: dict[int, dict[str, Any]] = {}
+    troubled = or_(RolloutWork.state == FAILED, RolloutWork.retry_at.is_not(None))
+    rows = session.execute(
+        select(Problem.problem_set_id, RolloutWork.id, RolloutWork.state, RolloutWork.last_error)
+        .join(Trajectory, Trajectory.id == RolloutWork.trajectory_id)
+        .join(Problem, Problem.id == Trajectory.problem_id)
+        .where(troubled)
+        .order_by(RolloutWork.id)
+    )
+    for sid, _, state, error in rows:
+        entry = out.setdefault(sid, {"failed": 0, "retrying": 0, "last_error": None})
+        entry["failed" if state == FAILED else "retrying"] += 1
+        if error:
+            entry["last_error"] = error
+    return out
 
 
 def lock_holder(session: Session, name: str) -> str | None:
@@ -800,8 +835,11 @@ def heartbeat(
     tokens: int = 0,
     busy_items: int | None = None,
     label: str = "",
+    engine_s: float | None = None,
+    grades: dict[str, int] | None = None,
 ) -> None:
-    """Record that a worker is alive and what it has done, in one upsert."""
+    """Record that a worker is alive and what it has done, in one upsert (``rollouts`` and
+    ``tokens`` are added; ``engine_s`` and ``grades`` are the process's running totals)."""
     now = epoch()
     stmt = _insert(session, Worker.__table__).values(
         name=name,
@@ -813,6 +851,8 @@ def heartbeat(
         rollouts_done=rollouts,
         tokens_done=tokens,
         busy_items=busy_items or 0,
+        engine_s=engine_s or 0.0,
+        grades=grades,
     )
     table = Worker.__table__.c
     updates: dict[str, Any] = {
@@ -824,6 +864,10 @@ def heartbeat(
     }
     if busy_items is not None:
         updates["busy_items"] = stmt.excluded.busy_items
+    if engine_s is not None:
+        updates["engine_s"] = stmt.excluded.engine_s
+    if grades is not None:
+        updates["grades"] = stmt.excluded.grades
     session.execute(stmt.on_conflict_do_update(index_elements=["name"], set_=updates))
 
 
@@ -846,6 +890,8 @@ def live_workers(session: Session, since: float) -> list[dict[str, Any]]:
             "rollouts": w.rollouts_done,
             "tokens": w.tokens_done,
             "last_heartbeat": w.last_heartbeat,
+            "engine_s": w.engine_s,
+            "grades": dict(w.grades or {}),
         }
         for w in rows
     ]
@@ -868,8 +914,19 @@ def progress(session: Session) -> list[dict[str, Any]]:
     """
     if session.get_bind().dialect.name != "postgresql":
         ids = dict(session.execute(select(ProblemSet.name, ProblemSet.id)).all())
+        per_set: dict[int, dict[str, int]] = {}
+        for sid, state, count in session.execute(
+            select(Problem.problem_set_id, RolloutWork.state, func.count())
+            .join(Trajectory, Trajectory.id == RolloutWork.trajectory_id)
+            .join(Problem, Problem.id == Trajectory.problem_id)
+            .group_by(Problem.problem_set_id, RolloutWork.state)
+        ):
+            per_set.setdefault(sid, {})[state] = int(count)
         rows = session.execute(text("SELECT * FROM annotation_progress ORDER BY problem_set"))
-        return [{**r._mapping, "problem_set_id": ids.get(r.problem_set)} for r in rows]
+        return [
+            {**r._mapping, "problem_set_id": ids[r.problem_set], "work": per_set.get(ids[r.problem_set], {})}
+            for r in rows
+        ]
     sums = {
         c: func.coalesce(func.sum(getattr(SetCounters, c)), 0).label(c)
         for c in (

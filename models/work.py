@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, false, func
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, false, func
 from sqlalchemy.orm import Mapped, mapped_column
 
 from stepq.models.base import Base
@@ -30,6 +30,7 @@ class RolloutWork(Base):
         Index("ix_rollout_work_state_id", "state", "id"),
         Index("ix_rollout_work_state_lease", "state", "lease_expires_at"),
         Index("ix_rollout_work_state_enqueued", "state", "enqueued_at"),
+        Index("ix_rollout_work_retry_at", "retry_at"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -80,3 +81,7 @@ class Worker(Base):
     label: Mapped[str] = mapped_column(String(200), default="", server_default="")
     """The operator's ``--name`` (several processes may share it; ``name`` is unique)."""
     stopped_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    engine_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    """Seconds the process spent inside ``generate`` calls."""
+    grades: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
+    """Rollouts graded by this process, per grading method."""

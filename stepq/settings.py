@@ -52,6 +52,8 @@ class Settings:
     synchronous_commit: bool = False
     """PostgreSQL synchronous_commit for workers; off is safe here (see models.db)."""
     log_level: str = "INFO"
+    log_format: str = "text"
+    """text, or json: one JSON object per line with worker, set and item."""
     trainer_lease_ttl_s: float = 120.0
     """A trainer's claim on a training run (and a trainer service's on its lineage) lasts this
     long without a step; a killed trainer's run is taken over after it."""
@@ -85,6 +87,8 @@ class Settings:
             raise ConfigError(
                 f"{PREFIX}DATABASE_URL must be a sqlite:// or postgresql:// URL, got {self.database_url!r}"
             )
+        if self.log_format not in ("text", "json"):
+            raise ConfigError(f"{PREFIX}LOG_FORMAT must be text or json, got {self.log_format!r}")
         scheme, sep, rest = self.broker_url.partition("://")
         if not sep or not rest or scheme not in BROKER_SCHEMES:
             raise ConfigError(

@@ -1,8 +1,14 @@
-"""What ``stepq status`` shows: the progress view plus live rates and ETAs."""
+"""What ``stepq status`` shows: progress per set, live rates and ETAs, troubles, workers.
+
+Every figure comes from small reads (trigger-kept counters on PostgreSQL, the dispatcher's
+progress samples, failed and backing-off items, live heartbeats), so it costs the same on a
+run of a thousand rollouts or of fifty million, and ``--watch`` can refresh it every second.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from stepq.models import Database, queries
@@ -13,22 +19,25 @@ WORKER_LIVE_S = 60.0
 """A worker whose last heartbeat is older than this is not shown as live."""
 
 
-def collect(db: Database) -> dict[str, Any]:
-    """Progress per set, its current rollouts/s and ETA, work states and workers."""
+def collect(db: Database, queue_depth: Callable[[], int | None] | None = None) -> dict[str, Any]:
+    """Progress per set, its current rollouts/s and ETA, troubles, work states and workers."""
     with db.session() as s:
         rows = queries.progress(s)
         now = time.time()
         earlier = queries.progress_since(s, now - RATE_WINDOW_S)
         work = queries.work_counts(s)
         workers = queries.live_workers(s, time.time() - WORKER_LIVE_S)
+        troubles = queries.work_troubles(s)
     sets = []
     for r in rows:
         rate = _rate(r, earlier.get(r["problem_set_id"]), now)
         left = max(0, int(r["rollouts_planned"]) - int(r["rollouts_done"]) - int(r["rollouts_saved"]))
         share = r["positive_share"]
+        trouble = troubles.get(r["problem_set_id"], {})
         sets.append(
             {
                 "problem_set": r["problem_set"],
+                "problem_set_id": r["problem_set_id"],
                 "rollouts_per_prefix": int(r["rollouts_per_prefix"]),
                 "label_rule": r["label_rule"],
                 "problems": int(r["problems"]),
@@ -43,9 +52,14 @@ def collect(db: Database) -> dict[str, Any]:
                 "positive_share": None if share is None else round(float(share), 4),
                 "rollouts_per_s": round(rate, 2),
                 "eta_s": (round(left / rate) if rate > 0 else None) if left else 0,
+                "work": dict(r.get("work") or {}),
+                "failed": int(trouble.get("failed", 0)),
+                "retrying": int(trouble.get("retrying", 0)),
+                "last_error": trouble.get("last_error"),
             }
         )
-    return {"sets": sets, "work": work, "workers": workers}
+    depth = queue_depth() if queue_depth else None
+    return {"sets": sets, "work": work, "workers": workers, "broker_queue_depth": depth}
 
 
 def _rate(row: dict[str, Any], sample: tuple[float, int] | None, now: float) -> float:
@@ -69,31 +83,39 @@ def render(report: dict[str, Any]) -> str:
     head = [
         "set",
         "M",
+        "rule",
         "budget",
         "problems",
         "done",
         "chunks",
         "rollouts",
+        "%",
         "saved",
         "labelled",
         "positive",
         "rollouts/s",
         "ETA",
+        "failed",
+        "retrying",
     ]
     body = [
         [
             r["problem_set"],
             str(r["rollouts_per_prefix"]),
+            r["label_rule"],
             r["budget_policy"].split(":")[0],
             str(r["problems"]),
             f"{r['trajectories_done']}/{r['trajectories']}",
             str(r["chunks"]),
             f"{r['rollouts_done']}/{r['rollouts_planned']}",
+            _percent(r),
             str(r["rollouts_saved"]),
             str(r["labelled_chunks"]),
             "-" if r["positive_share"] is None else f"{100 * r['positive_share']:.1f}%",
             f"{r['rollouts_per_s']:.1f}",
             _eta(r["eta_s"]),
+            str(r["failed"]),
+            str(r["retrying"]),
         ]
         for r in report["sets"]
     ]
@@ -104,9 +126,33 @@ def render(report: dict[str, Any]) -> str:
     ]
     if not body:
         lines = ["no problem sets yet: try 'stepq synth' or 'stepq ingest'"]
+    for r in report["sets"]:
+        if r["last_error"]:
+            lines.append(f"  {r['problem_set']}: last error: {r['last_error'].splitlines()[0][:160]}")
     work = ", ".join(f"{k} {v}" for k, v in sorted(report["work"].items())) or "none"
     lines.append("")
     busy = sum(1 for w in report["workers"] if w["busy_items"])
     live = len(report["workers"])
-    lines.append(f"work items: {work}; workers: {live} live ({busy} busy, {live - busy} idle)")
+    depth = report.get("broker_queue_depth")
+    broker = "" if depth is None else f"; broker queue: {depth} messages"
+    lines.append(f"work items: {work}; workers: {live} live ({busy} busy, {live - busy} idle){broker}")
     return "\n".join(lines)
+
+
+def _percent(row: dict[str, Any]) -> str:
+    """Share of the planned work that is done (a finished trajectory counts whole)."""
+    planned = int(row["rollouts_planned"])
+    if not planned:
+        return "-"
+    return f"{100 * min(1.0, (int(row['rollouts_done']) + int(row['rollouts_saved'])) / planned):.1f}"
+
+
+def watch(db: Database, *, interval_s: float, queue_depth: Callable[[], int | None] | None, echo: Callable[[str], None],
+          stop: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
+    """Redraw the report every ``interval_s`` until interrupted (or ``stop()``)."""
+    while True:
+        report = render(collect(db, queue_depth))
+        echo(f"\x1b[2J\x1b[H{time.strftime('%H:%M:%S')}  stepq status (Ctrl-C to leave)\n\n{report}")
+        if stop():
+            return
+        time.sleep(interval_s)

@@ -13,6 +13,8 @@ import os
 import secrets
 import socket
 import threading
+import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,6 +36,7 @@ from stepq.workers.budget import parse_budget
 from stepq.workers.grading import Grader
 from stepq.workers.heartbeat import Heartbeat
 from stepq.workers.labels import parse_rule
+from stepq.workers.logcontext import bind
 from stepq.workers.qvalues import TrajectoryLabeller
 from stepq.workers.seeds import derive_seed
 
@@ -78,6 +81,10 @@ class WorkerRuntime:
         self.name = f"{self.label}@{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._held: set[int] = set()
         self._held_lock = threading.Lock()
+        self.engine_s = 0.0
+        """Seconds spent inside generate calls (metrics: engine time per worker)."""
+        self.grades: Counter[str] = Counter()
+        """Rollouts graded, per grading method (metrics: grading outcomes per worker)."""
         self.stopping = threading.Event()
         """Set when the process is asked to stop: tasks hand their items back after the batch
         in flight instead of finishing them."""
@@ -90,6 +97,7 @@ class WorkerRuntime:
             lease_ttl_s=self.options.lease_ttl_s,
             busy=lambda: len(self._held),
             backend=lambda: self._generator,
+            totals=lambda: (self.engine_s, dict(self.grades)),
         )
 
     def request_stop(self) -> None:
@@ -155,6 +163,7 @@ class TrajectoryJob:
 
     def __init__(self, rt: WorkerRuntime, work_id: int, ctx: queries.WorkContext) -> None:
         self.rt, self.work_id, self.ctx = rt, work_id, ctx
+        self.set_name = ctx.problem_set.name
         pset, traj, problem = ctx.problem_set, ctx.trajectory, ctx.problem
         if not problem.reference_answer:
             raise ConfigError(f"problem {problem.external_id} has no reference answer to grade against")
@@ -205,6 +214,7 @@ class TrajectoryJob:
         for (k, js), req, completions in zip(self.batch, requests, results, strict=True):
             for j, seed, comp in zip(js, req.seeds, completions, strict=True):
                 grade = rt.grader.grade(comp.text, self.ctx.problem.reference_answer)
+                rt.grades[grade.method] += 1
                 tokens += comp.tokens
                 rows.append(
                     {
@@ -239,20 +249,27 @@ class TrajectoryJob:
                 tokens=tokens,
                 busy_items=rt.busy_items,
                 label=rt.label,
+                engine_s=rt.engine_s,
+                grades=dict(rt.grades),
             )
             if self.decision.done:  # the last batch commits together with "done"
                 queries.finish_work(s, self.work_id, rt.name)
         return self.decision.done
 
 
-def _fail(rt: WorkerRuntime, work_id: int, exc: Exception) -> str:
+def _fail(rt: WorkerRuntime, work_id: int, exc: Exception, set_name: str | None = None) -> str:
     """Record a failed item: permanent errors fail it at once, others retry with backoff."""
     permanent = isinstance(exc, ConfigError) or (isinstance(exc, GenerationError) and exc.permanent)
     log.error(
-        "work item %s failed (%s): %s: %s", work_id, "permanent" if permanent else "will retry", type(exc).__name__, exc
+        "work item %s failed (%s): %s: %s",
+        work_id,
+        "permanent" if permanent else "will retry",
+        type(exc).__name__,
+        exc,
+        extra={"item": work_id, "set": set_name},
     )
     with rt.db.session() as s:
-        return queries.fail_or_retry(
+        outcome = queries.fail_or_retry(
             s,
             work_id,
             rt.name,
@@ -261,6 +278,8 @@ def _fail(rt: WorkerRuntime, work_id: int, exc: Exception) -> str:
             permanent=permanent,
             backoff_s=rt.options.retry_backoff_s,
         )
+        queries.count_event(s, {"failed": "items_failed", "retry": "retries"}.get(outcome, "lost_leases"))
+    return outcome
 
 
 def _generate_isolated(
@@ -301,7 +320,7 @@ def run_work_items(rt: WorkerRuntime, work_ids: list[int]) -> dict[int, WorkOutc
     in its own transaction, with "done" in the last one.  A failure fails only the item it
     belongs to.  While this runs, the runtime's heartbeat keeps the leases alive.
     """
-    with rt.holding(work_ids):
+    with rt.holding(work_ids), bind(worker=rt.name, item=work_ids[0] if len(work_ids) == 1 else work_ids):
         return _run(rt, work_ids)
 
 
@@ -331,10 +350,13 @@ def _run(rt: WorkerRuntime, work_ids: list[int]) -> dict[int, WorkOutcome]:
             try:
                 groups.setdefault((id(job.backend), job.params), []).append((job, job.next_requests()))
             except Exception as exc:
-                outcomes[job.work_id] = WorkOutcome(_fail(rt, job.work_id, exc))
+                outcomes[job.work_id] = WorkOutcome(_fail(rt, job.work_id, exc, job.set_name))
         still: list[TrajectoryJob] = []
         for (_, params), members in groups.items():
-            for job, reqs, result in _generate_isolated(members[0][0].backend, members, params):
+            started = time.monotonic()
+            generated = _generate_isolated(members[0][0].backend, members, params)
+            rt.engine_s += time.monotonic() - started
+            for job, reqs, result in generated:
                 try:
                     if isinstance(result, Exception):
                         raise result
@@ -346,7 +368,7 @@ def _run(rt: WorkerRuntime, work_ids: list[int]) -> dict[int, WorkOutcome]:
                     log.warning("%s", exc)
                     outcomes[job.work_id] = WorkOutcome("lost")
                 except Exception as exc:
-                    outcomes[job.work_id] = WorkOutcome(_fail(rt, job.work_id, exc))
+                    outcomes[job.work_id] = WorkOutcome(_fail(rt, job.work_id, exc, job.set_name))
         jobs = still
     return outcomes
 

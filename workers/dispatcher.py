@@ -87,6 +87,8 @@ class Dispatcher:
         with self.db.session() as s:
             planned = queries.plan_work(s)
             expired, failed = queries.reschedule_expired(s, now, o.max_attempts)
+            queries.count_event(s, "lease_expiries", expired + failed)
+            queries.count_event(s, "items_failed", failed)
             if now - self._sampled_at >= o.sample_every_s:
                 queries.record_progress(s, now)
                 self._sampled_at = now
@@ -96,6 +98,7 @@ class Dispatcher:
             cutoff = now - (o.lost_grace_s if depth == 0 else o.requeue_after_s)
             with self.db.session() as s:
                 requeued = queries.requeue_stale(s, cutoff)
+                queries.count_event(s, "messages_lost", requeued)
         bound = self.bound()
         published = 0
         while True:

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 
 from stepq.models import Database, queries
+from stepq.workers.logcontext import bind
 
 log = logging.getLogger("stepq.worker")
 
@@ -33,16 +34,18 @@ class Heartbeat:
         lease_ttl_s: float,
         busy: Callable[[], int],
         backend: Callable[[], str],
+        totals: Callable[[], tuple[float, dict[str, int]]] = lambda: (0.0, {}),
     ) -> None:
         self.db, self.name, self.label = db, name, label
         self.interval_s, self.lease_ttl_s = interval_s, lease_ttl_s
-        self.busy, self.backend = busy, backend
+        self.busy, self.backend, self.totals = busy, backend, totals
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.beats = 0
 
     def beat(self) -> int:
         """One beat; returns how many leases it renewed."""
+        engine_s, grades = self.totals()
         with self.db.session() as s:
             renewed = queries.renew_owner_leases(s, self.name, self.lease_ttl_s)
             queries.heartbeat(
@@ -53,6 +56,8 @@ class Heartbeat:
                 backend=self.backend(),
                 busy_items=self.busy(),
                 label=self.label,
+                engine_s=engine_s,
+                grades=grades,
             )
         self.beats += 1
         return renewed
@@ -65,6 +70,10 @@ class Heartbeat:
         return self
 
     def _run(self) -> None:
+        with bind(worker=self.name):
+            self._beat_until_stopped()
+
+    def _beat_until_stopped(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
                 self.beat()

@@ -182,6 +182,14 @@ def upgrade() -> None:
     sa.PrimaryKeyConstraint('id', name=op.f('pk_progress_samples'))
     )
     op.create_index('ix_progress_samples_set_at', 'progress_samples', ['problem_set_id', 'at'])
+    op.create_table('event_counts',
+    sa.Column('name', sa.String(length=100), nullable=False),
+    sa.Column('value', sa.BigInteger(), server_default='0', nullable=False),
+    sa.PrimaryKeyConstraint('name', name=op.f('pk_event_counts'))
+    )
+    op.add_column('workers', sa.Column('engine_s', sa.Float(), server_default='0', nullable=False))
+    op.add_column('workers', sa.Column('grades', sa.JSON(), nullable=True))
+    op.create_index('ix_rollout_work_retry_at', 'rollout_work', ['retry_at'])
     if op.get_bind().dialect.name != "postgresql":
         return
     for table, event, statement in TRIGGERS:
@@ -203,6 +211,11 @@ def downgrade() -> None:
             op.execute(f"DROP TRIGGER {name} ON {table}")
             op.execute(f"DROP FUNCTION {name}()")
         op.execute("DROP FUNCTION stepq_recount()")
+    op.drop_index('ix_rollout_work_retry_at', 'rollout_work')
+    for column in ('grades', 'engine_s'):
+        with op.batch_alter_table('workers', schema=None) as batch_op:
+            batch_op.drop_column(column)
+    op.drop_table('event_counts')
     op.drop_index('ix_progress_samples_set_at', 'progress_samples')
     op.drop_table('progress_samples')
     op.drop_table('label_counters')

@@ -133,12 +133,24 @@ def retry(set_name: str | None) -> None:
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--watch", is_flag=True, help="Redraw every --interval seconds until Ctrl-C.")
+@click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True)
 @friendly
-def status(as_json: bool) -> None:
-    """Progress per problem set: rollouts done/planned, labels, rate, ETA."""
+def status(as_json: bool, watch: bool, interval: float) -> None:
+    """Progress per problem set: rollouts done/planned, labels, rate, ETA, troubles, workers."""
     from stepq.status import collect, render
+    from stepq.status import watch as watch_status
+    from stepq.workers.celery_app import redis_queue_depth
 
-    report = collect(open_db(load_settings()))
+    settings = load_settings()
+    database = open_db(settings)
+    depth = redis_queue_depth(settings.broker_url, settings.queue) if not settings.embedded else None
+    if watch:
+        try:
+            watch_status(database, interval_s=interval, queue_depth=depth, echo=click.echo)
+        except KeyboardInterrupt:
+            return
+    report = collect(database, depth)
     click.echo(json.dumps(report, indent=2) if as_json else render(report))
 
 

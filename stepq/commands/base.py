@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import os
 import sys
 from collections.abc import Callable
@@ -70,8 +69,10 @@ def open_db(settings: Settings, *, migrate: bool = False) -> Database:
     return db
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def setup_logging(level: str, fmt: str = "text") -> None:
+    from stepq.logs import setup_logging as configure
+
+    configure(level, fmt)
 
 
 @click.group()

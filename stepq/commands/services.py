@@ -88,7 +88,7 @@ def worker(
     from stepq.workers.grading import Grader
 
     settings = load_settings()
-    setup_logging(loglevel or settings.log_level)
+    setup_logging(loglevel or settings.log_level, settings.log_format)
     open_db(settings).dispose()
     if backend:
         check_config(backend, backend_config(model, base_url, backend_options))
@@ -138,7 +138,7 @@ def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
     from stepq.workers.dispatcher import Dispatcher
 
     settings = load_settings()
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format)
     database = open_db(settings)
     wait_for_broker(settings.broker_url, settings.broker_wait_s)
     app = create_app(settings.celery_options())
@@ -185,6 +185,33 @@ def flower(port: int, address: str, basic_auth: str | None) -> None:
     if basic_auth:
         argv.append(f"--basic-auth={basic_auth}")
     create_app(settings.celery_options()).start(argv)
+
+
+@main.command()
+@click.option("--port", type=int, default=9464, show_default=True)
+@click.option("--address", default="127.0.0.1", show_default=True, help="Listen address (loopback by default).")
+@friendly
+def metrics(port: int, address: str) -> None:
+    """Serve Prometheus metrics for the whole fleet at /metrics (read from the database)."""
+    import threading
+
+    from prometheus_client import start_http_server
+    from prometheus_client.registry import CollectorRegistry
+
+    from stepq.metrics import StepqCollector
+    from stepq.workers.celery_app import redis_queue_depth
+
+    settings = load_settings()
+    setup_logging(settings.log_level, settings.log_format)
+    registry = CollectorRegistry()
+    registry.register(StepqCollector(open_db(settings), redis_queue_depth(settings.broker_url, settings.queue)))
+    server, thread = start_http_server(port, addr=address, registry=registry)
+    click.echo(f"serving stepq metrics at http://{address}:{server.server_port}/metrics")
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        server.shutdown()
+        thread.join(timeout=5)
 
 
 @main.command("serve-synthetic")

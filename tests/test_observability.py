@@ -1,0 +1,153 @@
+"""What operators watch: Prometheus metrics, JSON log lines, the live status view."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
+
+from stepq.logs import JsonFormatter
+from stepq.metrics import StepqCollector
+from stepq.models import Database, queries
+from stepq.models.errors import GenerationError
+from stepq.status import watch
+from stepq.workers.annotate import WorkerOptions, WorkerRuntime, run_work_items
+from stepq.workers.backends import Completion, GenerationRequest, SamplingParams
+from stepq.workers.backends.synthetic import SyntheticBackend
+from stepq.workers.dispatcher import Dispatcher
+from stepq.workers.in_process import run_in_process
+from stepq.workers.planning import configure_annotation
+from stepq.workers.synthetic_set import synth_set
+
+
+def _samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = generate_latest(registry).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_metrics_report_what_the_tables_hold(pg: Database) -> None:
+    synth_set(pg, "m", problems=6, seed=3)
+    configure_annotation(pg, "m", 4)
+    rt = WorkerRuntime(pg, WorkerOptions(name="metered")).start()
+    try:
+        run_in_process(pg, rt)
+        rt.heartbeat.beat()
+        with pg.session() as s:
+            queries.count_event(s, "lease_expiries", 2)
+        registry = CollectorRegistry()
+        registry.register(StepqCollector(pg, lambda: 7))
+        got = _samples(registry)
+    finally:
+        rt.close()
+    with pg.engine.connect() as conn:
+        from sqlalchemy import text
+
+        stored = conn.execute(text("SELECT count(*) FROM rollouts")).scalar_one()
+        tokens = conn.execute(text("SELECT sum(tokens) FROM rollouts")).scalar_one()
+    assert got[("stepq_rollouts_total", (("set", "m"),))] == stored > 0
+    assert got[("stepq_work_items", (("set", "m"), ("state", "done")))] == 6
+    assert got[("stepq_work_items", (("set", "m"), ("state", "pending")))] == 0
+    assert got[("stepq_events_total", (("event", "lease_expiries"),))] == 2
+    assert got[("stepq_broker_queue_depth", ())] == 7
+    mine = {
+        name: v
+        for (name, labels), v in got.items()
+        if ("worker", rt.name) in labels and name != "stepq_worker_graded_total"
+    }
+    assert mine["stepq_worker_rollouts_total"] == stored
+    assert mine["stepq_worker_tokens_total"] == tokens
+    assert mine["stepq_worker_engine_seconds_total"] > 0
+    graded = sum(v for (name, labels), v in got.items() if name == "stepq_worker_graded_total")
+    assert graded == stored, "every rollout's grading outcome is counted once"
+
+
+def test_metrics_command_serves_prometheus_text(pg_url: str, pg: Database, tmp_path: Path) -> None:
+    synth_set(pg, "served", problems=2, seed=1)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
+    env.update({"STEPQ_DATABASE_URL": pg_url, "STEPQ_BROKER_URL": "redis://127.0.0.1:1/0"})
+    proc = subprocess.Popen([sys.executable, "-m", "stepq", "metrics", "--port", str(port)], env=env, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "metrics server did not start"
+                time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert 'stepq_work_items{set="served",state="pending"} 0.0' in body
+    assert "stepq_broker_queue_depth" in body
+
+
+class _FailsAll(SyntheticBackend):
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
+        raise GenerationError("HTTP 400: bad request", permanent=True)
+
+
+def test_json_log_lines_name_the_worker_set_and_item(sqlite: Database) -> None:
+    synth_set(sqlite, "logged", problems=1, seed=1)
+    configure_annotation(sqlite, "logged", 2)
+    with sqlite.session() as s:
+        (work_id,) = queries.pending_work_ids(s, 5)
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("stepq")
+    logger.addHandler(handler)
+    try:
+        rt = WorkerRuntime(sqlite, WorkerOptions(name="json"), backend_override=_FailsAll())
+        run_work_items(rt, [work_id])
+    finally:
+        logger.removeHandler(handler)
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    failure = next(line for line in lines if "failed (permanent)" in line["message"])
+    assert (failure["worker"], failure["set"], failure["item"]) == (rt.name, "logged", work_id)
+    assert failure["level"] == "ERROR" and failure["time"].endswith("Z")
+
+
+def test_watch_redraws_the_report(sqlite: Database) -> None:
+    synth_set(sqlite, "w", problems=2, seed=1)
+    configure_annotation(sqlite, "w", 2)
+    frames: list[str] = []
+    watch(sqlite, interval_s=0.01, queue_depth=lambda: 3, echo=frames.append, stop=lambda: len(frames) >= 2)
+    assert len(frames) == 2
+    assert all(f.startswith("\x1b[2J\x1b[H") and "broker queue: 3 messages" in f for f in frames)
+    assert "abs-q" in frames[0] and "retrying" in frames[0], "the rule and the trouble columns are shown"
+
+
+def test_status_shows_failed_and_retrying_items_with_the_last_error(sqlite: Database) -> None:
+    from stepq.status import collect, render
+
+    synth_set(sqlite, "t", problems=2, seed=1)
+    configure_annotation(sqlite, "t", 2)
+    with sqlite.session() as s:
+        ids = queries.pending_work_ids(s, 5)
+    rt = WorkerRuntime(sqlite, WorkerOptions(name="x", max_attempts=5), backend_override=_FailsAll())
+    run_work_items(rt, ids[:1])
+    Dispatcher(sqlite, lambda ids: None).cycle()
+    (row,) = collect(sqlite)["sets"]
+    assert (row["failed"], row["retrying"]) == (1, 0)
+    assert "HTTP 400" in row["last_error"]
+    assert "t: last error: permanent: GenerationError: HTTP 400" in render(collect(sqlite))
