@@ -179,12 +179,12 @@ def test_retry_brings_failed_work_back(tmp_path: Path) -> None:
 
 
 def test_unforeseen_errors_are_one_line_with_exit_70(tmp_path: Path) -> None:
-    # the synthetic policy cannot read a real math problem: a failure nobody planned for
-    f = tmp_path / "q.jsonl"
-    f.write_text('{"question": "What is 1+1?", "answer": "2"}\n')
-    assert _run(["ingest", str(f), "--set", "m"], tmp_path).returncode == 0
-    proc = _run(["generate", "--set", "m", "--samples", "1", "--template", "step"], tmp_path)
+    # a set's stored settings corrupted behind stepq's back: a failure nobody planned for
+    assert _run(["synth", "--set", "m", "--problems", "2"], tmp_path).returncode == 0
+    with sqlite3.connect(tmp_path / "stepq.db") as conn:
+        conn.execute("UPDATE problem_sets SET sampling = 'not json'")
+    proc = _run(["annotate", "--set", "m", "--rollouts", "2"], tmp_path)
     assert proc.returncode == 70, proc.stderr
-    assert proc.stderr.startswith("stepq: internal error: ValueError") and "Traceback" not in proc.stderr
-    debug = _run(["generate", "--set", "m", "--samples", "1", "--template", "step"], tmp_path, {"STEPQ_DEBUG": "1"})
+    assert proc.stderr.startswith("stepq: internal error: JSONDecodeError") and "Traceback" not in proc.stderr
+    debug = _run(["annotate", "--set", "m", "--rollouts", "2"], tmp_path, {"STEPQ_DEBUG": "1"})
     assert "Traceback" in debug.stderr

@@ -33,7 +33,7 @@ def _resolve(argv: list[str]) -> click.Command:
 
 def test_services_are_all_there() -> None:
     services = _compose()["services"]
-    assert {"postgres", "redis", "migrate", "dispatcher", "worker", "trainer", "flower"} <= set(services)
+    assert {"postgres", "redis", "migrate", "dispatcher", "worker", "trainer", "flower", "metrics"} <= set(services)
     trainer_gpu = services["trainer"]["deploy"]["resources"]["reservations"]["devices"][0]
     assert trainer_gpu["capabilities"] == ["gpu"]
     gpu = services["worker"]["deploy"]["resources"]["reservations"]["devices"][0]
@@ -43,7 +43,7 @@ def test_services_are_all_there() -> None:
 def test_every_command_exists_in_the_cli() -> None:
     services = _compose()["services"]
     stepq_services = [n for n, s in services.items() if s.get("image", "").startswith("stepq")]
-    assert set(stepq_services) == {"migrate", "dispatcher", "worker", "trainer", "flower"}
+    assert set(stepq_services) == {"migrate", "dispatcher", "worker", "trainer", "flower", "metrics"}
     for name in stepq_services:
         cmd = _resolve(services[name]["command"])
         assert cmd.callback is not None, name
@@ -51,7 +51,7 @@ def test_every_command_exists_in_the_cli() -> None:
 
 def test_services_share_one_configuration() -> None:
     services = _compose()["services"]
-    for name in ("migrate", "dispatcher", "worker", "trainer", "flower"):
+    for name in ("migrate", "dispatcher", "worker", "trainer", "flower", "metrics"):
         env = services[name]["environment"]
         assert env["STEPQ_DATABASE_URL"].startswith("postgresql+psycopg://")
         assert env["STEPQ_BROKER_URL"] == "redis://redis:6379/0"
