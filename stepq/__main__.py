@@ -1,3 +1,7 @@
+"""``python -m stepq``; guarded because engines (vLLM) start worker processes by spawn, which
+imports this module again in each child."""
+
 from stepq.cli import main
 
-main()
+if __name__ == "__main__":
+    main()

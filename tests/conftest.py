@@ -126,18 +126,18 @@ class Cluster:
     logs: Path
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    def start_worker(self, name: str, *extra: str) -> subprocess.Popen[bytes]:
+    def start_worker(self, name: str, *extra: str, python: str = sys.executable) -> subprocess.Popen[bytes]:
         log = self.logs / f"{name}.log"
         handle = log.open("wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "stepq", "worker", "--name", name, "--loglevel", "INFO", *extra],
+            [python, "-m", "stepq", "worker", "--name", name, "--loglevel", "INFO", *extra],
             env=self.env,
             stdout=handle,
             stderr=subprocess.STDOUT,
             cwd=self.logs,
         )
         self.procs.append(proc)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300  # a worker with an engine loads it first
         while time.monotonic() < deadline:
             if "ready" in log.read_text(errors="replace"):
                 return proc

@@ -24,3 +24,40 @@ def build_tiny_model(path: Path, seed: int = 0, n_positions: int = 1024) -> Path
     )
     GPT2LMHeadModel(config).save_pretrained(path)
     return path
+
+
+def build_tiny_llama(path: Path, seed: int = 0, max_positions: int = 2048) -> Path:
+    """Save a 2-layer Llama (head dimension 64: vLLM's CPU kernels need it) with a
+    character-level tokenizer, a BOS token and a chat template, to ``path``."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    chars = sorted(set(string.printable))
+    vocab = {"<eos>": 0, "<unk>": 1, "<bos>": 2, **{c: i + 3 for i, c in enumerate(chars)}}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, eos_token="<eos>", unk_token="<unk>", pad_token="<eos>", bos_token="<bos>"
+    )
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    tokenizer.save_pretrained(path)
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=max_positions,
+        bos_token_id=2,
+        eos_token_id=0,
+        tie_word_embeddings=False,
+    )
+    LlamaForCausalLM(config).to(torch.float32).save_pretrained(path)
+    return path

@@ -60,13 +60,13 @@ def configure_annotation(
                 f"set '{set_name}' has no trajectories to annotate: sample them with "
                 f"'stepq generate --set {set_name} --samples K' or ingest them with '--steps FIELD'"
             )
-        require_synthetic_problems(s, pset.id, backend or pset.backend, set_name)
         ungradable = queries.problems_without_reference(s, pset.id)
         if ungradable:
             raise ConfigError(
                 f"set '{set_name}' has {ungradable} problems without a reference answer: rollouts could not be "
                 "graded (ingest the answers, or keep the set for evaluation only)"
             )
+        require_synthetic_problems(s, pset.id, backend or pset.backend, set_name)
         before = (pset.rollouts_per_prefix, pset.label_rule, pset.budget_policy)
         pset.rollouts_per_prefix = m
         if rule is not None:

