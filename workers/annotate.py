@@ -72,6 +72,8 @@ class WorkerRuntime:
     options: WorkerOptions = field(default_factory=WorkerOptions)
     grader: Grader = field(default_factory=Grader)
     backend_override: GenerationBackend | None = None
+    owns_override: bool = False
+    """Close the override with the runtime (a worker's engine: its processes must stop too)."""
     _backends: dict[str, GenerationBackend] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -136,6 +138,9 @@ class WorkerRuntime:
         for backend in self._backends.values():
             backend.close()
         self._backends.clear()
+        if self.owns_override and self.backend_override is not None:
+            self.backend_override.close()
+        self.grader.close()
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,7 @@ def worker(
             settings.worker_options(name),
             Grader(timeout_s=settings.grade_timeout_s),
             backend_override=make_backend(backend, config) if backend else None,
+            owns_override=True,
         )
 
     app = create_app(settings.celery_options(), runtime, forking_pool=pool == "prefork")
