@@ -18,7 +18,7 @@ from stepq.workers.backends import GenerationBackend, GenerationRequest, Samplin
 from stepq.workers.backends.hf import HFBackend, cut_at_stop
 from stepq.workers.backends.openai_server import OpenAICompletionsBackend, ServerError, build_calls, parse_response
 from stepq.workers.backends.synthetic_server import FailurePlan, SyntheticCompletionsServer
-from stepq.workers.backends.vllm_engine import VLLMBackend, build_engine_calls, read_engine_outputs
+from stepq.workers.backends.vllm_engine import build_engine_calls, read_engine_outputs
 from stepq.workers.in_process import run_in_process
 from stepq.workers.planning import configure_annotation
 from stepq.workers.synthetic_policy import PROMPT_TEMPLATE, SyntheticPolicy, make_problem
@@ -138,43 +138,6 @@ class _RequestOutput:
     outputs: list[_Sample]
 
 
-@dataclass
-class StandInSamplingParams:
-    """Stand-in for vllm.SamplingParams: the fields stepq sets."""
-
-    n: int = 1
-    seed: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int = 16
-    stop: list[str] | None = None
-
-
-class StandInVLLMEngine:
-    """A stand-in for ``vllm.LLM`` (vLLM needs CUDA): same ``generate`` signature and output
-    shape, continuing prompts with the synthetic policy.  It says what it is."""
-
-    stand_in = True
-
-    def __init__(self) -> None:
-        self.policy = SyntheticPolicy()
-        self.prompts: list[str] = []
-        self.calls = 0
-
-    def generate(
-        self, prompts: Sequence[str], sampling_params: Sequence[StandInSamplingParams], use_tqdm: bool = True
-    ) -> list[_RequestOutput]:
-        self.calls += 1
-        assert len(prompts) == len(sampling_params) and not use_tqdm
-        out = []
-        for prompt, sp in zip(prompts, sampling_params, strict=True):
-            self.prompts.append(prompt)
-            head, _, prefix = prompt.rpartition("Solution:\n")
-            texts = [self.policy.continue_text(head + "Solution:\n", prefix, (sp.seed or 0) + i) for i in range(sp.n)]
-            out.append(_RequestOutput(prompt, [_Sample(t, list(range(len(t.split()))), "stop") for t in texts]))
-        return out
-
-
 def test_vllm_requests_and_results() -> None:
     reqs = [GenerationRequest("p0", (7, 8)), GenerationRequest("p1", (9,))]
     params = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=8192, stop=("</chunk>",))
@@ -205,17 +168,6 @@ def test_vllm_requests_and_results() -> None:
     ]
     with pytest.raises(RuntimeError):
         read_engine_outputs(grouped, outputs[:1], 2)
-
-
-def test_vllm_backend_with_a_stand_in_engine() -> None:
-    engine = StandInVLLMEngine()
-    backend = VLLMBackend("models/policy-7b", engine=engine, sampling_factory=StandInSamplingParams)
-    assert backend.generator == "vllm:models/policy-7b (stand-in engine)"
-    reqs = [GenerationRequest(CTX, (1, 2)), GenerationRequest(CTX + "Step 1: x", (3,))]
-    out = backend.generate(reqs, SamplingParams())
-    assert engine.calls == 1, "a whole batch of prefixes in one generate call"
-    assert [len(o) for o in out] == [2, 1]
-    assert out[0][0].text == SyntheticPolicy().continue_text(CTX, "", 1)
 
 
 def test_vllm_backend_says_when_vllm_is_missing() -> None:
@@ -300,7 +252,7 @@ def _spy_on_model_inputs(backend: HFBackend) -> list[str]:
     return received
 
 
-@pytest.mark.parametrize("kind", ["synthetic", "openai", "vllm", "hf"])
+@pytest.mark.parametrize("kind", ["synthetic", "openai", "hf"])  # vllm: tests/test_vllm.py, real engine
 def test_rollouts_continue_the_exact_trajectory_prefix(
     kind: str, sqlite: Database, server: SyntheticCompletionsServer, tiny_model: Path
 ) -> None:
@@ -311,9 +263,6 @@ def test_rollouts_continue_the_exact_trajectory_prefix(
         inner: GenerationBackend = make_backend("synthetic")
     elif kind == "openai":
         inner = OpenAICompletionsBackend(server.url, "synthetic")
-    elif kind == "vllm":
-        engine = StandInVLLMEngine()
-        inner = VLLMBackend("m", engine=engine, sampling_factory=StandInSamplingParams)
     else:
         inner = HFBackend(str(tiny_model), batch_size=8)
         received = _spy_on_model_inputs(inner)
@@ -331,8 +280,6 @@ def test_rollouts_continue_the_exact_trajectory_prefix(
     assert set(backend.contexts) == expected
     if kind == "openai":
         transport = server.prompts
-    elif kind == "vllm":
-        transport = engine.prompts
     elif kind == "hf":
         transport = received
     else:
