@@ -71,6 +71,7 @@ def test_the_backend_on_a_real_engine(vllm_python: str, tiny_llama: Path, tmp_pa
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     r = json.loads(out.read_text())
     assert r["n_per_request"] == [3, 1], "one completion per seed"
+    assert r["big_batch"] == 480, "480 seeded samples in one call (more than one engine step holds)"
     assert len(set(r["texts"])) == 3, "three seeds, three different draws"
     assert r["same_after_restart"], "per-sample seeds give the same draws on a new engine"
     assert not r["stop_in_text"] and "stop" in r["finish_reasons"]

@@ -45,6 +45,10 @@ def main(model: str, out_path: str) -> None:
     results["finish_reasons"] = sorted({c.finish_reason for row in a for c in row})
     results["stop_in_text"] = any("\n" in c.text for row in a for c in row)
     results["tokens"] = [c.tokens for row in a for c in row]
+    # A batch far above one engine step's token budget, every sample seeded (on the CPU build
+    # this needs chunked prefill off: the backend sees to it).
+    big = [GenerationRequest(context * 4 + f"Step {i}:", tuple(range(i, i + 8))) for i in range(60)]
+    results["big_batch"] = sum(len(row) for row in first.generate(big, SamplingParams(temperature=1.0, max_tokens=4)))
     long = first.generate([GenerationRequest(context, (5,))], SamplingParams(temperature=1.0, max_tokens=7))
     results["length_finish"] = (long[0][0].finish_reason, long[0][0].tokens)
     # What the engine received: the context's own token ids, no BOS added to a raw prompt.

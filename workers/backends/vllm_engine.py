@@ -44,6 +44,12 @@ def read_engine_outputs(calls: Sequence[EngineCall], outputs: Sequence[Any], n_r
     return out
 
 
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
 class VLLMBackend:
     name = "vllm"
 
@@ -75,6 +81,10 @@ class VLLMBackend:
             }
             if max_model_len:
                 kwargs["max_model_len"] = max_model_len
+            if per_sample_seeds and _on_cpu():
+                # vLLM's CPU build fails a seeded request that chunked prefill splits ("CPU
+                # Generator does not use offset"): a large batch of seeded samples needs it off.
+                kwargs["enable_chunked_prefill"] = False
             kwargs.update(engine_options or {})  # e.g. enforce_eager, swap_space, seed
             engine = LLM(**kwargs)
             sampling_factory = VLLMSamplingParams
