@@ -57,13 +57,16 @@ def run_embedded(
         TextColumn("annotating {task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()
     ) as bar:
         task = bar.add_task(set_name, total=total)
-        outcomes = run_in_process(
-            db,
-            runtime,
-            on_item=lambda _id, _st: bar.advance(task),
-            options=settings.dispatch_options(),
-            items_per_task=settings.items_per_task,
-        )
+        try:
+            outcomes = run_in_process(
+                db,
+                runtime,
+                on_item=lambda _id, _st: bar.advance(task),
+                options=settings.dispatch_options(),
+                items_per_task=settings.items_per_task,
+            )
+        finally:
+            runtime.close()
     echo(f"work items: {outcomes}")
     echo(render(collect(db)))
     with db.session() as s:

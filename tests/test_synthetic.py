@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 from stepq.workers.backends import GenerationRequest, SamplingParams, make_backend
@@ -102,3 +103,72 @@ def test_derive_seed_is_stable_and_31_bit() -> None:
     assert derive_seed("a", 1, 2) == derive_seed("a", 1, 2)
     assert derive_seed("a", 1, 2) != derive_seed("a", 2, 1)
     assert all(0 <= derive_seed(i) < 2**31 for i in range(100))
+
+
+HARD_MULTIPLY = SyntheticPolicy(
+    error_rate=0.05, recovery_rate=0.3, op_error_rates=(("Multiply by", 0.4), ("Subtract", 0.15)), slip_rate=0.2
+)
+
+
+def test_exact_q_with_per_operation_rates_and_recovery_matches_monte_carlo() -> None:
+    from stepq.workers.synthetic_policy import trajectory_q
+
+    checked = 0
+    for seed in range(40):
+        p = make_problem(seed)
+        names = {name for name, _ in p.ops}
+        if not {"Multiply by", "Add"} <= names:
+            continue
+        steps = HARD_MULTIPLY.solve(p, seed)
+        q = trajectory_q(HARD_MULTIPLY, p, steps)
+        for k in (0, len(p.ops) // 2):
+            value = steps[k - 1].value if k else p.start
+            mc = true_q(HARD_MULTIPLY, p, k, value, samples=6000, seed=seed)
+            assert abs(mc - q[k]) < 0.025, (seed, k, mc, q[k])
+        checked += 1
+        if checked == 4:
+            break
+    assert checked == 4
+
+
+def test_per_operation_rates_make_steps_differ_in_difficulty() -> None:
+    policy = SyntheticPolicy(error_rate=0.0, recovery_rate=0.0, op_error_rates=(("Multiply by", 0.5),))
+    wrong_at: dict[str, int] = {}
+    for seed in range(300):
+        p = make_problem(seed)
+        steps = policy.solve(p, seed)
+        truth = ground_truth(steps)
+        if not all(truth):
+            op = p.ops[truth.index(False)][0]
+            wrong_at[op] = wrong_at.get(op, 0) + 1
+    assert set(wrong_at) == {"Multiply by"}, "only multiplications go wrong"
+
+
+def test_recovery_makes_q_non_monotone() -> None:
+    from stepq.workers.synthetic_policy import trajectory_q
+
+    rises = 0
+    for seed in range(300):
+        p = make_problem(seed)
+        steps = HARD_MULTIPLY.solve(p, seed)
+        q = trajectory_q(HARD_MULTIPLY, p, steps)
+        rises += any(b > a + 0.2 for a, b in itertools.pairwise(q))
+    assert rises >= 10, "a wrong prefix followed by a recovered one: Q goes back up"
+
+
+def test_slips_are_process_errors_that_leave_the_answer_alone() -> None:
+    policy = SyntheticPolicy(error_rate=0.0, recovery_rate=0.0, slip_rate=0.5)
+    slipped = 0
+    for seed in range(50):
+        p = make_problem(seed)
+        steps = policy.solve(p, seed)
+        assert steps[-1].value == p.answer and all(s.correct for s in steps), "every value stays right"
+        if any(s.slip for s in steps):
+            slipped += 1
+            assert ground_truth(steps)[[s.slip for s in steps].index(True)] is False
+        text = "".join(s.text for s in steps)
+        assert Grader().grade(text, str(p.answer)).reward == 1
+        prefix = "".join(s.text for s in steps[:2])
+        prompt = PROMPT_TEMPLATE.format(question=p.question)
+        assert policy.continue_text(prompt, prefix, 3).endswith(f"\\boxed{{{p.answer}}}."), "slips are parsed through"
+    assert slipped > 20

@@ -81,12 +81,12 @@ class Heartbeat:
                 log.warning("heartbeat failed: %s: %s", type(exc).__name__, exc)
 
     def stop(self) -> None:
-        """Stop beating and mark the worker stopped (it stops counting as live at once)."""
-        if self._thread is None:
-            return
-        self._stop.set()
-        self._thread.join(timeout=self.interval_s + 5)
-        self._thread = None
+        """Stop beating and mark the worker stopped (it stops counting as live at once); also
+        for a runtime that never started the thread but wrote heartbeats with its batches."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=self.interval_s + 5)
+            self._thread = None
         try:
             with self.db.session() as s:
                 queries.worker_stopped(s, self.name)

@@ -92,12 +92,26 @@ class Step:
     text: str
     value: int
     correct: bool  # this step's value equals the true running value
+    slip: bool = False
+    """A harmless error: the step shows a wrong operand but carries the right value, so the
+    answer is unaffected (a process error that no rollout can see)."""
 
 
 @dataclass(frozen=True)
 class SyntheticPolicy:
+    """A policy with what real chains of thought have: errors (a rate per operation, so steps
+    of one solution differ in difficulty), self-correction (a wrong running value is set
+    right with ``recovery_rate``), and harmless errors (``slip_rate``).  Its true Q-values
+    stay exactly computable (``trajectory_q``)."""
+
     error_rate: float = 0.1
     recovery_rate: float = 0.001
+    op_error_rates: tuple[tuple[str, float], ...] = ()
+    """Per-operation error rates, e.g. (("Multiply by", 0.3),); others use ``error_rate``."""
+    slip_rate: float = 0.0
+
+    def error_rate_of(self, op: str) -> float:
+        return dict(self.op_error_rates).get(op, self.error_rate)
 
     def continue_steps(self, problem: ArithmeticProblem, done: int, value: int, rng: random.Random) -> list[Step]:
         """Write steps ``done+1 .. n`` starting from running value ``value``."""
@@ -109,16 +123,18 @@ class SyntheticPolicy:
             correct_next = apply(name, value, x)
             if value != (truth[i - 1] if i else problem.start) and rng.random() < self.recovery_rate:
                 new = truth[i]
-            elif rng.random() < self.error_rate:
+            elif rng.random() < self.error_rate_of(name):
                 delta = rng.choice([-1, 1]) * rng.randint(1, 9)
                 new = correct_next + delta
                 if new == truth[i]:  # an error never lands on the truth by luck
                     new += delta
             else:
                 new = correct_next
-            text = f"Step {i + 1}: {value} {_OPS[name]} {x} = {new}."
+            slip = self.slip_rate > 0 and rng.random() < self.slip_rate
+            shown = x + rng.randint(1, 3) if slip else x  # a wrong operand, the right result
+            text = f"Step {i + 1}: {value} {_OPS[name]} {shown} = {new}."
             text += f"\nThe final answer is \\boxed{{{new}}}." if i == n - 1 else "\n\n"
-            steps.append(Step(text, new, new == truth[i]))
+            steps.append(Step(text, new, new == truth[i], slip))
             value = new
         return steps
 
@@ -137,26 +153,40 @@ class SyntheticPolicy:
 
 
 def ground_truth(steps: Sequence[Step]) -> list[bool]:
-    """Chunk i is right iff it and every chunk before it are error-free."""
+    """Chunk i is right iff it and every chunk before it are error-free (a slip included)."""
     out, ok = [], True
     for s in steps:
-        ok = ok and s.correct
+        ok = ok and s.correct and not s.slip
         out.append(ok)
     return out
 
 
-def exact_q(policy: SyntheticPolicy, remaining: int, correct_now: bool) -> float:
-    """The true Q of a prefix: chance of ending correct with ``remaining`` steps to write.
+def exact_q(policy: SyntheticPolicy, remaining: int, correct_now: bool, ops: Sequence[str] | None = None) -> float:
+    """The true Q of a prefix: chance of ending correct with ``remaining`` steps to write
+    (the operations ``ops`` of those steps, when their error rates differ).
 
     The policy is a two-state chain: a correct running value stays correct with
-    probability 1 - error_rate; a wrong one becomes correct only by recovery (an error
-    never lands on the truth, and a correct operation on a wrong value stays wrong).
+    probability 1 - e (e the step's error rate); a wrong one becomes correct only by
+    recovery (an error never lands on the truth, and a correct operation on a wrong value
+    stays wrong).  Slips change no value, so they do not enter.
     """
-    e, r = policy.error_rate, policy.recovery_rate
+    rates = [policy.error_rate_of(op) for op in ops] if ops is not None else [policy.error_rate] * remaining
+    r = policy.recovery_rate
     p_correct, p_wrong = 1.0, 0.0
-    for _ in range(remaining):
+    for e in reversed(rates):  # from the last step back to the next one
         p_correct, p_wrong = (1 - e) * p_correct + e * p_wrong, r * p_correct + (1 - r) * p_wrong
     return p_correct if correct_now else p_wrong
+
+
+def trajectory_q(policy: SyntheticPolicy, problem: ArithmeticProblem, steps: Sequence[Step]) -> list[float]:
+    """The exact Q(0..n) of a trajectory's prefixes; Q(n) is its outcome.  Each label rule's
+    truth is the rule applied to these (``labels.label_chunks``)."""
+    names = [name for name, _ in problem.ops]
+    n = len(names)
+    q = [exact_q(policy, n, True, names)]
+    for k, step in enumerate(steps, start=1):
+        q.append(exact_q(policy, n - k, step.correct, names[k:]) if k < n else float(step.correct))
+    return q
 
 
 def true_q(

@@ -13,7 +13,7 @@ from stepq.workers.backends import SamplingParams, generator_id
 from stepq.workers.backends.synthetic import SyntheticBackend
 from stepq.workers.seeds import derive_seed
 from stepq.workers.segmentation import segment
-from stepq.workers.synthetic_policy import PROMPT_TEMPLATE, SyntheticPolicy, ground_truth, make_problem
+from stepq.workers.synthetic_policy import PROMPT_TEMPLATE, ground_truth, make_problem
 
 
 @dataclass(frozen=True)
@@ -39,10 +39,16 @@ def synth_set(
     error_rate: float = 0.1,
     recovery_rate: float = 0.001,
     latency_s: float = 0.0,
+    op_error_rates: dict[str, float] | None = None,
+    slip_rate: float = 0.0,
 ) -> SynthReport:
     """Idempotent: the same arguments give the same rows; more problems add only the new."""
-    policy = SyntheticPolicy(error_rate=error_rate, recovery_rate=recovery_rate)
-    config = {"error_rate": error_rate, "recovery_rate": recovery_rate, "latency_s": latency_s}
+    config: dict[str, Any] = {"error_rate": error_rate, "recovery_rate": recovery_rate, "latency_s": latency_s}
+    if op_error_rates:
+        config["op_error_rates"] = dict(op_error_rates)
+    if slip_rate:
+        config["slip_rate"] = slip_rate
+    policy = SyntheticBackend.from_config(config).policy
     # The trajectories are drawn exactly as the backend draws rollouts, so they are
     # samples of the same distribution (the adaptive budget counts them as such).
     generator = generator_id(SyntheticBackend.from_config(config), SamplingParams())

@@ -87,6 +87,21 @@ def ingest(
     show_default=True,
     help="Simulated generation time per rollout.",
 )
+@click.option(
+    "--op-error-rate",
+    "op_error_rates",
+    multiple=True,
+    metavar="OP=RATE",
+    help="A per-operation error rate (add, subtract, multiply), e.g. multiply=0.3: steps of one solution differ "
+    "in difficulty.",
+)
+@click.option(
+    "--slip-rate",
+    type=click.FloatRange(0, 1),
+    default=0.0,
+    show_default=True,
+    help="Harmless errors: a step shows a wrong operand but keeps the right value.",
+)
 @friendly
 def synth(
     set_name: str,
@@ -96,6 +111,8 @@ def synth(
     error_rate: float,
     recovery_rate: float,
     latency_s: float,
+    op_error_rates: tuple[str, ...],
+    slip_rate: float,
 ) -> None:
     """Create a synthetic arithmetic problem set with policy trajectories of known truth."""
     from stepq.workers.synthetic_set import synth_set
@@ -111,8 +128,29 @@ def synth(
         error_rate=error_rate,
         recovery_rate=recovery_rate,
         latency_s=latency_s,
+        op_error_rates=_op_rates(op_error_rates),
+        slip_rate=slip_rate,
     )
     click.echo(f"set '{set_name}': {report.new_problems} new problems, {report.new_trajectories} new trajectories")
+
+
+def _op_rates(items: tuple[str, ...]) -> dict[str, float]:
+    from stepq.models.errors import ConfigError
+
+    names = {"add": "Add", "subtract": "Subtract", "multiply": "Multiply by"}
+    out: dict[str, float] = {}
+    for item in items:
+        op, _, rate = item.partition("=")
+        if op.lower() not in names:
+            raise ConfigError(f"--op-error-rate {item!r}: the operation is one of add, subtract, multiply")
+        try:
+            value = float(rate)
+        except ValueError:
+            raise ConfigError(f"--op-error-rate {item!r}: the rate must be a number in [0, 1]") from None
+        if not 0 <= value <= 1:
+            raise ConfigError(f"--op-error-rate {item!r}: the rate must be in [0, 1]")
+        out[names[op.lower()]] = value
+    return out
 
 
 @main.command()

@@ -16,8 +16,21 @@ class SyntheticBackend:
 
     name = "synthetic"
 
-    def __init__(self, error_rate: float = 0.1, recovery_rate: float = 0.001, latency_s: float = 0.0) -> None:
-        self.policy = SyntheticPolicy(error_rate=error_rate, recovery_rate=recovery_rate)
+    def __init__(
+        self,
+        error_rate: float = 0.1,
+        recovery_rate: float = 0.001,
+        latency_s: float = 0.0,
+        *,
+        op_error_rates: dict[str, float] | None = None,
+        slip_rate: float = 0.0,
+    ) -> None:
+        self.policy = SyntheticPolicy(
+            error_rate=error_rate,
+            recovery_rate=recovery_rate,
+            op_error_rates=tuple(sorted((op_error_rates or {}).items())),
+            slip_rate=slip_rate,
+        )
         self.latency_s = latency_s
 
     @classmethod
@@ -26,11 +39,16 @@ class SyntheticBackend:
             error_rate=float(config.get("error_rate", 0.1)),
             recovery_rate=float(config.get("recovery_rate", 0.001)),
             latency_s=float(config.get("latency_s", 0.0)),
+            op_error_rates={str(k): float(v) for k, v in (config.get("op_error_rates") or {}).items()},
+            slip_rate=float(config.get("slip_rate", 0.0)),
         )
 
     @property
     def generator(self) -> str:
-        return f"synthetic(err={self.policy.error_rate:g},rec={self.policy.recovery_rate:g})"
+        p = self.policy
+        extra = "".join(f",{op.split()[0].lower()}={e:g}" for op, e in p.op_error_rates)
+        extra += f",slip={p.slip_rate:g}" if p.slip_rate else ""
+        return f"synthetic(err={p.error_rate:g},rec={p.recovery_rate:g}{extra})"
 
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
         out: list[list[Completion]] = []
