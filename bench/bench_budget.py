@@ -1,13 +1,17 @@
-"""Exhaustive vs. adaptive budgets on the synthetic policy, where the true Q is known.
+"""Exhaustive vs. adaptive budgets on synthetic policies whose shortcuts can fail.
 
-    python -m bench.bench_budget [--problems 500] [--rollouts 16]
+    python -m bench.bench_budget [--problems 500] [--rollouts 16] [--settings all|quick]
 
-For each label rule: rollouts per labelled chunk, label accuracy against the ground truth
-(the rule applied to the exact Q-values of the synthetic policy), and agreement with the
-exhaustive labels.  Everything runs through the real task code (embedded runner, SQLite);
-the exhaustive labels for the relative rules are recomputed from the Abs-Q run's stored
-rollouts (``stepq label``), not sampled again.  The policy's recovery rate is 0 here so
-that a dead prefix has a true Q of exactly 0 and every rule's truth is well defined.
+Each setting is a synthetic policy with steps of different difficulty (per-operation error
+rates: multiplications hardest), a recovery rate (self-correction: Q can rise again after a
+wrong step) and a strength (the error rates scaled so that ~70%, ~40% or ~15% of answers are
+right).  For every label rule it reports rollouts per labelled chunk, accuracy against the
+truth (the rule applied to the policy's exact Q-values, ``synthetic_policy.trajectory_q``),
+for exhaustive M and for the adaptive budget, and the adaptive budget's agreement with the
+exhaustive labels.  Everything runs through the real task code (embedded runner, SQLite); the
+exhaustive labels for the relative rules are recomputed from the same stored rollouts.
+Targets (issue #12): adaptive accuracy no more than 1 point below exhaustive, with >= 4x
+fewer rollouts for Abs-Q and >= 2x for the relative rules, in every setting.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import text
 
@@ -25,18 +30,33 @@ from stepq.models import Database
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
 from stepq.workers.budget import Adaptive
 from stepq.workers.in_process import run_in_process
-from stepq.workers.labels import LabelRule, parse_rule
+from stepq.workers.labels import LabelRule, label_chunks, parse_rule
 from stepq.workers.planning import configure_annotation
-from stepq.workers.qvalues import relabel_set
-from stepq.workers.synthetic_policy import SyntheticPolicy, exact_q
+from stepq.workers.synthetic_policy import SyntheticPolicy, parse_problem, trajectory_q
 from stepq.workers.synthetic_set import synth_set
 
 RULES = ["abs-q", "rel-ratio", "rel-effective"]
-ERROR_RATE = 0.1
+DIFFICULTY = {"Add": 0.5, "Subtract": 1.0, "Multiply by": 3.0}
+"""Relative error rates per operation: a multiplication goes wrong 6x as often as an addition."""
+STRENGTH = {"strong": 0.03, "medium": 0.1, "weak": 0.22}
+"""Error rate of a subtraction at each strength (about 70%, 40% and 15% of answers right)."""
+SETTINGS = {
+    "quick": [("medium", 0.05)],
+    "all": [(s, r) for r in (0.0, 0.05, 0.2) for s in ("medium",)] + [(s, 0.05) for s in ("strong", "weak")],
+}
 
 
-def annotate(db: Database, name: str, problems: int, m: int, rule: LabelRule, budget: str) -> float:
-    synth_set(db, name, problems=problems, seed=42, error_rate=ERROR_RATE, recovery_rate=0.0)
+def policy_config(strength: str, recovery: float) -> dict[str, Any]:
+    base = STRENGTH[strength]
+    return {
+        "error_rate": base,
+        "recovery_rate": recovery,
+        "op_error_rates": {op: min(0.95, base * f) for op, f in DIFFICULTY.items()},
+    }
+
+
+def annotate(db: Database, name: str, config: dict[str, Any], n: int, m: int, rule: LabelRule, budget: str) -> float:
+    synth_set(db, name, problems=n, seed=42, **config)
     configure_annotation(db, name, m, rule=rule.key, budget=budget)
     start = time.perf_counter()
     run_in_process(db, WorkerRuntime(db, WorkerOptions(batch_rollouts=256, name="bench")))
@@ -56,39 +76,36 @@ def labels(db: Database, name: str, rule: LabelRule) -> dict[tuple[str, int], bo
         return {(ext, idx): bool(pos) for ext, idx, pos in rows}
 
 
-def truth(db: Database, name: str, rule: LabelRule) -> dict[tuple[str, int], bool]:
-    """The rule on the exact Q-values: Q(k) from whether chunks 1..k are all correct."""
-    policy = SyntheticPolicy(error_rate=ERROR_RATE, recovery_rate=0.0)
+def truth(db: Database, name: str, policy: SyntheticPolicy, rule: LabelRule) -> dict[tuple[str, int], bool]:
+    """The rule on the exact Q-values of each stored trajectory (re-drawn from its seed)."""
+    import random
+
+    out: dict[tuple[str, int], bool] = {}
     with db.engine.connect() as conn:
         rows = conn.execute(
             text(
-                "SELECT p.external_id, t.n_chunks, c.idx, c.ground_truth FROM chunks c "
-                "JOIN trajectories t ON t.id = c.trajectory_id JOIN problems p ON p.id = t.problem_id "
-                "JOIN problem_sets s ON s.id = p.problem_set_id WHERE s.name = :n ORDER BY p.external_id, c.idx"
+                "SELECT p.external_id, t.prompt, t.seed FROM trajectories t JOIN problems p ON p.id = t.problem_id "
+                "JOIN problem_sets s ON s.id = p.problem_set_id WHERE s.name = :n"
             ),
             {"n": name},
         ).all()
-    out = {}
-    for ext, n, idx, right in rows:
-        before_right = True if idx == 1 else out_right[(ext, idx - 1)]
-        q_before = exact_q(policy, n - idx + 1, before_right)
-        q_after = exact_q(policy, n - idx, bool(right))
-        out[(ext, idx)] = rule(q_before, q_after)
-        out_right[(ext, idx)] = bool(right)
+    for ext, prompt, seed in rows:
+        problem = parse_problem(prompt)
+        steps = policy.continue_steps(problem, 0, problem.start, random.Random(seed))
+        for idx, label in enumerate(label_chunks(rule, trajectory_q(policy, problem, steps)), start=1):
+            assert label is not None
+            out[(ext, idx)] = label
     return out
 
 
-out_right: dict[tuple[str, int], bool] = {}
-
-
-def rollouts(db: Database, name: str) -> int:
+def count(db: Database, name: str, sql: str) -> int:
     with db.engine.connect() as conn:
         return int(
             conn.execute(
                 text(
-                    "SELECT count(*) FROM rollouts r JOIN trajectories t ON t.id = r.trajectory_id "
-                    "JOIN problems p ON p.id = t.problem_id JOIN problem_sets s ON s.id = p.problem_set_id "
-                    "WHERE s.name = :n"
+                    f"SELECT {sql} FROM trajectories t JOIN problems p ON p.id = t.problem_id "
+                    "JOIN problem_sets s ON s.id = p.problem_set_id "
+                    "LEFT JOIN rollouts r ON r.trajectory_id = t.id WHERE s.name = :n"
                 ),
                 {"n": name},
             ).scalar_one()
@@ -99,51 +116,60 @@ def accuracy(got: dict[tuple[str, int], bool], want: dict[tuple[str, int], bool]
     return sum(got.get(k) == v for k, v in want.items()) / len(want)
 
 
+def measure(tmp: Path, strength: str, recovery: float, n: int, m: int, budget: str) -> dict[str, Any]:
+    config = policy_config(strength, recovery)
+    from stepq.workers.backends.synthetic import SyntheticBackend
+
+    policy = SyntheticBackend.from_config(config).policy
+    url = f"sqlite:///{tmp / f'{strength}-{recovery}.db'}"
+    upgrade(url)
+    db = Database(url)
+    annotate(db, "exhaustive", config, n, m, parse_rule("abs-q"), "exhaustive")
+    ex_rollouts = count(db, "exhaustive", "count(r.id)")
+    with db.engine.connect() as conn:
+        right = conn.execute(text("SELECT avg(CASE WHEN outcome THEN 1.0 ELSE 0.0 END) FROM trajectories")).scalar()
+    setting: dict[str, Any] = {"policy": config, "answers_right": round(float(right or 0), 3)}
+    for spec in RULES:
+        rule = parse_rule(spec)
+        if spec != "abs-q":
+            from stepq.workers.qvalues import relabel_set
+
+            relabel_set(db, "exhaustive", rule)
+        name = f"adaptive-{spec}"
+        annotate(db, name, config, n, m, rule, budget)
+        want = truth(db, "exhaustive", policy, rule)
+        ex, ad = labels(db, "exhaustive", rule), labels(db, name, rule)
+        ad_rollouts = count(db, name, "count(r.id)")
+        setting[spec] = {
+            "chunks": len(want),
+            "adaptive_rollouts_per_chunk": round(ad_rollouts / len(want), 2),
+            "fewer_rollouts": round(ex_rollouts / max(ad_rollouts, 1), 2),
+            "exhaustive_accuracy": round(accuracy(ex, want), 4),
+            "adaptive_accuracy": round(accuracy(ad, want), 4),
+            "accuracy_change_points": round(100 * (accuracy(ad, want) - accuracy(ex, want)), 2),
+            "agreement_with_exhaustive": round(accuracy(ad, ex), 4),
+        }
+        print(strength, recovery, spec, setting[spec], flush=True)
+    db.dispose()
+    return setting
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--problems", type=int, default=500)
     ap.add_argument("--rollouts", type=int, default=16)
     ap.add_argument("--budget", default=Adaptive().spec, help="the adaptive budget spec to measure")
+    ap.add_argument("--settings", choices=sorted(SETTINGS), default="all")
     args = ap.parse_args()
-    result: dict[str, object] = {
+    result: dict[str, Any] = {
         "trajectories": args.problems,
         "rollouts_per_prefix": args.rollouts,
-        "adaptive_budget": args.budget,
-        "error_rate": ERROR_RATE,
-        "recovery_rate": 0.0,
+        "budget": args.budget,
     }
     with tempfile.TemporaryDirectory() as tmp:
-        url = f"sqlite:///{Path(tmp) / 'bench.db'}"
-        upgrade(url)
-        db = Database(url)
-        secs = annotate(db, "exhaustive", args.problems, args.rollouts, parse_rule("abs-q"), "exhaustive")
-        ex_rollouts = rollouts(db, "exhaustive")
-        result["exhaustive_seconds"] = round(secs, 1)
-        for spec in RULES:
-            rule = parse_rule(spec)
-            if spec != "abs-q":
-                relabel_set(db, "exhaustive", rule)
-            name = f"adaptive-{spec}"
-            secs = annotate(db, name, args.problems, args.rollouts, rule, args.budget)
-            want = truth(db, "exhaustive", rule)
-            ex, ad = labels(db, "exhaustive", rule), labels(db, name, rule)
-            chunks = len(want)
-            ad_rollouts = rollouts(db, name)
-            figures = {
-                "chunks": chunks,
-                "exhaustive_rollouts_per_chunk": round(ex_rollouts / chunks, 3),
-                "adaptive_rollouts_per_chunk": round(ad_rollouts / chunks, 3),
-                "fewer_rollouts": round(ex_rollouts / max(ad_rollouts, 1), 2),
-                "exhaustive_accuracy": round(accuracy(ex, want), 4),
-                "adaptive_accuracy": round(accuracy(ad, want), 4),
-                "accuracy_change_points": round(100 * (accuracy(ad, want) - accuracy(ex, want)), 2),
-                "agreement_with_exhaustive": round(accuracy(ad, ex), 4),
-                "adaptive_labelled": len(ad),
-                "adaptive_seconds": round(secs, 1),
-            }
-            print(spec, figures, flush=True)
-            result[spec] = figures
-        db.dispose()
+        for strength, recovery in SETTINGS[args.settings]:
+            key = f"{strength}/recovery={recovery}"
+            result[key] = measure(Path(tmp), strength, recovery, args.problems, args.rollouts, args.budget)
     result["targets"] = {
         "abs-q": "fewer_rollouts >= 4",
         "relative": "fewer_rollouts >= 2",
