@@ -90,12 +90,17 @@ def test_spent_budget_takes_the_likelier_label() -> None:
     assert drops.done and drops.labels[0] is False, "Q 0.625 -> 0.25 loses it"
 
 
+@pytest.mark.parametrize("monotone", [True, False], ids=["monotone-q", "recovering-q"])
 @pytest.mark.parametrize("rule", [ABS, RATIO, EFF])
-def test_adaptive_always_terminates_within_the_budget(rule: object) -> None:
+def test_adaptive_always_terminates_within_the_budget(rule: object, monotone: bool) -> None:
+    """Also where Q rises again after a drop (a policy that corrects itself) and where a
+    dead prefix (Q = 0) is followed by live ones."""
     rng = random.Random(0)
     for _ in range(200):
         n = rng.randint(1, 6)
-        q = sorted((rng.random() for _ in range(n)), reverse=True)
+        q = [rng.choice([0.0, rng.random()]) for _ in range(n)]
+        if monotone:
+            q.sort(reverse=True)
         outcome = rng.random() < 0.5
         rewards: dict[int, dict[int, int]] = {}
         policy = Adaptive(round_size=rng.randint(1, 5))

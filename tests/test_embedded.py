@@ -250,3 +250,39 @@ def test_several_items_per_task_share_engine_calls(sqlite: Database) -> None:
     with sqlite.session() as s:
         alone = sorted((r.trajectory_id, r.prefix_len, r.sample_idx) for r in s.scalars(select(Rollout)))
     assert alone == rollouts_together and _labels(sqlite, "g") == together
+
+
+def test_adaptive_labels_hold_where_the_policy_recovers(sqlite: Database) -> None:
+    """Recovery 0.2 and steps of different difficulty: Q is not monotone and a dead prefix
+    can come back, so the adaptive budget's shortcuts can fail.  Its Abs-Q labels must still
+    be about as accurate, against the exact-Q truth, as exhaustive M = 16 on the same
+    trajectories (and both far better than chance)."""
+    from stepq.workers.backends.synthetic import SyntheticBackend
+    from stepq.workers.synthetic_policy import exact_labels
+
+    config = {"error_rate": 0.1, "recovery_rate": 0.2, "op_error_rates": {"Add": 0.05, "Multiply by": 0.3}}
+    policy = SyntheticBackend.from_config(config).policy
+    accuracy = {}
+    for budget in ("exhaustive", "adaptive"):
+        synth_set(sqlite, budget, problems=60, seed=11, **config)  # type: ignore[arg-type]
+        _annotate(sqlite, budget, 16, budget=budget)
+        run_in_process(sqlite, _runtime(sqlite))
+        got = {k[:2]: v for k, v in _labels(sqlite, budget).items()}
+        with sqlite.engine.connect() as conn:
+            from sqlalchemy import text
+
+            rows = conn.execute(
+                text(
+                    "SELECT p.external_id, t.prompt, t.seed FROM trajectories t JOIN problems p ON p.id = t.problem_id"
+                    " JOIN problem_sets s ON s.id = p.problem_set_id WHERE s.name = :n"
+                ),
+                {"n": budget},
+            ).all()
+        want = {
+            (ext, i): label
+            for ext, prompt, seed in rows
+            for i, label in enumerate(exact_labels(policy, prompt, seed, parse_rule("abs-q")), start=1)
+        }
+        accuracy[budget] = sum(got.get(k) == v for k, v in want.items()) / len(want)
+    assert accuracy["exhaustive"] > 0.8
+    assert accuracy["adaptive"] >= accuracy["exhaustive"] - 0.03, accuracy
