@@ -17,7 +17,7 @@ from stepq.models.base import epoch
 from stepq.models.errors import NotFoundError
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.queries import _insert
-from stepq.models.rollouts import ChunkLabel, Rollout
+from stepq.models.rollouts import ChunkLabel, QValue, Rollout
 from stepq.models.snapshots import Snapshot, SnapshotRow
 from stepq.models.training import RUN_DONE, RUN_FAILED, RUN_RUNNING, TrainingMetric, TrainingRun
 from stepq.models.trajectories import Chunk, Trajectory
@@ -134,6 +134,37 @@ def snapshot_contexts(session: Session, snapshot_id: int) -> dict[int, dict[str,
         entry = out.setdefault(tid, {"problem_id": ext, "question": question, "set": set_name, "chunks": []})
         entry["chunks"].append(chunk_text)
     return out
+
+
+def scored_trajectories(session: Session, set_name: str) -> list[dict[str, Any]]:
+    """A set's trajectories with their chunks and Q(0..n) (None where a prefix has no
+    samples): what Q-derived preference pairs are made of."""
+    set_id = session.scalar(select(ProblemSet.id).where(ProblemSet.name == set_name))
+    if set_id is None:
+        raise NotFoundError(f"no problem set named '{set_name}' (see 'stepq status')")
+    out: dict[int, dict[str, Any]] = {}
+    rows = session.execute(
+        select(Trajectory.id, Trajectory.n_chunks, Problem.external_id, Problem.question, Chunk.idx, Chunk.text)
+        .join(Problem, Problem.id == Trajectory.problem_id)
+        .join(Chunk, Chunk.trajectory_id == Trajectory.id)
+        .where(Problem.problem_set_id == set_id, Problem.excluded.is_(False))
+        .order_by(Trajectory.id, Chunk.idx)
+    )
+    for tid, n, ext, question, _idx, chunk_text in rows:
+        entry = out.setdefault(tid, {"id": tid, "problem_id": ext, "question": question, "chunks": [], "n": n})
+        entry["chunks"].append(chunk_text)
+    q: dict[int, dict[int, float]] = {}
+    for tid, k, value, n_samples in session.execute(
+        select(QValue.trajectory_id, QValue.prefix_len, QValue.q, QValue.n_samples).where(
+            QValue.trajectory_id.in_(list(out))
+        )
+    ):
+        if n_samples:
+            q.setdefault(tid, {})[k] = float(value)
+    return [
+        {**e, "chunks": tuple(e["chunks"]), "q": tuple(q.get(tid, {}).get(k) for k in range(e["n"] + 1))}
+        for tid, e in out.items()
+    ]
 
 
 # --- training runs ------------------------------------------------------------------

@@ -63,6 +63,32 @@ def snapshot_create(sets: str, rule: str, val_fraction: float, seed: int, balanc
     )
 
 
+@main.group("export")
+def export_group() -> None:
+    """Other training signals from the same rows: step preference pairs (step-wise DPO)."""
+
+
+@export_group.command("preferences")
+@click.option("--set", "set_name", required=True)
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Output folder (datasets-loadable).")
+@click.option(
+    "--margin",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=0.3,
+    show_default=True,
+    help="Least Q gap between the chosen and the rejected next step.",
+)
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]), default="jsonl", show_default=True)
+@friendly
+def export_preferences_command(set_name: str, out: Path, margin: float, fmt: str) -> None:
+    """Step preference pairs derived from stored Q-values: sibling next steps of a shared
+    prefix whose Q differ by at least --margin (prompt, chosen, rejected) for DPOTrainer."""
+    from stepq.trainer.preferences.export import export_preferences
+
+    n = export_preferences(open_db(load_settings()), set_name, out, margin=margin, fmt=fmt)
+    click.echo(f"set '{set_name}': {n} step preference pairs written to {out} (load with datasets.load_dataset)")
+
+
 @snapshot.command("list")
 @click.option("--json", "as_json", is_flag=True)
 @friendly

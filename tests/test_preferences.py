@@ -1,0 +1,90 @@
+"""Step preference pairs derived from stored Q-values (issue #9, the judge-free part)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stepq.models import Database
+from stepq.models.errors import ConfigError
+from stepq.trainer.preferences.export import export_preferences, preference_records
+from stepq.trainer.preferences.pairs import ScoredTrajectory, prompt_of, q_pairs
+from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+from stepq.workers.in_process import run_in_process
+from stepq.workers.planning import configure_annotation
+from stepq.workers.synthetic_set import synth_set
+
+
+def _t(tid: int, chunks: tuple[str, ...], q: tuple[float | None, ...], problem: str = "p") -> ScoredTrajectory:
+    return ScoredTrajectory(tid, problem, "Q?", chunks, q)
+
+
+def test_siblings_of_a_shared_prefix_make_a_pair_past_the_margin() -> None:
+    a = _t(1, ("s1", "a2", "a3"), (0.5, 0.9, 0.8, 1.0))
+    b = _t(2, ("s1", "b2", "b3"), (0.5, 0.9, 0.1, 0.0))
+    c = _t(3, ("c1", "c2"), (0.5, 0.2, 0.0))
+    pairs = q_pairs([c, b, a], margin=0.3)
+    by_prefix = {p.prefix: p for p in pairs}
+    first = by_prefix[()]
+    assert (first.chosen, first.rejected, first.q_chosen, first.q_rejected) == ("s1", "c1", 0.9, 0.2)
+    second = by_prefix[("s1",)]
+    assert (second.chosen, second.rejected) == ("a2", "b2") and second.q_chosen - second.q_rejected >= 0.3
+    assert (second.chosen_trajectory, second.rejected_trajectory) == (1, 2)
+    assert len(pairs) == 2, "the third step has no sibling with the same prefix"
+    assert prompt_of("Q?", ("s1",)) == "Q?\n\ns1"
+
+
+def test_margin_ties_unsampled_and_other_problems() -> None:
+    a = _t(1, ("x",), (0.5, 0.6))
+    b = _t(2, ("y",), (0.5, 0.4))
+    assert q_pairs([a, b], margin=0.3) == [], "a gap of 0.2 is under the margin"
+    assert len(q_pairs([a, b], margin=0.2)) == 1
+    unsampled = _t(3, ("z",), (0.5, None))
+    assert q_pairs([a, unsampled], margin=0.01) == [], "a step without a Q-value is left out"
+    other = _t(4, ("y",), (0.5, 0.0), problem="q")
+    assert q_pairs([a, other], margin=0.1) == [], "steps of different problems never pair"
+    same = _t(5, ("x",), (0.5, 0.1))
+    assert q_pairs([a, same], margin=0.1) == [], "an identical next step is one candidate"
+
+
+def test_export_preferences_loads_with_datasets(sqlite: Database, tmp_path: Path) -> None:
+    import datasets
+
+    synth_set(sqlite, "pref", problems=12, seed=2, trajectories_per_problem=4, error_rate=0.2)
+    configure_annotation(sqlite, "pref", 8)
+    run_in_process(sqlite, WorkerRuntime(sqlite, WorkerOptions(name="t")))
+    n = export_preferences(sqlite, "pref", tmp_path / "out", margin=0.3)
+    records = preference_records(sqlite, "pref", 0.3)
+    assert n == len(records) > 0
+    loaded = datasets.load_dataset(str(tmp_path / "out"))["train"]
+    assert loaded.num_rows == n and {"prompt", "chosen", "rejected"} <= set(loaded.column_names)
+    for r in loaded:
+        assert r["q_chosen"] - r["q_rejected"] >= 0.3 - 1e-9 and r["chosen"] != r["rejected"]
+        assert r["prompt"].startswith("Start with") and r["prompt"].count("Step ") == r["prefix_len"]
+    synth_set(sqlite, "single", problems=3, seed=3)  # one solution per problem: no siblings
+    configure_annotation(sqlite, "single", 2)
+    run_in_process(sqlite, WorkerRuntime(sqlite, WorkerOptions(name="t")))
+    with pytest.raises(ConfigError, match="no step pairs"):
+        export_preferences(sqlite, "single", tmp_path / "none", margin=0.3)
+
+
+def test_export_preferences_command(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
+    env["STEPQ_DATABASE_URL"] = f"sqlite:///{tmp_path / 's.db'}"
+
+    def stepq(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "stepq", *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
+
+    assert stepq("synth", "--set", "p", "--problems", "6", "--trajectories-per-problem", "3").returncode == 0
+    assert stepq("run", "--set", "p", "--rollouts", "4").returncode == 0
+    done = stepq("export", "preferences", "--set", "p", "--out", str(tmp_path / "pairs"), "--margin", "0.25")
+    assert done.returncode == 0, done.stderr
+    assert "step preference pairs written" in done.stdout and (tmp_path / "pairs" / "train.jsonl").exists()
+    assert stepq("export", "preferences", "--set", "nope", "--out", str(tmp_path / "x")).returncode == 4

@@ -1,0 +1,1 @@
+"""Step preference pairs for step-wise DPO, from the same stored rollouts and trajectories."""

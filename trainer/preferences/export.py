@@ -1,0 +1,62 @@
+"""``stepq export preferences``: Q-derived step pairs as a ``datasets``-loadable set for TRL's
+``DPOTrainer`` (``prompt``, ``chosen``, ``rejected``, plus where each pair came from)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from stepq.models import Database
+from stepq.models import training_queries as tq
+from stepq.models.errors import ConfigError
+from stepq.trainer.preferences.pairs import ScoredTrajectory, StepPair, prompt_of, q_pairs
+
+FORMATS = ("jsonl", "parquet")
+
+
+def preference_records(db: Database, set_name: str, margin: float) -> list[dict[str, Any]]:
+    with db.session() as session:
+        rows = tq.scored_trajectories(session, set_name)
+    scored = [ScoredTrajectory(r["id"], r["problem_id"], r["question"], r["chunks"], r["q"]) for r in rows]
+    return [_record(p) for p in q_pairs(scored, margin)]
+
+
+def _record(p: StepPair) -> dict[str, Any]:
+    return {
+        "prompt": prompt_of(p.question, p.prefix),
+        "chosen": p.chosen,
+        "rejected": p.rejected,
+        "problem_id": p.problem_id,
+        "prefix_len": len(p.prefix),
+        "q_chosen": p.q_chosen,
+        "q_rejected": p.q_rejected,
+        "chosen_trajectory": p.chosen_trajectory,
+        "rejected_trajectory": p.rejected_trajectory,
+    }
+
+
+def export_preferences(db: Database, set_name: str, out: Path, *, margin: float, fmt: str = "jsonl") -> int:
+    """Write ``train.<fmt>`` under ``out`` (``datasets.load_dataset(out)`` reads it); returns
+    how many pairs."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown format '{fmt}' (one of: {', '.join(FORMATS)})")
+    if not 0 < margin <= 1:
+        raise ConfigError("--margin must be in (0, 1]")
+    records = preference_records(db, set_name, margin)
+    if not records:
+        raise ConfigError(
+            f"set '{set_name}' yields no step pairs with a Q gap of {margin}: it needs several annotated "
+            "trajectories per problem ('stepq generate --samples K', then 'stepq annotate')"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    if fmt == "jsonl":
+        with (out / "train.jsonl").open("w") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(records), out / "train.parquet")
+    return len(records)
