@@ -167,6 +167,30 @@ def scored_trajectories(session: Session, set_name: str) -> list[dict[str, Any]]
     ]
 
 
+def trajectory_outcomes(session: Session, trajectory_ids: Sequence[int]) -> dict[int, bool | None]:
+    out: dict[int, bool | None] = {}
+    for start in range(0, len(trajectory_ids), 1000):
+        part = list(trajectory_ids[start : start + 1000])
+        rows = session.execute(select(Trajectory.id, Trajectory.outcome).where(Trajectory.id.in_(part)))
+        out.update({int(tid): outcome for tid, outcome in rows})
+    return out
+
+
+def rollout_texts(session: Session, trajectory_ids: Sequence[int], *, after_id: int, limit: int) -> list[Any]:
+    """(id, trajectory id, prefix length, text, reward) of rollouts whose text was kept, in
+    id order after ``after_id``: a page of what ``stepq export outcomes`` streams."""
+    if not trajectory_ids:
+        return []
+    return list(
+        session.execute(
+            select(Rollout.id, Rollout.trajectory_id, Rollout.prefix_len, Rollout.text, Rollout.reward)
+            .where(Rollout.trajectory_id.in_(list(trajectory_ids)), Rollout.id > after_id, Rollout.text != "")
+            .order_by(Rollout.id)
+            .limit(limit)
+        )
+    )
+
+
 # --- training runs ------------------------------------------------------------------
 
 

@@ -65,7 +65,8 @@ def snapshot_create(sets: str, rule: str, val_fraction: float, seed: int, balanc
 
 @main.group("export")
 def export_group() -> None:
-    """Other training signals from the same rows: step preference pairs (step-wise DPO)."""
+    """Other training signals from the same rows: step preference pairs (step-wise DPO) and
+    outcome-labelled solutions (discriminative PRMs)."""
 
 
 @export_group.command("preferences")
@@ -87,6 +88,22 @@ def export_preferences_command(set_name: str, out: Path, margin: float, fmt: str
 
     n = export_preferences(open_db(load_settings()), set_name, out, margin=margin, fmt=fmt)
     click.echo(f"set '{set_name}': {n} step preference pairs written to {out} (load with datasets.load_dataset)")
+
+
+@export_group.command("outcomes")
+@click.option("--set", "set_name", required=True)
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Output folder (datasets-loadable).")
+@friendly
+def export_outcomes_command(set_name: str, out: Path) -> None:
+    """Every graded solution, step by step, with its outcome: the set's trajectories and its
+    rollouts (prefix chunks + continuation), for outcome-supervised (discriminative) PRMs."""
+    from stepq.trainer.outcomes.export import export_outcomes
+
+    counts = export_outcomes(open_db(load_settings()), set_name, out)
+    click.echo(
+        f"set '{set_name}': {counts['trajectory']} trajectories and {counts['rollout']} rollouts with their "
+        f"outcomes written to {out}"
+    )
 
 
 @snapshot.command("list")

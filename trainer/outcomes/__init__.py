@@ -1,0 +1,1 @@
+"""Outcome-labelled solutions for discriminative PRMs, from the same stored rows."""
