@@ -16,7 +16,8 @@ RUN_FAILED = "failed"
 
 
 class TrainingRun(Base):
-    """One training of a judge on a snapshot; resumed in place (same row) after a crash.
+    """One training run (a judge on a snapshot, or DPO/PRM on another signal's dataset);
+    resumed in place (same row) after a crash.
 
     ``output_dir`` identifies the run: starting the same training again continues it from
     its last checkpoint.  ``lease_owner``/``lease_expires_at`` (epoch seconds) say which
@@ -26,7 +27,10 @@ class TrainingRun(Base):
     __tablename__ = "training_runs"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    snapshot_id: Mapped[int] = mapped_column(ForeignKey("snapshots.id"), index=True)
+    snapshot_id: Mapped[int | None] = mapped_column(ForeignKey("snapshots.id"), index=True, nullable=True)
+    dataset: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """What a run that is not on a snapshot trained on (``preferences:SET``, ``outcomes:SET``
+    or a folder)."""
     method: Mapped[str] = mapped_column(String(20))
     lineage: Mapped[str | None] = mapped_column(String(200), nullable=True, index=True)
     recipe: Mapped[str] = mapped_column(Text)

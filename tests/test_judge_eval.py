@@ -192,3 +192,23 @@ def test_shipped_recipe_follows_the_paper(tmp_path: Path) -> None:
         Recipe.parse("model: m\ntrainer:\n  max_prompt_length: 10\n").grpo_config(tmp_path, use_cpu=True)
     with pytest.raises(Exception, match="unknown key"):
         Recipe.parse("model: m\nlr: 1\n")
+
+
+def test_threshold_predictions_and_choice() -> None:
+    choose_threshold, first_below, predictions_at = pb.choose_threshold, pb.first_below, pb.predictions_at
+
+    assert first_below([0.9, 0.4, 0.1], 0.5) == 1
+    assert first_below([0.9, 0.8], 0.5) == -1
+    assert first_below([0.9, None, 0.8], 0.5) == 1, "a step with no score is not accepted"
+    scores = {"a": [0.9, 0.3, 0.2], "b": [0.8, 0.7], "c": [0.2, 0.9]}
+    labels = {"a": 1, "b": -1, "c": 0}
+    t = choose_threshold(scores, labels)
+    assert predictions_at(scores, t) == {"a": 1, "b": -1, "c": 0}, "a threshold between 0.3 and 0.7 is perfect"
+    assert 0.3 < t < 0.7
+    # when no threshold is perfect, the chosen one is at least as good as every score's
+    noisy = {"a": [0.6, 0.5], "b": [0.55, 0.4], "c": [0.3]}
+    noisy_labels = {"a": 1, "b": -1, "c": 0}
+    best = choose_threshold(noisy, noisy_labels)
+    f1 = pb.score("x", noisy_labels, predictions_at(noisy, best)).f1
+    for cand in (0.0, 0.35, 0.45, 0.52, 0.58, 0.7, 1.0):
+        assert f1 >= pb.score("x", noisy_labels, predictions_at(noisy, cand)).f1

@@ -6,8 +6,11 @@ import string
 from pathlib import Path
 
 
-def build_tiny_model(path: Path, seed: int = 0, n_positions: int = 1024) -> Path:
-    """Save a 2-layer GPT-2 with a character-level tokenizer to ``path``."""
+def build_tiny_model(
+    path: Path, seed: int = 0, n_positions: int = 1024, n_embd: int = 32, n_layer: int = 2, n_head: int = 2
+) -> Path:
+    """Save a small GPT-2 (2 layers of width 32 unless told) with a character-level
+    tokenizer to ``path``."""
     import torch
     from tokenizers import Tokenizer, decoders, models
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
@@ -20,7 +23,13 @@ def build_tiny_model(path: Path, seed: int = 0, n_positions: int = 1024) -> Path
     tokenizer.save_pretrained(path)
     torch.manual_seed(seed)
     config = GPT2Config(
-        vocab_size=len(vocab), n_positions=n_positions, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
+        vocab_size=len(vocab),
+        n_positions=n_positions,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     GPT2LMHeadModel(config).save_pretrained(path)
     return path

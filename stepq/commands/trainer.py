@@ -1,4 +1,5 @@
-"""CLI commands of the trainer half: snapshots, training, the trainer service, evaluation.
+"""CLI commands of the trainer half: snapshots, the other signals' exports, training (GRPO,
+step-wise DPO, the discriminative PRM) and the trainer service.
 
 Thin wrappers over ``stepq.trainer``; importing the module registers them on ``stepq``.
 """
@@ -6,28 +7,15 @@ Thin wrappers over ``stepq.trainer``; importing the module registers them on ``s
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import click
 
-from stepq.commands.base import backend_config, friendly, load_settings, main, open_db
+from stepq.commands.base import friendly, load_settings, main, open_db
 from stepq.models.errors import ConfigError
-from stepq.workers.backends import BACKENDS as BACKEND_NAMES
 
-JUDGES = ("model", "oracle", "label-oracle", "accept-all", "scores")
-
-
-@contextmanager
-def progress(total: int, what: str) -> Iterator[Callable[[int], None]]:
-    """A progress bar with ETA on a terminal (plain when not a terminal)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    with Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=True) as bar:
-        task = bar.add_task(what, total=total)
-        yield lambda n: bar.advance(task, n)
+DEFAULT_RECIPES = {"grpo": "stepwiser-judge.yaml", "dpo": "step-dpo.yaml", "prm": "outcome-prm.yaml"}
 
 
 # --- snapshots ----------------------------------------------------------------------
@@ -156,31 +144,84 @@ def snapshot_export(ref: str, fmt: str, out_dir: Path) -> None:
 
 
 @main.group(invoke_without_command=True)
-@click.option("--snapshot", "snapshot_ref", default=None, help="Snapshot number or name.")
-@click.option("--recipe", default="stepwiser-judge.yaml", show_default=True, help="Recipe YAML (path or shipped name).")
-@click.option("--output", type=click.Path(path_type=Path), default=None, help="Default: runs/snapshot-N.")
+@click.option(
+    "--method",
+    type=click.Choice(sorted(DEFAULT_RECIPES)),
+    default=None,
+    help="grpo: the generative judge on a snapshot; dpo: step-wise DPO on step pairs; prm: a discriminative "
+    "PRM on outcome labels.  Default: the recipe's.",
+)
+@click.option("--snapshot", "snapshot_ref", default=None, help="grpo: snapshot number or name.")
+@click.option("--set", "set_name", default=None, help="dpo/prm: derive the training data from this problem set.")
+@click.option(
+    "--data",
+    "data_dir",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="dpo/prm: a folder written by 'stepq export preferences|outcomes'.",
+)
+@click.option("--margin", type=click.FloatRange(0, 1, min_open=True), default=0.3, show_default=True, help="dpo --set.")
+@click.option("--recipe", default=None, help="Recipe YAML (path or shipped name); default: the method's shipped one.")
+@click.option("--output", type=click.Path(path_type=Path), default=None, help="Default: runs/<method>-<data>.")
 @click.option("--wait", type=float, default=0.0, help="Seconds to wait for another trainer's lease on this run.")
 @click.pass_context
 @friendly
-def train(ctx: click.Context, snapshot_ref: str | None, recipe: str, output: Path | None, wait: float) -> None:
-    """Train a judge on a snapshot with GRPO; started again, it resumes its last checkpoint."""
+def train(ctx: click.Context, method: str | None, snapshot_ref: str | None, **kw: Any) -> None:
+    """Train on the database's rows: started again with the same --output, it resumes its
+    last checkpoint; a finished run is reported, not redone."""
     if ctx.invoked_subcommand is not None:
         return
-    if snapshot_ref is None:
-        raise click.UsageError("--snapshot is required (or a subcommand: list)")
-    from stepq.trainer.training.grpo import TrainOptions, train_judge
     from stepq.trainer.training.recipe import Recipe
+    from stepq.trainer.training.runs import TrainOptions
 
+    recipe = Recipe.load(kw["recipe"] or DEFAULT_RECIPES[method or "grpo"])
+    method = method or recipe.method
+    recipe.expect(method)
     settings = load_settings()
     db = open_db(settings)
-    out = output or Path("runs") / f"snapshot-{snapshot_ref}"
-    result = train_judge(
-        db, snapshot_ref, Recipe.load(recipe), out, TrainOptions(lease_ttl_s=settings.trainer_lease_ttl_s, wait_s=wait)
-    )
+    options = TrainOptions(lease_ttl_s=settings.trainer_lease_ttl_s, wait_s=kw["wait"])
+    if method == "grpo":
+        if snapshot_ref is None:
+            raise click.UsageError("--method grpo needs --snapshot (or a subcommand: list)")
+        from stepq.trainer.training.grpo import train_judge
+
+        out = kw["output"] or Path("runs") / f"snapshot-{snapshot_ref}"
+        result = train_judge(db, snapshot_ref, recipe, out, options)
+    else:
+        data, dataset = _signal_data(db, method, kw["set_name"], kw["data_dir"], kw["margin"])
+        out = kw["output"] or Path("runs") / f"{method}-{kw['set_name'] or Path(kw['data_dir']).name}"
+        if method == "dpo":
+            from stepq.trainer.preferences.dpo import train_dpo
+
+            result = train_dpo(db, data, dataset, recipe, out, options)
+        else:
+            from stepq.trainer.prm.train import train_prm
+
+            result = train_prm(db, data, dataset, recipe, out, options)
     how = f"resumed from {result.resumed_from}" if result.resumed_from else "from the start"
     click.echo(
         f"training run {result.run_id} {result.status} at step {result.global_step} ({how}): {result.final_model}"
     )
+
+
+def _signal_data(db: Any, method: str, set_name: str | None, data_dir: Path | None, margin: float) -> tuple[Any, str]:
+    """The pairs (dpo) or outcome examples (prm) and the run's ``dataset`` name."""
+    if (set_name is None) == (data_dir is None):
+        raise click.UsageError(f"--method {method} needs exactly one of --set NAME and --data DIR")
+    if method == "dpo":
+        from stepq.trainer.preferences.dpo import load_preferences
+        from stepq.trainer.preferences.export import preference_records
+
+        if data_dir is not None:
+            return load_preferences(data_dir), f"preferences:{data_dir.resolve()}"
+        assert set_name is not None
+        return preference_records(db, set_name, margin), f"preferences:{set_name}:margin={margin}"
+    from stepq.trainer.prm.train import load_outcomes, set_outcomes
+
+    if data_dir is not None:
+        return load_outcomes(data_dir), f"outcomes:{data_dir.resolve()}"
+    assert set_name is not None
+    return set_outcomes(db, set_name), f"outcomes:{set_name}"
 
 
 @train.command("list")
@@ -196,7 +237,8 @@ def train_list(as_json: bool) -> None:
         click.echo(json.dumps(rows, indent=2, default=str))
         return
     click.echo(
-        f"{'run':>4}  {'snapshot':<20} {'status':<8} {'step':>10} {'reward':>7} {'acc+':>6} {'acc-':>6}  lineage"
+        f"{'run':>4}  {'method':<6} {'trained on':<24} {'status':<8} {'step':>10} {'loss':>7} {'reward':>7} "
+        f"{'acc+':>6} {'acc-':>6}  lineage"
     )
 
     def f(v: Any) -> str:
@@ -205,7 +247,8 @@ def train_list(as_json: bool) -> None:
     for r in rows:
         steps = f"{r['step']}/{r['max_steps'] or '?'}"
         click.echo(
-            f"{r['run']:>4}  {r['snapshot']:<20} {r['status']:<8} {steps:>10} {f(r['reward']):>7} "
+            f"{r['run']:>4}  {r['method']:<6} {(r['snapshot'] or r['dataset'] or '-')[-24:]:<24} {r['status']:<8} "
+            f"{steps:>10} {f(r['loss']):>7} {f(r['reward']):>7} "
             f"{f(r['accuracy_positive']):>6} {f(r['accuracy_negative']):>6}  {r['lineage'] or '-'}"
         )
 
@@ -271,197 +314,3 @@ def trainer_serve(
     )
     n = serve(db, options, say=lambda m: click.echo(f"stepq trainer: {m}", err=True))
     click.echo(f"trainer served lineage '{lineage}': {n} training(s)")
-
-
-# --- evaluation ---------------------------------------------------------------------
-
-
-def judge_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The options that pick and configure a judge, shared by every eval command."""
-    options = [
-        click.option("--judge", type=click.Choice(JUDGES), default="model", show_default=True),
-        click.option("--backend", type=click.Choice(BACKEND_NAMES), default="hf", show_default=True),
-        click.option("--model", default=None, help="The judge model (a directory for hf/vllm)."),
-        click.option("--base-url", default=None),
-        click.option("--backend-option", "backend_options", multiple=True, metavar="KEY=VALUE"),
-        click.option("--votes", type=click.IntRange(min=1), default=1, show_default=True, help="Majority of K."),
-        click.option("--temperature", type=float, default=None, help="Default: 0 with one vote, 1 with several."),
-        click.option("--max-tokens", type=int, default=1024, show_default=True),
-        click.option(
-            "--scores",
-            "scores_file",
-            type=click.Path(path_type=Path),
-            default=None,
-            help="--judge scores: JSONL of {id, scores: [per step]}.",
-        ),
-        click.option("--threshold", type=float, default=0.5, show_default=True),
-        click.option(
-            "--chat-template/--raw-prompt",
-            default=True,
-            show_default=True,
-            help="Send the judge prompt through the model's chat template (as a recipe with conversational: true).",
-        ),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
-
-
-def build_judge(kw: dict[str, Any]) -> Any:
-    from stepq.trainer.evaluation import judges
-
-    kind = kw["judge"]
-    if kind == "oracle":
-        return judges.SyntheticOracle()
-    if kind == "label-oracle":
-        return judges.LabelOracle()
-    if kind == "accept-all":
-        return judges.AcceptAll()
-    if kind == "scores":
-        if kw["scores_file"] is None:
-            raise ConfigError("--judge scores needs --scores FILE")
-        table = {}
-        for line in kw["scores_file"].read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                table[str(row["id"])] = [float(x) for x in row["scores"]]
-        return judges.ScoreJudge(lambda sid, step: table[sid][step], kw["threshold"])
-    if not kw["model"] and kw["backend"] != "synthetic":
-        raise ConfigError(f"--judge model with --backend {kw['backend']} needs --model")
-    from stepq.workers.backends import SamplingParams, make_backend
-
-    backend = make_backend(kw["backend"], backend_config(kw["model"], kw["base_url"], kw["backend_options"]))
-    import atexit
-
-    atexit.register(backend.close)  # an engine's processes must stop for the command to exit
-    temperature = kw["temperature"] if kw["temperature"] is not None else (0.0 if kw["votes"] == 1 else 1.0)
-    return judges.ModelJudge(
-        backend,
-        SamplingParams(temperature=temperature, max_tokens=kw["max_tokens"]),
-        votes=kw["votes"],
-        chat_template=kw["chat_template"],
-    )
-
-
-@main.group("eval")
-def eval_group() -> None:
-    """Evaluate judges: ProcessBench, a snapshot's validation split, Best-of-N, chunk-reset."""
-
-
-@eval_group.command("processbench")
-@click.option("--data", "files", type=click.Path(exists=True, path_type=Path), multiple=True, required=True)
-@click.option(
-    "--predictions",
-    "predictions_file",
-    type=click.Path(exists=True, path_type=Path),
-    default=None,
-    help="Score this JSONL of {id, prediction} instead of running a judge.",
-)
-@click.option(
-    "--out", "out_dir", type=click.Path(path_type=Path), default=None, help="Write predictions + scores here."
-)
-@click.option("--json", "as_json", is_flag=True)
-@judge_options
-@friendly
-def eval_processbench(
-    files: tuple[Path, ...], predictions_file: Path | None, out_dir: Path | None, as_json: bool, **kw: Any
-) -> None:
-    """Predict each sample's first wrong step and score it with the official metric."""
-    from stepq.trainer.evaluation import processbench as pb
-
-    given = pb.load_predictions(predictions_file) if predictions_file else None
-    judge = None if given is not None else build_judge(kw)
-    scores, all_predictions = [], {}
-    predictions: dict[str, Any]
-    for path in files:
-        samples = pb.load_samples(path)
-        if given is not None:
-            predictions = {s["id"]: given.get(s["id"]) for s in samples}
-        else:
-            assert judge is not None
-            with progress(len(samples), f"{path.stem}") as advance:
-                predictions = dict(pb.predict(judge, samples, advance))
-        all_predictions.update(predictions)
-        scores.append(pb.score(pb.subset_name(path), {s["id"]: s["label"] for s in samples}, predictions))
-    report = {"judge": kw["judge"] if given is None else "predictions", "subsets": [s.as_dict() for s in scores]}
-    if len(scores) > 1:
-        report["average_f1"] = sum(s.f1 for s in scores) / len(scores)
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with (out_dir / "predictions.jsonl").open("w") as fh:
-            for sid, pred in all_predictions.items():
-                fh.write(json.dumps({"id": sid, "prediction": pred}) + "\n")
-        (out_dir / "scores.json").write_text(json.dumps(report, indent=2) + "\n")
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
-        return
-    click.echo(f"{'subset':<12} {'samples':>7} {'acc_error':>9} {'acc_correct':>11} {'F1':>6}")
-    for s in scores:
-        click.echo(f"{s.subset:<12} {s.samples:>7} {s.acc_error:>9.1f} {s.acc_correct:>11.1f} {s.f1:>6.1f}")
-    if "average_f1" in report:
-        click.echo(f"{'average':<12} {'':>7} {'':>9} {'':>11} {report['average_f1']:>6.1f}")
-
-
-@eval_group.command("snapshot")
-@click.argument("ref")
-@click.option("--json", "as_json", is_flag=True)
-@judge_options
-@friendly
-def eval_snapshot(ref: str, as_json: bool, **kw: Any) -> None:
-    """A judge's accuracy on a snapshot's validation split: per class and balanced."""
-    from stepq.trainer.evaluation.validation import validation_accuracy
-
-    db = open_db(load_settings())
-    report = validation_accuracy(db, ref, build_judge(kw))
-    click.echo(
-        json.dumps(report, indent=2)
-        if as_json
-        else f"validation of snapshot {ref}: positive {report['accuracy_positive']:.1f}%, "
-        f"negative {report['accuracy_negative']:.1f}%, balanced {report['balanced_accuracy']:.1f}% "
-        f"({report['rows']} chunks)"
-    )
-
-
-@eval_group.command("best-of-n")
-@click.option("--set", "set_name", required=True, help="A set with several trajectories per problem.")
-@click.option("--n", "ns", default="1,2,4,8", show_default=True, help="Values of N, comma-separated.")
-@click.option(
-    "--aggregate", "how", type=click.Choice(["min", "mean", "product", "last"]), default="min", show_default=True
-)
-@click.option("--json", "as_json", is_flag=True)
-@judge_options
-@friendly
-def eval_best_of_n(set_name: str, ns: str, how: str, as_json: bool, **kw: Any) -> None:
-    """Pick one of N trajectories per problem by its aggregated step verdicts."""
-    from stepq.trainer.evaluation.validation import set_best_of_n
-
-    rows = set_best_of_n(open_db(load_settings()), set_name, build_judge(kw), [int(n) for n in ns.split(",")], how)
-    if as_json:
-        click.echo(json.dumps([r.__dict__ for r in rows], indent=2))
-        return
-    click.echo(f"{'N':>4} {'judge':>7} {'random':>7} {'majority':>8}")
-    for r in rows:
-        click.echo(f"{r.n:>4} {r.judge:>7.1f} {r.random:>7.1f} {r.majority:>8.1f}")
-
-
-@eval_group.command("chunk-reset")
-@click.option("--set", "set_name", required=True, help="Problems to solve; the set's backend is the policy.")
-@click.option("--attempts", type=click.IntRange(min=1), default=5, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
-@judge_options
-@friendly
-def eval_chunk_reset(set_name: str, attempts: int, seed: int, as_json: bool, **kw: Any) -> None:
-    """Chunk-reset inference with a judge, against plain sampling on the same seeds."""
-    from stepq.trainer.evaluation.validation import set_chunk_reset
-
-    report = set_chunk_reset(open_db(load_settings()), set_name, build_judge(kw), attempts, seed)
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
-        return
-    for name in ("plain", "chunk_reset"):
-        r = report[name]
-        click.echo(
-            f"{name:<12} accuracy {r['accuracy']:6.1f}%  chunks {r['accepted_chunks']} accepted, "
-            f"{r['rejected_chunks']} rejected  tokens {r['tokens']}"
-        )

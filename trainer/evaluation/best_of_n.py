@@ -14,6 +14,7 @@ AGGREGATORS: dict[str, Callable[[Sequence[float]], float]] = {
     "min": min,
     "mean": lambda s: sum(s) / len(s),
     "product": math.prod,
+    "geomean": lambda s: math.exp(sum(math.log(max(x, 1e-12)) for x in s) / len(s)),
     "last": lambda s: s[-1],
 }
 

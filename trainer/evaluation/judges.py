@@ -97,6 +97,27 @@ class ScoreJudge:
 
 
 @dataclass
+class PRMJudge:
+    """A trained discriminative PRM (``stepq train --method prm``) as a judge: each step's
+    probability of being right, accepted at ``threshold``.  ``score_solutions`` scores every
+    step of whole solutions in one forward pass each (ProcessBench, Best-of-N)."""
+
+    scorer: Any
+    threshold: float = 0.5
+    name: str = "prm"
+
+    def score_solutions(self, solutions: Sequence[tuple[str, Sequence[str]]]) -> list[list[float | None]]:
+        return list(self.scorer.score(solutions))
+
+    def scores(self, items: Sequence[StepItem]) -> list[float | None]:
+        rows = self.score_solutions([(i.problem, (*i.history, i.chunk)) for i in items])
+        return [row[-1] for row in rows]
+
+    def judge(self, items: Sequence[StepItem]) -> list[bool | None]:
+        return [None if s is None else s >= self.threshold for s in self.scores(items)]
+
+
+@dataclass
 class ModelJudge:
     """A generative judge on any backend: renders the judge prompt, samples ``votes``
     answers per chunk (seeded, so a re-run gives the same verdicts) and takes the majority

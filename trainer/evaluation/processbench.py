@@ -3,10 +3,14 @@
 Score (the official ``run_eval.py``), per subset: accuracy on erroneous samples (label != -1,
 prediction equals the label exactly), accuracy on all-correct samples (label -1 predicted
 -1), and their harmonic mean; an unparseable prediction counts as wrong.
+
+A generative judge is asked step by step; a scoring judge (a PRM) scores every step once and
+predicts the first step below a threshold, chosen on one subset (``choose_threshold``).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -124,3 +128,44 @@ def predict(
 
 def subset_name(path: Path) -> str:
     return path.stem
+
+
+# --- scoring judges (discriminative PRMs): one pass of scores, then any threshold ---------
+
+
+def first_below(scores: Sequence[float | None], threshold: float) -> int:
+    """The first step scored below ``threshold`` (no score counts as below), -1 if none."""
+    return next((i for i, s in enumerate(scores) if s is None or s < threshold), -1)
+
+
+def predictions_at(step_scores: Mapping[str, Sequence[float | None]], threshold: float) -> dict[str, int]:
+    return {sid: first_below(scores, threshold) for sid, scores in step_scores.items()}
+
+
+def choose_threshold(step_scores: Mapping[str, Sequence[float | None]], labels: Mapping[str, int]) -> float:
+    """The threshold with the best ProcessBench F1 on these samples (ties: the lowest).
+
+    Candidates are the midpoints between consecutive distinct step scores, plus one below and
+    one above them all; F1 only changes where the threshold crosses a score, so no better one
+    exists.  Choose it on one subset and report the others with it: choosing it on the
+    subset being scored flatters the judge.
+    """
+    values = sorted({s for scores in step_scores.values() for s in scores if s is not None})
+    if not values:
+        return 0.5
+    candidates = [values[0] - 1e-6, *((a + b) / 2 for a, b in itertools.pairwise(values)), values[-1] + 1e-6]
+    if len(candidates) > 2000:  # a fine grid is as good as every midpoint for a report
+        step = len(candidates) / 2000
+        candidates = [candidates[int(i * step)] for i in range(2000)] + [candidates[-1]]
+    best, best_f1 = candidates[0], -1.0
+    for t in candidates:
+        f1 = score("tune", labels, predictions_at(step_scores, t)).f1
+        if f1 > best_f1 + 1e-12:
+            best, best_f1 = t, f1
+    return best
+
+
+def sample_scores(judge: Any, samples: Sequence[dict[str, Any]]) -> dict[str, list[float | None]]:
+    """Every step's score of every sample, from a judge with ``score_solutions``."""
+    rows = judge.score_solutions([(s["problem"], s["steps"]) for s in samples])
+    return {s["id"]: row for s, row in zip(samples, rows, strict=True)}

@@ -44,23 +44,31 @@ def _set(db: Database, name: str) -> tuple[Any, dict[int, list[dict[str, Any]]]]
 
 def set_best_of_n(db: Database, name: str, judge: StepJudge, ns: Sequence[int], how: str) -> list[BestOfNRow]:
     """Best-of-N over the set's trajectories (the first N per problem), each scored by its
-    step verdicts (1 accepted, 0 not) aggregated with ``how``."""
+    step scores aggregated with ``how``: a scoring judge's (a PRM's) probabilities, or a
+    judge's verdicts as 1 (accepted) and 0 (not)."""
     _, solutions = _set(db, name)
+    trajs = [t for ts in solutions.values() for t in ts]
+    if not trajs:
+        raise ConfigError(f"set '{name}' has no trajectories (stepq generate --samples N)")
     # every step of every trajectory goes to the judge in one call: one engine batch, not one
     # call per trajectory
-    items = [
-        StepItem(t["question"], tuple(t["chunks"][:i]), t["chunks"][i])
-        for trajs in solutions.values()
-        for t in trajs
-        for i in range(len(t["chunks"]))
+    flat: list[list[float]]
+    if hasattr(judge, "score_solutions"):
+        rows = judge.score_solutions([(t["question"], t["chunks"]) for t in trajs])
+        flat = [[0.0 if x is None else float(x) for x in row] for row in rows]
+    else:
+        items = [
+            StepItem(t["question"], tuple(t["chunks"][:i]), t["chunks"][i])
+            for t in trajs
+            for i in range(len(t["chunks"]))
+        ]
+        verdicts = iter(judge.judge(items))
+        flat = [[1.0 if next(verdicts) is True else 0.0 for _ in t["chunks"]] for t in trajs]
+    per_traj = iter(flat)
+    problems = [
+        [Candidate(tuple(t["chunks"]), t["answer"], bool(t["outcome"])) for t in ts] for ts in solutions.values()
     ]
-    verdicts = iter(judge.judge(items)) if items else iter(())
-    problems, scores = [], []
-    for trajs in solutions.values():
-        problems.append([Candidate(tuple(t["chunks"]), t["answer"], bool(t["outcome"])) for t in trajs])
-        scores.append([[1.0 if next(verdicts) is True else 0.0 for _ in t["chunks"]] for t in trajs])
-    if not problems:
-        raise ConfigError(f"set '{name}' has no trajectories (stepq generate --samples N)")
+    scores = [[next(per_traj) for _ in ts] for ts in solutions.values()]
     return best_of_n(problems, scores, ns, how)
 
 

@@ -1,5 +1,6 @@
-"""Training recipes: YAML whose ``trainer`` keys are TRL config fields, plus what stepq needs
-(the base model, reward names, the judge template)."""
+"""Training recipes: YAML whose ``trainer`` keys are the method's config fields (TRL's
+``GRPOConfig`` or ``DPOConfig``, stepq's ``PRMConfig``), plus what stepq needs (the method,
+the base model, reward names, the judge template)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ from typing import Any
 from stepq.models.errors import ConfigError
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
-STEPQ_KEYS = {"model", "rewards", "judge_template", "conversational", "trainer"}
+METHODS = ("grpo", "dpo", "prm")
+STEPQ_KEYS = {"method", "model", "rewards", "judge_template", "conversational", "trainer"}
 
 
 @dataclass(frozen=True)
 class Recipe:
     text: str
     model: str
+    method: str = "grpo"
     rewards: tuple[str, ...] = ("verdict-match",)
     judge_template: str | None = None
     conversational: bool = True
@@ -51,28 +54,43 @@ class Recipe:
             raise ConfigError(f"recipe {source} names no base model ('model:')")
         trainer = data.get("trainer") or {}
         if not isinstance(trainer, dict):
-            raise ConfigError(f"recipe {source}: 'trainer' must be a mapping of GRPOConfig fields")
+            raise ConfigError(f"recipe {source}: 'trainer' must be a mapping of the method's config fields")
+        method = str(data.get("method", "grpo"))
+        if method not in METHODS:
+            raise ConfigError(f"recipe {source}: unknown method '{method}' (one of: {', '.join(METHODS)})")
         rewards = data.get("rewards") or ["verdict-match"]
         return cls(
             text=text,
             model=str(data["model"]),
+            method=method,
             rewards=tuple(rewards),
             judge_template=data.get("judge_template"),
             conversational=bool(data.get("conversational", True)),
             trainer=dict(trainer),
         )
 
-    def grpo_config(self, output_dir: Path, **overrides: Any) -> Any:
-        """TRL's GRPOConfig with this recipe's fields; unknown fields are an error, not a
-        silently ignored setting."""
-        from trl import GRPOConfig
-
-        known = {f.name for f in dataclasses.fields(GRPOConfig)}
+    def config(self, config_cls: Any, output_dir: Path | None = None, **overrides: Any) -> Any:
+        """The method's config dataclass with this recipe's fields; an unknown field is an
+        error, not a silently ignored setting."""
+        known = {f.name for f in dataclasses.fields(config_cls)}
         values = {**self.trainer, **overrides}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(
-                f"recipe: GRPOConfig has no field(s) {', '.join(unknown)} (TRL changes them; see its docs)"
+                f"recipe: {config_cls.__name__} has no field(s) {', '.join(unknown)} (see its docs; TRL renames them)"
             )
+        if output_dir is None:
+            return config_cls(**values)
         values.setdefault("report_to", "none")
-        return GRPOConfig(output_dir=str(output_dir), **values)
+        return config_cls(output_dir=str(output_dir), **values)
+
+    def grpo_config(self, output_dir: Path, **overrides: Any) -> Any:
+        from trl import GRPOConfig
+
+        return self.config(GRPOConfig, output_dir, **overrides)
+
+    def expect(self, method: str) -> Recipe:
+        """This recipe, checked to be one for ``method``."""
+        if self.method != method:
+            raise ConfigError(f"the recipe is for method '{self.method}', not '{method}' (its 'method:' key)")
+        return self

@@ -103,6 +103,7 @@ def _step(
         run = unfinished[0]
         say(f"resuming training run {run.id} (snapshot {run.snapshot_id}) from {run.last_checkpoint or 'its start'}")
         opts = replace(train_options, base_model=run.base_model)
+        assert run.snapshot_id is not None  # a lineage trains GRPO judges on snapshots
         result = train_judge(db, run.snapshot_id, recipe, Path(run.output_dir), opts, on_step=renew)
         say(f"training run {result.run_id} done at step {result.global_step}: {result.final_model}")
         return True

@@ -1,0 +1,207 @@
+"""A discriminative PRM trained from outcome labels alone, on the synthetic policy, where the
+truth of every step is known.
+
+Training sees only (problem, steps, final answer right?).  On held-out problems the benchmark
+asks whether the PRM's step scores rank wrong steps below right ones (ROC AUC with a 95%
+problem-level bootstrap interval), against two baselines that need no model: the step's
+position (later steps are more often wrong) and AUC within each step position (the model
+must read the arithmetic, not count steps).  Then Best-of-N with the PRM's min step score
+against random choice.
+
+    python -m bench.bench_prm [--train-problems 600] [--samples 8] [--steps 1500]
+
+A tiny GPT-2 is built locally (random init, character tokenizer), trained on CPU (or CUDA
+when present) by ``stepq.trainer.prm``, with its run recorded in a throwaway SQLite database.
+Prints a table, then one JSON object on its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.common import emit
+from stepq.migrations import upgrade
+from stepq.models import Database
+from stepq.trainer.prm.model import StepScorer
+from stepq.trainer.prm.train import OutcomeExample, train_prm
+from stepq.trainer.training.recipe import Recipe
+from stepq.workers.seeds import derive_seed
+from stepq.workers.synthetic_policy import SyntheticPolicy, ground_truth, make_problem
+from tests.tiny_models import build_tiny_model
+
+
+def auc(positives: Sequence[float], negatives: Sequence[float]) -> float:
+    """P(a right step scores above a wrong one), ties counting half (Mann-Whitney)."""
+    if not positives or not negatives:
+        return float("nan")
+    ranked = sorted([(s, 1) for s in positives] + [(s, 0) for s in negatives])
+    rank_sum, i = 0.0, 0
+    while i < len(ranked):
+        j = i
+        while j < len(ranked) and ranked[j][0] == ranked[i][0]:
+            j += 1
+        mean_rank = (i + j + 1) / 2  # ranks are 1-based
+        rank_sum += mean_rank * sum(1 for k in range(i, j) if ranked[k][1] == 1)
+        i = j
+    n_pos, n_neg = len(positives), len(negatives)
+    return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+
+Step = tuple[int, float, bool]  # (position, score, right)
+
+
+def step_auc(problems: Sequence[Sequence[Step]], by_position: bool = False) -> float:
+    """AUC over all steps, or the pair-weighted mean of the AUCs within each step position."""
+    steps = [s for p in problems for s in p]
+    if not by_position:
+        return auc([s for _, s, r in steps if r], [s for _, s, r in steps if not r])
+    total = weight = 0.0
+    for pos in {p for p, _, _ in steps}:
+        pos_ = [s for p, s, r in steps if p == pos and r]
+        neg = [s for p, s, r in steps if p == pos and not r]
+        if pos_ and neg:
+            total += auc(pos_, neg) * len(pos_) * len(neg)
+            weight += len(pos_) * len(neg)
+    return total / weight if weight else float("nan")
+
+
+def bootstrap(problems: Sequence[Sequence[Step]], fn: object, rounds: int, seed: int) -> tuple[float, float]:
+    """95% interval of ``fn`` over problems resampled with replacement."""
+    rng = random.Random(seed)
+    values = sorted(
+        fn([problems[rng.randrange(len(problems))] for _ in problems])  # type: ignore[operator]
+        for _ in range(rounds)
+    )
+    return values[int(0.025 * rounds)], values[int(0.975 * rounds) - 1]
+
+
+def solutions(
+    policy: SyntheticPolicy, problems: int, samples: int, tag: str, seed: int, lengths: tuple[int, int]
+) -> list[list[tuple]]:
+    out = []
+    for i in range(problems):
+        problem = make_problem(derive_seed(tag, seed, i), *lengths)
+        group = []
+        for j in range(samples):
+            steps = policy.solve(problem, derive_seed(tag, seed, i, j))
+            group.append(
+                (problem.question, [s.text for s in steps], ground_truth(steps), steps[-1].value == problem.answer)
+            )
+        out.append(group)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--train-problems", type=int, default=600)
+    ap.add_argument("--samples", type=int, default=8, help="Solutions per training problem.")
+    ap.add_argument("--test-problems", type=int, default=200)
+    ap.add_argument("--n", type=int, default=8, help="Candidates per test problem (Best-of-N).")
+    ap.add_argument("--error-rate", type=float, default=0.2)
+    ap.add_argument("--min-ops", type=int, default=3)
+    ap.add_argument("--max-ops", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=1500, help="Training steps.")
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--learning-rate", type=float, default=1e-3)
+    ap.add_argument("--aggregate", default="asymmetric")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--bootstrap", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    lengths = (args.min_ops, args.max_ops)
+    policy = SyntheticPolicy(error_rate=args.error_rate, recovery_rate=0.0)
+    train = [
+        ex
+        for group in solutions(policy, args.train_problems, args.samples, "prm-train", args.seed, lengths)
+        for ex in group
+    ]
+    test = solutions(policy, args.test_problems, args.n, "prm-test", args.seed, lengths)
+    examples = [OutcomeExample(q, tuple(steps), outcome) for q, steps, _, outcome in train]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        base = build_tiny_model(
+            root / "base", seed=args.seed, n_positions=512, n_embd=args.width, n_layer=args.layers, n_head=args.heads
+        )
+        recipe = Recipe.parse(
+            f"method: prm\nmodel: {base}\ntrainer:\n  aggregate: {args.aggregate}\n"
+            f"  learning_rate: {args.learning_rate}\n"
+            f"  batch_size: {args.batch_size}\n  epochs: 1000\n  max_steps: {args.steps}\n  save_steps: {args.steps}\n"
+            f"  logging_steps: 50\n  seed: {args.seed}\n"
+        )
+        upgrade(f"sqlite:///{root / 'runs.db'}")
+        db = Database(f"sqlite:///{root / 'runs.db'}")
+        started = time.perf_counter()
+        result = train_prm(db, examples, "synthetic-outcomes", recipe, root / "run")
+        train_s = time.perf_counter() - started
+        scorer = StepScorer.load(result.final_model)
+        flat = [c for group in test for c in group]
+        scores = scorer.score([(q, steps) for q, steps, _, _ in flat])
+
+    per_problem: list[list[Step]] = []
+    position: list[list[Step]] = []
+    picks_prm = picks_random = 0.0
+    it = iter(scores)
+    for group in test:
+        steps_here: list[Step] = []
+        pos_here: list[Step] = []
+        mins = []
+        for _, _, truth, _ in group:
+            s = [x if x is not None else 0.0 for x in next(it)]
+            mins.append(min(s))
+            steps_here += [(i, v, t) for i, (v, t) in enumerate(zip(s, truth, strict=True))]
+            pos_here += [(i, -float(i), t) for i, t in enumerate(truth)]
+        per_problem.append(steps_here)
+        position.append(pos_here)
+        picks_prm += group[mins.index(max(mins))][3]
+        picks_random += sum(c[3] for c in group) / len(group)
+
+    def within(ps: Sequence[Sequence[Step]]) -> float:
+        return step_auc(ps, by_position=True)
+
+    result_auc = step_auc(per_problem)
+    ci = bootstrap(per_problem, step_auc, args.bootstrap, args.seed)
+    within_auc = within(per_problem)
+    within_ci = bootstrap(per_problem, within, args.bootstrap, args.seed)
+    baseline = step_auc(position)
+    k = len(test)
+    right_steps = sum(t for p in per_problem for _, _, t in p)
+    wrong_steps = sum(not t for p in per_problem for _, _, t in p)
+    print(
+        f"training: {len(examples)} outcome-labelled solutions "
+        f"({100 * sum(e.outcome for e in examples) / len(examples):.1f}% right), "
+        f"{result.global_step} steps, {train_s:.0f} s"
+    )
+    print(f"test: {k} problems x {args.n} solutions, {right_steps} right and {wrong_steps} wrong steps")
+    print(f"{'step AUC (PRM)':<34} {result_auc:.3f}  95% CI [{ci[0]:.3f}, {ci[1]:.3f}]")
+    print(f"{'step AUC within position (PRM)':<34} {within_auc:.3f}  95% CI [{within_ci[0]:.3f}, {within_ci[1]:.3f}]")
+    print(f"{'step AUC (position only)':<34} {baseline:.3f}")
+    print(f"{'Best-of-' + str(args.n) + ' accuracy, PRM (min)':<34} {100 * picks_prm / k:.1f}%")
+    print(f"{'Best-of-' + str(args.n) + ' accuracy, random':<34} {100 * picks_random / k:.1f}%")
+    emit(
+        {
+            "auc": result_auc,
+            "auc_ci": list(ci),
+            "auc_within_position": within_auc,
+            "auc_within_position_ci": list(within_ci),
+            "auc_position_baseline": baseline,
+            "best_of_n": args.n,
+            "best_of_n_prm": 100 * picks_prm / k,
+            "best_of_n_random": 100 * picks_random / k,
+            "train_solutions": len(examples),
+            "train_steps": result.global_step,
+            "train_seconds": train_s,
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()

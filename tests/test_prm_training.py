@@ -1,0 +1,157 @@
+"""The discriminative PRM trainer on a tiny model (CPU): trained from a set's outcomes in
+PostgreSQL with its run recorded, resumed after a failure to exactly the uninterrupted
+result, and used as a scoring judge by the evaluation commands (ProcessBench with a tuned
+threshold, Best-of-N)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from stepq.models import Database
+from stepq.models import training_queries as tq
+from stepq.models.errors import ConfigError
+from stepq.trainer.prm.model import StepScorer, encode
+from stepq.trainer.prm.train import OutcomeExample, PRMConfig, load_outcomes, set_outcomes, train_prm
+from stepq.trainer.training.recipe import Recipe
+from stepq.trainer.training.runs import TrainOptions
+from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+from stepq.workers.in_process import run_in_process
+from stepq.workers.planning import configure_annotation
+from stepq.workers.synthetic_set import synth_set
+from tests.conftest import DATA
+from tests.tiny_models import build_tiny_model
+
+SAMPLE = DATA / "processbench_gsm8k_sample.json"
+
+
+def _recipe(model: Path, max_steps: int = 4, save_steps: int = 2, aggregate: str = "asymmetric") -> Recipe:
+    return Recipe.parse(
+        f"method: prm\nmodel: {model}\ntrainer:\n  aggregate: {aggregate}\n  learning_rate: 0.001\n"
+        f"  batch_size: 4\n  epochs: 50\n  max_steps: {max_steps}\n  save_steps: {save_steps}\n"
+        "  logging_steps: 1\n  seed: 0\n"
+    )
+
+
+def _set(db: Database, name: str = "o") -> None:
+    synth_set(db, name, problems=6, seed=4, trajectories_per_problem=2, error_rate=0.3)
+    configure_annotation(db, name, 4)
+    run_in_process(db, WorkerRuntime(db, WorkerOptions(name="t")))
+
+
+def test_encoding_marks_each_steps_last_token(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path / "m"))
+    e = encode(tok, "Q?", ["Step 1: a.\n\n", "Step 2: b."], max_length=100)
+    text = tok.decode(e.ids)
+    assert text == "Q?\n\nStep 1: a.\n\nStep 2: b."
+    assert [tok.decode(e.ids[: end + 1]) for end in e.ends] == ["Q?\n\nStep 1: a.\n\n", text]
+    cut = encode(tok, "Q?", ["Step 1: a.\n\n", "Step 2: b."], max_length=len(e.ids) - 1)
+    assert cut.ends == e.ends[:1], "a step that does not fit is left out, not cut"
+
+
+@pytest.mark.integration
+def test_prm_trains_on_a_sets_outcomes_and_is_recorded(pg: Database, tmp_path: Path) -> None:
+    _set(pg)
+    examples = set_outcomes(pg, "o")
+    assert len(examples) > 12 and {e.outcome for e in examples} == {True, False}
+    model = build_tiny_model(tmp_path / "base", n_positions=512)
+    result = train_prm(pg, examples, "outcomes:o", _recipe(model), tmp_path / "run")
+    assert result.status == "done" and result.global_step == 4 and result.resumed_from is None
+    with pg.session() as s:
+        run = tq.get_run(s, result.run_id)
+        assert (run.method, run.dataset, run.snapshot_id, run.status) == ("prm", "outcomes:o", None, "done")
+        assert [Path(c).name for c in run.checkpoints] == ["checkpoint-2", "checkpoint-4"]
+        assert [m.step for m in tq.run_metrics(s, run.id)] == [1, 2, 3, 4]
+        assert all(m.loss is not None and m.loss > 0 for m in tq.run_metrics(s, run.id))
+        listed = {r["run"]: r for r in tq.training_progress(s)}[run.id]
+        assert listed["method"] == "prm" and listed["dataset"] == "outcomes:o" and listed["snapshot"] is None
+    scorer = StepScorer.load(result.final_model)
+    assert scorer.meta["aggregate"] == "asymmetric"
+    scores = scorer.score([(examples[0].problem, examples[0].steps), ("Q?", ["a", "b", "c"])])
+    assert [len(r) for r in scores] == [len(examples[0].steps), 3]
+    assert all(x is not None and 0.0 < x < 1.0 for row in scores for x in row)
+    again = train_prm(pg, examples, "outcomes:o", _recipe(model), tmp_path / "run")
+    assert (again.run_id, again.global_step) == (result.run_id, 4), "a finished run is reported, not redone"
+    with pytest.raises(ConfigError, match="belongs to training run"):
+        train_prm(pg, examples, "outcomes:other", _recipe(model), tmp_path / "run")
+
+
+class Stop(Exception):
+    pass
+
+
+def test_a_failed_prm_run_resumes_to_the_uninterrupted_result(sqlite: Database, tmp_path: Path) -> None:
+    _set(sqlite)
+    examples = set_outcomes(sqlite, "o")
+    model = build_tiny_model(tmp_path / "base", n_positions=512)
+    straight = train_prm(sqlite, examples, "outcomes:o", _recipe(model, 6, 2), tmp_path / "straight")
+
+    def crash(step: int) -> None:
+        if step == 3:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train_prm(sqlite, examples, "outcomes:o", _recipe(model, 6, 2), tmp_path / "crashed", on_step=crash)
+    with sqlite.session() as s:
+        failed = tq.run_by_output(s, str((tmp_path / "crashed").resolve()))
+        assert failed is not None and failed.status == "failed" and "Stop" in (failed.error or "")
+    resumed = train_prm(sqlite, examples, "outcomes:o", _recipe(model, 6, 2), tmp_path / "crashed")
+    assert resumed.run_id == failed.id and resumed.global_step == 6
+    assert resumed.resumed_from is not None and resumed.resumed_from.endswith("checkpoint-2")
+    with sqlite.session() as s:
+        assert tq.get_run(s, resumed.run_id).resumes == 1
+    a, b = StepScorer.load(straight.final_model), StepScorer.load(resumed.final_model)
+    for (name, x), (_, y) in zip(a.backbone.state_dict().items(), b.backbone.state_dict().items(), strict=True):
+        assert torch.equal(x, y), f"{name} differs after resuming"
+    assert torch.equal(a.head.weight, b.head.weight)
+
+
+def test_prm_recipes_and_data_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not one of"):
+        _recipe(tmp_path, aggregate="max").config(PRMConfig)
+    with pytest.raises(ConfigError, match="PRMConfig has no field"):
+        Recipe.parse("method: prm\nmodel: x\ntrainer:\n  num_generations: 4\n").config(
+            PRMConfig
+        )
+    with pytest.raises(ConfigError, match="not 'prm'"):
+        Recipe.parse("model: x\n").expect("prm")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "train.jsonl").write_text('{"prompt": "q", "steps": ["a"], "outcome": true}\n{"prompt": 1}\n')
+    with pytest.raises(ConfigError, match="train.jsonl:2"):
+        load_outcomes(bad)
+
+
+@pytest.mark.integration
+def test_eval_commands_use_a_trained_prm(sqlite: Database, tmp_path: Path) -> None:
+    """ProcessBench with a threshold chosen on one file (reported), and Best-of-N on scores."""
+    _set(sqlite)
+    examples = [OutcomeExample(e.problem, e.steps, e.outcome) for e in set_outcomes(sqlite, "o")]
+    model = build_tiny_model(tmp_path / "base", n_positions=4096)
+    result = train_prm(sqlite, examples, "outcomes:o", _recipe(model, 2, 2), tmp_path / "run", TrainOptions())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
+    env["STEPQ_DATABASE_URL"] = str(sqlite.engine.url)
+
+    def stepq(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "stepq", *args], env=env, capture_output=True, text=True, timeout=300)
+
+    prm = ("--judge", "prm", "--model", str(result.final_model))
+    done = stepq("eval", "processbench", "--data", str(SAMPLE), "--tune-threshold-on", str(SAMPLE), *prm, "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["threshold_tuned_on"] == SAMPLE.stem and isinstance(report["threshold"], float)
+    assert report["subsets"][0]["samples"] == len(json.loads(SAMPLE.read_text()))
+    bon = stepq("eval", "best-of-n", "--set", "o", "--n", "1,2", "--aggregate", "geomean", *prm, "--json")
+    assert bon.returncode == 0, bon.stderr
+    rows = json.loads(bon.stdout)
+    assert [r["n"] for r in rows] == [1, 2] and rows[0]["judge"] == rows[0]["random"]
+    missing = stepq("eval", "processbench", "--data", str(SAMPLE), "--judge", "prm", "--model", str(tmp_path))
+    assert missing.returncode != 0 and "not a stepq PRM" in missing.stderr

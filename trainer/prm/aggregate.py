@@ -1,0 +1,89 @@
+"""How a discriminative PRM learns step scores from outcome labels alone (pure torch).
+
+The model gives one logit per step; ``sigmoid`` of it is the step's chance of being right.
+Only the solution's outcome is known, so the loss is BCE of the outcome against an
+*aggregate* of the step probabilities, the solution's chance of being right if its steps
+are.  The aggregate decides where the gradient goes:
+
+- ``min``: a solution is right only if its worst step is; all gradient reaches the lowest
+  step (the one most likely to be the error).
+- ``geomean``: the geometric mean, every step shares the gradient equally.
+- ``softmin`` (temperature tau): a softmax-weighted mean favouring low steps; tends to
+  ``min`` as tau -> 0 and to the plain mean as tau grows.
+- ``asymmetric``: ``min`` for correct outcomes (every step must be right, so raise the
+  weakest) and ``geomean`` for incorrect ones (some step is wrong, but which is unknown, so
+  lower them all a little rather than punish one guess).
+
+Every function takes ``logits`` and a boolean ``mask`` of shape [batch, steps] (padding is
+False) and works in log space, so probabilities near 0 or 1 stay finite.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+AGGREGATES = ("min", "geomean", "softmin", "asymmetric")
+
+
+def _check(logits: Any, mask: Any) -> None:
+    if logits.shape != mask.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} and mask {tuple(mask.shape)} differ")
+    if not bool(mask.any(dim=-1).all()):
+        raise ValueError("every solution needs at least one step")
+
+
+def log_min(logits: Any, mask: Any) -> Any:
+    """log P(solution right) = the lowest step's log-probability."""
+    import torch.nn.functional as F
+
+    _check(logits, mask)
+    logp = F.logsigmoid(logits).masked_fill(~mask, 0.0)
+    return logp.masked_fill(~mask, float("inf")).amin(dim=-1)
+
+
+def log_geomean(logits: Any, mask: Any) -> Any:
+    """log of the geometric mean of the step probabilities (the mean log-probability)."""
+    import torch.nn.functional as F
+
+    _check(logits, mask)
+    logp = F.logsigmoid(logits).masked_fill(~mask, 0.0)
+    return logp.sum(dim=-1) / mask.sum(dim=-1)
+
+
+def log_softmin(logits: Any, mask: Any, temperature: float) -> Any:
+    """log of sum_i w_i p_i, with w = softmax(-p / temperature) over the solution's steps."""
+    import torch
+
+    if temperature <= 0:
+        raise ValueError("softmin temperature must be positive")
+    _check(logits, mask)
+    p = torch.sigmoid(logits)
+    weights = torch.softmax((-p / temperature).masked_fill(~mask, float("-inf")), dim=-1)
+    return torch.log((weights * p).sum(dim=-1).clamp_min(1e-12))
+
+
+def solution_log_prob(logits: Any, mask: Any, how: str, temperature: float = 0.1, outcome: Any = None) -> Any:
+    """log P(solution right) under the aggregate ``how`` (``asymmetric`` needs ``outcome``)."""
+    import torch
+
+    if how == "min":
+        return log_min(logits, mask)
+    if how == "geomean":
+        return log_geomean(logits, mask)
+    if how == "softmin":
+        return log_softmin(logits, mask, temperature)
+    if how == "asymmetric":
+        if outcome is None:
+            raise ValueError("the asymmetric aggregate needs the outcomes")
+        return torch.where(outcome.bool(), log_min(logits, mask), log_geomean(logits, mask))
+    raise ValueError(f"unknown aggregate '{how}' (one of: {', '.join(AGGREGATES)})")
+
+
+def outcome_loss(logits: Any, mask: Any, outcome: Any, how: str = "asymmetric", temperature: float = 0.1) -> Any:
+    """Mean BCE of the outcomes (1 right, 0 wrong) against the aggregated step probabilities."""
+    import torch
+
+    log_p = solution_log_prob(logits, mask, how, temperature, outcome).clamp(max=-1e-7)
+    log_not_p = torch.log(-torch.expm1(log_p))  # log(1 - P), exact near P = 1
+    y = outcome.to(log_p.dtype)
+    return -(y * log_p + (1 - y) * log_not_p).mean()

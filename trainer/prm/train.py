@@ -1,0 +1,254 @@
+"""Train a discriminative PRM from outcome labels alone, recorded like every training run.
+
+TRL no longer ships a PRM trainer, and this one is small: encode each solution once, then
+minimise ``outcome_loss`` (BCE of the outcome on the aggregated step probabilities) with
+AdamW.  Checkpoints (``OUTPUT/checkpoint-N``: the model, the optimizer, the step) are written
+whole and then renamed into place, so a killed trainer resumes from the last complete one
+and continues exactly as the uninterrupted run would have (the batch order is a function of
+the seed and epoch, the dropout of the seed and step).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from stepq.models import Database
+from stepq.models import training_queries as tq
+from stepq.models.base import epoch
+from stepq.models.errors import ConfigError, LeaseLost
+from stepq.trainer.prm.aggregate import AGGREGATES, outcome_loss, solution_log_prob
+from stepq.trainer.prm.model import Encoded, StepScorer, collate
+from stepq.trainer.training.recipe import Recipe
+from stepq.trainer.training.runs import FINAL, RunHandle, RunSpec, TrainOptions, TrainResult, recorded_run
+
+log = logging.getLogger(__name__)
+STATE = "trainer_state.pt"
+
+
+@dataclass(frozen=True)
+class PRMConfig:
+    """A PRM recipe's ``trainer:`` fields."""
+
+    aggregate: str = "asymmetric"
+    temperature: float = 0.1
+    """softmin's temperature (only used with ``aggregate: softmin``)."""
+    learning_rate: float = 1e-4
+    weight_decay: float = 0.0
+    batch_size: int = 16
+    epochs: int = 1
+    max_steps: int | None = None
+    """Stop here even if the epochs are not done."""
+    max_length: int | None = None
+    """Tokens per solution (default: the backbone's positions); longer ones are skipped."""
+    save_steps: int = 500
+    logging_steps: int = 10
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.aggregate not in AGGREGATES:
+            raise ConfigError(f"PRM aggregate '{self.aggregate}' is not one of: {', '.join(AGGREGATES)}")
+        if self.batch_size < 1 or self.epochs < 1 or self.save_steps < 1 or self.logging_steps < 1:
+            raise ConfigError("PRM batch_size, epochs, save_steps and logging_steps must be positive")
+
+
+@dataclass(frozen=True)
+class OutcomeExample:
+    problem: str
+    steps: tuple[str, ...]
+    outcome: bool
+
+
+def load_outcomes(folder: Path) -> list[OutcomeExample]:
+    """An ``stepq export outcomes`` folder (``train.jsonl``)."""
+    path = folder / "train.jsonl" if folder.is_dir() else folder
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read outcomes {path}: {exc.strerror}") from None
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+            out.append(OutcomeExample(str(r["prompt"]), tuple(str(s) for s in r["steps"]), bool(r["outcome"])))
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{path}:{n}: not an outcome record ({exc})") from None
+    return out
+
+
+def set_outcomes(db: Database, set_name: str) -> list[OutcomeExample]:
+    """Every graded solution of a set (its trajectories and kept rollouts), as examples."""
+    from stepq.trainer.outcomes.export import outcome_records
+
+    return [
+        OutcomeExample(r["prompt"], tuple(r["steps"]), bool(r["outcome"]))
+        for r in outcome_records(db, set_name)
+        if r["steps"]
+    ]
+
+
+def batches(n: int, batch_size: int, seed: int, epoch_no: int) -> list[list[int]]:
+    """The example order of one epoch: a permutation fixed by (seed, epoch)."""
+    order = list(range(n))
+    random.Random(seed * 1_000_003 + epoch_no).shuffle(order)
+    return [order[i : i + batch_size] for i in range(0, n, batch_size)]
+
+
+def last_checkpoint(output_dir: Path) -> Path | None:
+    found = [p for p in output_dir.glob("checkpoint-*") if (p / STATE).exists() and p.name.split("-")[-1].isdigit()]
+    return max(found, key=lambda p: int(p.name.split("-")[-1])) if found else None
+
+
+def train_prm(
+    db: Database,
+    examples: Sequence[OutcomeExample],
+    dataset: str,
+    recipe: Recipe,
+    output_dir: Path,
+    options: TrainOptions | None = None,
+    on_step: Callable[[int], None] | None = None,
+) -> TrainResult:
+    """Train (or resume, or report as done) the PRM run writing to ``output_dir``."""
+    options = options or TrainOptions()
+    recipe.expect("prm")
+    config = recipe.config(PRMConfig, **(options.trainer_overrides or {}))
+    if not examples:
+        raise ConfigError(f"{dataset} has no outcome-labelled solutions to train on")
+    output_dir = output_dir.resolve()
+    base_model = options.base_model or recipe.model
+    spec = RunSpec("prm", recipe.text, base_model, output_dir, dataset=dataset)
+    return recorded_run(
+        db, spec, options, lambda handle: _train(db, handle, examples, base_model, config, output_dir, on_step)
+    )
+
+
+def _train(
+    db: Database,
+    handle: RunHandle,
+    examples: Sequence[OutcomeExample],
+    base_model: str,
+    config: PRMConfig,
+    output_dir: Path,
+    on_step: Callable[[int], None] | None,
+) -> tuple[str | None, int]:
+    import torch
+
+    resume = last_checkpoint(output_dir) if output_dir.is_dir() else None
+    model = StepScorer.load(resume) if resume else StepScorer.from_base(base_model, config.max_length, config.seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model.to(device)
+    encoded, outcomes = _encode(model, examples)
+    per_epoch = -(-len(encoded) // config.batch_size)
+    total = min(config.max_steps or per_epoch * config.epochs, per_epoch * config.epochs)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    step = 0
+    if resume:
+        state = torch.load(resume / STATE, map_location=device, weights_only=False)
+        optimizer.load_state_dict(state["optimizer"])
+        step = int(state["step"])
+        handle.count_resume(db)
+        log.info("PRM run %s resumes from %s at step %s", handle.run_id, resume, step)
+    handle.renew(db, max_steps=total, global_step=step)
+    model.train(True)
+    window: list[tuple[float, list[bool], list[bool]]] = []
+    while step < total:
+        epoch_no, offset = divmod(step, per_epoch)
+        index = batches(len(encoded), config.batch_size, config.seed, epoch_no)[offset]
+        ids, attention, ends, mask = (t.to(device) for t in collate([encoded[i] for i in index], model.pad_id))
+        y = torch.tensor([outcomes[i] for i in index], device=device)
+        torch.manual_seed(config.seed * 1_000_003 + step)  # dropout: a resumed run draws what it would have
+        logits = model.logits(ids, attention, ends)
+        loss = outcome_loss(logits, mask, y, config.aggregate, config.temperature)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        step += 1
+        with torch.no_grad():
+            predicted = solution_log_prob(logits, mask, config.aggregate, config.temperature, y).exp() >= 0.5
+        window.append((loss.item(), predicted.tolist(), y.bool().tolist()))
+        if step % config.logging_steps == 0 or step == total:
+            _log(db, handle, step, window)
+            window = []
+        elif not handle.renew(db, global_step=step):
+            raise LeaseLost(f"training run {handle.run_id} was taken over by another trainer")
+        if step % config.save_steps == 0 or step == total:
+            _checkpoint(db, handle, model, optimizer, step, output_dir, config)
+        if on_step is not None:
+            on_step(step)
+    model.save(output_dir / FINAL, **_meta(config))
+    return (str(resume) if resume else None), step
+
+
+def _encode(model: StepScorer, examples: Iterable[OutcomeExample]) -> tuple[list[Encoded], list[float]]:
+    encoded, outcomes, skipped = [], [], 0
+    for ex in examples:
+        e = model.encode(ex.problem, ex.steps)
+        if len(e.ends) < len(ex.steps) or not e.ends:
+            skipped += 1  # a cut solution would hide the step an outcome may be about
+            continue
+        encoded.append(e)
+        outcomes.append(1.0 if ex.outcome else 0.0)
+    if skipped:
+        log.warning("%d solutions longer than %d tokens were left out", skipped, model.max_length)
+    if not encoded:
+        raise ConfigError(f"every solution is longer than the PRM's {model.max_length} tokens (raise max_length)")
+    return encoded, outcomes
+
+
+def _meta(config: PRMConfig) -> dict[str, Any]:
+    return {"aggregate": config.aggregate, "temperature": config.temperature, "config": asdict(config)}
+
+
+def _log(db: Database, handle: RunHandle, step: int, window: list[tuple[float, list[bool], list[bool]]]) -> None:
+    """Mean loss and per-class outcome accuracy (aggregate >= 0.5 against the outcome)."""
+    hits = {True: 0, False: 0}
+    seen = {True: 0, False: 0}
+    for _, predicted, truth in window:
+        for p, t in zip(predicted, truth, strict=True):
+            seen[t] += 1
+            hits[t] += p == t
+    loss = sum(w[0] for w in window) / len(window)
+    row = {
+        "run_id": handle.run_id,
+        "step": step,
+        "logged_at": epoch(),
+        "loss": loss,
+        "reward": None,
+        "accuracy_positive": hits[True] / seen[True] if seen[True] else None,
+        "accuracy_negative": hits[False] / seen[False] if seen[False] else None,
+        "completion_length": None,
+        "clip_ratio": None,
+        "entropy": None,
+        "values": {"loss": loss, "examples": sum(seen.values())},
+    }
+    with db.session() as session:
+        tq.upsert_metrics(session, [row])
+    if not handle.renew(db, global_step=step):
+        raise LeaseLost(f"training run {handle.run_id} was taken over by another trainer")
+
+
+def _checkpoint(
+    db: Database, handle: RunHandle, model: StepScorer, optimizer: Any, step: int, output_dir: Path, config: PRMConfig
+) -> None:
+    import torch
+
+    final = output_dir / f"checkpoint-{step}"
+    partial = output_dir / f".checkpoint-{step}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save(partial, **_meta(config))
+    torch.save({"optimizer": optimizer.state_dict(), "step": step, "saved_at": time.time()}, partial / STATE)
+    shutil.rmtree(final, ignore_errors=True)
+    partial.rename(final)
+    with db.session() as session:
+        run = tq.get_run(session, handle.run_id)
+        checkpoints = [*run.checkpoints, str(final)] if str(final) not in run.checkpoints else list(run.checkpoints)
+    handle.renew(db, last_checkpoint=str(final), checkpoints=checkpoints, global_step=step)

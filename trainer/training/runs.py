@@ -1,0 +1,132 @@
+"""The life of a recorded training run, the same for every method (GRPO, DPO, PRM).
+
+A run is identified by its output directory: starting the same training again (after a
+crash, a kill, a pre-empted node) takes over the same run row and resumes from the last
+checkpoint in that directory.  One process at a time holds the run's lease; a second one
+waits up to ``wait_s`` and then fails with ``TrainingBusy``.  Whatever the method, the body
+gets the run's id and lease owner and returns the final global step.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stepq.models import Database
+from stepq.models import training_queries as tq
+from stepq.models.errors import ConfigError, TrainingBusy
+from stepq.models.training import RUN_DONE
+from stepq.trainer.training.records import process_owner
+
+FINAL = "final"
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    lease_ttl_s: float = 120.0
+    wait_s: float = 0.0
+    """How long to wait for another trainer's lease on the same run before giving up."""
+    lineage: str | None = None
+    base_model: str | None = None
+    """Start from this model instead of the recipe's (the service continues its lineage)."""
+    trainer_overrides: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    run_id: int
+    status: str
+    resumed_from: str | None
+    final_model: Path
+    global_step: int
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What a run trains on and how: exactly one of ``snapshot_id`` and ``dataset``."""
+
+    method: str
+    recipe_text: str
+    base_model: str
+    output_dir: Path
+    snapshot_id: int | None = None
+    dataset: str | None = None
+
+
+@dataclass(frozen=True)
+class RunHandle:
+    run_id: int
+    owner: str
+    ttl: float
+
+    def count_resume(self, db: Database) -> None:
+        with db.session() as session:
+            run = tq.get_run(session, self.run_id)
+            tq.renew_run(session, self.run_id, self.owner, self.ttl, resumes=run.resumes + 1)
+
+    def renew(self, db: Database, **values: Any) -> bool:
+        with db.session() as session:
+            return tq.renew_run(session, self.run_id, self.owner, self.ttl, **values)
+
+
+Body = Callable[[RunHandle], tuple[str | None, int]]
+"""Trains; returns (the checkpoint it resumed from or None, the final global step)."""
+
+
+def recorded_run(db: Database, spec: RunSpec, options: TrainOptions, body: Body) -> TrainResult:
+    """Create or take over the run writing to ``spec.output_dir``, run ``body`` under its
+    lease, and record how it ended (a failure keeps its error on the row)."""
+    output_dir = spec.output_dir.resolve()
+    with db.session() as session:
+        existing = tq.run_by_output(session, str(output_dir))
+        if existing is not None and (existing.snapshot_id, existing.dataset) != (spec.snapshot_id, spec.dataset):
+            trained_on = f"snapshot {existing.snapshot_id}" if existing.snapshot_id else existing.dataset
+            raise ConfigError(
+                f"{output_dir} belongs to training run {existing.id} on {trained_on}; choose another --output"
+            )
+        if existing is not None and existing.method != spec.method:
+            raise ConfigError(f"{output_dir} belongs to a {existing.method} run; choose another --output")
+        if existing is not None and existing.status == RUN_DONE:
+            return TrainResult(existing.id, RUN_DONE, None, output_dir / FINAL, existing.global_step)
+        run_id = tq.create_run(
+            session,
+            snapshot_id=spec.snapshot_id,
+            dataset=spec.dataset,
+            method=spec.method,
+            lineage=options.lineage,
+            recipe=spec.recipe_text,
+            base_model=spec.base_model,
+            output_dir=str(output_dir),
+            host=socket.gethostname(),
+        )
+    handle = RunHandle(run_id, process_owner(), options.lease_ttl_s)
+    _claim(db, handle, options.wait_s)
+    try:
+        resumed, step = body(handle)
+    except BaseException as exc:
+        if not isinstance(exc, KeyboardInterrupt | SystemExit):
+            with db.session() as session:
+                tq.end_run(session, run_id, handle.owner, error=f"{type(exc).__name__}: {exc}"[:2000])
+        raise
+    handle.renew(db, global_step=step)
+    with db.session() as session:
+        tq.end_run(session, run_id, handle.owner)
+    return TrainResult(run_id, RUN_DONE, resumed, output_dir / FINAL, step)
+
+
+def _claim(db: Database, handle: RunHandle, wait_s: float) -> None:
+    deadline = time.monotonic() + wait_s
+    while True:
+        with db.session() as session:
+            if tq.claim_run(session, handle.run_id, handle.owner, handle.ttl, socket.gethostname()):
+                return
+            holder = tq.get_run(session, handle.run_id)
+        if time.monotonic() >= deadline:
+            raise TrainingBusy(
+                f"training run {handle.run_id} is being trained by {holder.lease_owner}; try again later"
+            )
+        time.sleep(min(2.0, max(0.2, handle.ttl / 10)))
