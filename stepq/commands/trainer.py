@@ -237,7 +237,7 @@ def train_list(as_json: bool) -> None:
         click.echo(json.dumps(rows, indent=2, default=str))
         return
     click.echo(
-        f"{'run':>4}  {'method':<6} {'trained on':<24} {'status':<8} {'step':>10} {'loss':>7} {'reward':>7} "
+        f"{'run':>4}  {'method':<6} {'trained on':<30} {'status':<8} {'step':>10} {'loss':>7} {'reward':>7} "
         f"{'acc+':>6} {'acc-':>6}  lineage"
     )
 
@@ -247,7 +247,7 @@ def train_list(as_json: bool) -> None:
     for r in rows:
         steps = f"{r['step']}/{r['max_steps'] or '?'}"
         click.echo(
-            f"{r['run']:>4}  {r['method']:<6} {(r['snapshot'] or r['dataset'] or '-')[-24:]:<24} {r['status']:<8} "
+            f"{r['run']:>4}  {r['method']:<6} {(r['snapshot'] or r['dataset'] or '-')[-30:]:<30} {r['status']:<8} "
             f"{steps:>10} {f(r['loss']):>7} {f(r['reward']):>7} "
             f"{f(r['accuracy_positive']):>6} {f(r['accuracy_negative']):>6}  {r['lineage'] or '-'}"
         )
