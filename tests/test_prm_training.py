@@ -118,15 +118,13 @@ def test_prm_recipes_and_data_are_checked(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not one of"):
         _recipe(tmp_path, aggregate="max").config(PRMConfig)
     with pytest.raises(ConfigError, match="PRMConfig has no field"):
-        Recipe.parse("method: prm\nmodel: x\ntrainer:\n  num_generations: 4\n").config(
-            PRMConfig
-        )
+        Recipe.parse("method: prm\nmodel: x\ntrainer:\n  num_generations: 4\n").config(PRMConfig)
     with pytest.raises(ConfigError, match="not 'prm'"):
         Recipe.parse("model: x\n").expect("prm")
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "train.jsonl").write_text('{"prompt": "q", "steps": ["a"], "outcome": true}\n{"prompt": 1}\n')
-    with pytest.raises(ConfigError, match="train.jsonl:2"):
+    with pytest.raises(ConfigError, match=r"train\.jsonl:2"):
         load_outcomes(bad)
 
 
@@ -141,7 +139,8 @@ def test_eval_commands_use_a_trained_prm(sqlite: Database, tmp_path: Path) -> No
     env["STEPQ_DATABASE_URL"] = str(sqlite.engine.url)
 
     def stepq(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "stepq", *args], env=env, capture_output=True, text=True, timeout=300)
+        cmd = [sys.executable, "-m", "stepq", *args]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
     prm = ("--judge", "prm", "--model", str(result.final_model))
     done = stepq("eval", "processbench", "--data", str(SAMPLE), "--tune-threshold-on", str(SAMPLE), *prm, "--json")

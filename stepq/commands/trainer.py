@@ -94,6 +94,19 @@ def export_outcomes_command(set_name: str, out: Path) -> None:
     )
 
 
+@export_group.command("stepwise")
+@click.option("--snapshot", "ref", required=True, help="Snapshot number or name.")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Output folder (datasets-loadable).")
+@friendly
+def export_stepwise_command(ref: str, out: Path) -> None:
+    """A snapshot in the stepwise-supervision layout (prompt, completions, labels) that PRM
+    trainers read; every label is the snapshot's own."""
+    from stepq.trainer.snapshots.stepwise import export_stepwise
+
+    counts = export_stepwise(open_db(load_settings()), ref, out)
+    click.echo(f"snapshot {ref}: " + ", ".join(f"{k} {v} records" for k, v in counts.items()) + f" written to {out}")
+
+
 @snapshot.command("list")
 @click.option("--json", "as_json", is_flag=True)
 @friendly
