@@ -5,6 +5,7 @@ from stepq.models.counters import EventCount, LabelCounters, ProgressSample, Set
 from stepq.models.db import Database
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.rollouts import ChunkLabel, QValue, Rollout
+from stepq.models.search import SearchTurn, StepSearch
 from stepq.models.snapshots import Snapshot, SnapshotRow
 from stepq.models.training import TrainingMetric, TrainingRun
 from stepq.models.trajectories import Chunk, Trajectory
@@ -24,9 +25,11 @@ __all__ = [
     "QValue",
     "Rollout",
     "RolloutWork",
+    "SearchTurn",
     "SetCounters",
     "Snapshot",
     "SnapshotRow",
+    "StepSearch",
     "TrainingMetric",
     "TrainingRun",
     "Trajectory",

@@ -5,7 +5,7 @@ concept in ``stepq.commands`` (data, annotation, sets, services, trainer, evalua
 registers them on ``main``.
 """
 
-from stepq.commands import annotation, data, evaluation, services, sets, trainer
+from stepq.commands import annotation, data, evaluation, search, services, sets, trainer
 from stepq.commands.base import main
 
-__all__ = ["annotation", "data", "evaluation", "main", "services", "sets", "trainer"]
+__all__ = ["annotation", "data", "evaluation", "main", "search", "services", "sets", "trainer"]

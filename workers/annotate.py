@@ -125,12 +125,18 @@ class WorkerRuntime:
                 self._held.difference_update(work_ids)
 
     def backend_for(self, pset: ProblemSet) -> GenerationBackend:
+        """The set's policy (or the worker's own engine), kept warm across tasks."""
         if self.backend_override is not None:
             return self.backend_override
-        key = pset.backend + json.dumps(pset.backend_config, sort_keys=True)
+        backend = self.backend_named(pset.backend, pset.backend_config)
+        self._generator = backend.generator
+        return backend
+
+    def backend_named(self, name: str, config: dict[str, Any]) -> GenerationBackend:
+        """A backend by name and config, built once per process (a judge's, a set's)."""
+        key = name + json.dumps(config, sort_keys=True)
         if key not in self._backends:
-            self._backends[key] = make_backend(pset.backend, pset.backend_config)
-        self._generator = self._backends[key].generator
+            self._backends[key] = make_backend(name, config)
         return self._backends[key]
 
     def close(self) -> None:

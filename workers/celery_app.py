@@ -25,6 +25,7 @@ from celery import Celery, signals
 from stepq.workers.annotate import WorkerRuntime
 
 TASK_NAME = "stepq.annotate_trajectory"
+SEARCH_TASK_NAME = "stepq.step_search"
 DEFAULT_QUEUE = "stepq.rollouts"
 
 
@@ -105,6 +106,13 @@ def create_app(
         outcomes = run_work_items(runtime(), ids)
         return ",".join(f"{i}:{o.status}" for i, o in outcomes.items())
 
+    @app.task(name=SEARCH_TASK_NAME, bind=True, acks_late=True, ignore_result=True)
+    def step_search(self: object, search_ids: list[int] | int) -> str:
+        from stepq.workers.search.runner import run_searches
+
+        ids = [int(search_ids)] if isinstance(search_ids, int) else [int(i) for i in search_ids]
+        return ",".join(f"{i}:{o}" for i, o in run_searches(runtime(), ids).items())
+
     app.stepq_queue = options.queue  # type: ignore[attr-defined]
     return app
 
@@ -120,6 +128,26 @@ def publisher(app: Celery, items_per_task: int = 1) -> Callable[[Sequence[int]],
                 app.send_task(
                     TASK_NAME,
                     args=[[int(i) for i in ids[start : start + items_per_task]]],
+                    queue=queue,
+                    exchange="",
+                    routing_key=queue,
+                    producer=producer,
+                    ignore_result=True,
+                )
+
+    return publish
+
+
+def search_publisher(app: Celery) -> Callable[[Sequence[int]], None]:
+    """Publishes step search ids, one search to a message (a search is a long task)."""
+    queue: str = app.stepq_queue  # type: ignore[attr-defined]
+
+    def publish(ids: Sequence[int]) -> None:
+        with app.producer_or_acquire() as producer:
+            for i in ids:
+                app.send_task(
+                    SEARCH_TASK_NAME,
+                    args=[[int(i)]],
                     queue=queue,
                     exchange="",
                     routing_key=queue,

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from stepq.models import Database, epoch, queries
+from stepq.models import search_queries as sq
 from stepq.models.errors import BrokerError
 
 log = logging.getLogger("stepq.dispatcher")
@@ -72,9 +73,11 @@ class Dispatcher:
         options: DispatchOptions | None = None,
         queue_depth: Callable[[], int | None] | None = None,
         name: str | None = None,
+        publish_searches: Callable[[Sequence[int]], None] | None = None,
     ) -> None:
         self.db = db
         self.publish = publish
+        self.publish_searches = publish_searches
         self.options = options or DispatchOptions()
         self.queue_depth = queue_depth or (lambda: None)
         self.name = name or f"dispatcher@{socket.gethostname()}:{os.getpid()}"
@@ -117,10 +120,30 @@ class Dispatcher:
             published += len(claimed)
             if len(ids) < room:
                 break
+        if self.publish_searches is not None:
+            published += self.search_cycle(now, depth)
         report = CycleReport(planned, expired, failed, requeued, published, bound)
         if any((planned, expired, failed, requeued, published)):
             log.info("dispatch: %s", report)
         return report
+
+    def search_cycle(self, now: float, depth: int | None) -> int:
+        """Step searches: recover those whose worker died or whose message is gone, and
+        publish the pending ones (one long task each; there is one per problem at most)."""
+        o = self.options
+        assert self.publish_searches is not None
+        lost_before = None if depth else now - (o.lost_grace_s if depth == 0 else o.requeue_after_s)
+        with self.db.session() as s:
+            sq.recover_searches(s, now, lost_before, o.max_attempts)
+            ids = sq.queue_pending_searches(s, o.batch)
+        if ids:
+            try:
+                self.publish_searches(ids)
+            except Exception as exc:
+                with self.db.session() as s:
+                    sq.unqueue_searches(s, ids)
+                raise BrokerError(f"cannot publish to the broker: {exc}") from exc
+        return len(ids)
 
     def room(self, free: int) -> int:
         """Items to publish into ``free`` queued slots: whole messages only, so the queue

@@ -109,3 +109,13 @@ def segment(text: str, method: str = "auto") -> Segmentation:
 def strip_chunk_tags(text: str) -> str:
     """The text as a reader sees it, without the segmentation tags."""
     return text.replace(CHUNK_OPEN, "").replace(CHUNK_CLOSE, "")
+
+
+def first_chunk(text: str, delimiter: str) -> tuple[str, bool]:
+    """The first chunk of a continuation (through its delimiter) and whether it is the last
+    one (no more text after it, or it holds the final answer)."""
+    cut = text.find(delimiter)
+    if cut < 0:
+        return text, True
+    chunk, rest = text[: cut + len(delimiter)], text[cut + len(delimiter) :]
+    return chunk, not rest.strip() or "\\boxed" in chunk

@@ -153,6 +153,20 @@ class SyntheticPolicy:
         return "".join(s.text for s in self.continue_steps(problem, done, value, random.Random(seed)))
 
 
+def step_is_right(question: str, history: Sequence[str], chunk: str) -> bool | None:
+    """Whether ``chunk`` and every step before it compute the true running value (what the
+    oracles judge by); None when the text holds no synthetic problem or step."""
+    try:
+        problem = parse_problem(f"Problem: {question}")
+    except ValueError:
+        return None
+    if not _STEP.search(chunk):
+        return None
+    truth = problem.true_values()
+    steps = _STEP.findall("".join(history) + chunk)
+    return all(int(s[0]) <= len(truth) and int(s[4]) == truth[int(s[0]) - 1] for s in steps)
+
+
 def ground_truth(steps: Sequence[Step]) -> list[bool]:
     """Chunk i is right iff it and every chunk before it are error-free (a slip included)."""
     out, ok = [], True

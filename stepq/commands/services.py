@@ -134,8 +134,9 @@ def worker(
 @click.option("--wait", type=float, default=None, help="With --once: give up after waiting this long for the lock.")
 @friendly
 def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
-    """Publish missing work to the broker; only one dispatcher acts at a time."""
-    from stepq.workers.celery_app import create_app, publisher, redis_queue_depth, wait_for_broker
+    """Publish missing work (rollouts, step searches) to the broker; only one dispatcher
+    acts at a time."""
+    from stepq.workers.celery_app import create_app, publisher, redis_queue_depth, search_publisher, wait_for_broker
     from stepq.workers.dispatcher import Dispatcher
 
     settings = load_settings()
@@ -148,6 +149,7 @@ def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
         publisher(app, settings.items_per_task),
         options=settings.dispatch_options(),
         queue_depth=redis_queue_depth(settings.broker_url, settings.queue),
+        publish_searches=search_publisher(app),
     )
     try:
         published = dispatcher.run(once=once, interval_s=interval or settings.dispatch_interval_s, wait_s=wait)

@@ -58,7 +58,8 @@ def export_group() -> None:
 
 
 @export_group.command("preferences")
-@click.option("--set", "set_name", required=True)
+@click.option("--set", "set_name", default=None, help="Pairs derived from this set's Q-values.")
+@click.option("--search", default=None, help="Or: the pairs this step search's pairwise judge chose.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Output folder (datasets-loadable).")
 @click.option(
     "--margin",
@@ -69,13 +70,15 @@ def export_group() -> None:
 )
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]), default="jsonl", show_default=True)
 @friendly
-def export_preferences_command(set_name: str, out: Path, margin: float, fmt: str) -> None:
-    """Step preference pairs derived from stored Q-values: sibling next steps of a shared
-    prefix whose Q differ by at least --margin (prompt, chosen, rejected) for DPOTrainer."""
+def export_preferences_command(set_name: str | None, search: str | None, out: Path, margin: float, fmt: str) -> None:
+    """Step preference pairs (prompt, chosen, rejected) for DPOTrainer: derived from stored
+    Q-values (sibling next steps of a shared prefix whose Q differ by at least --margin), or
+    chosen by a step search's pairwise judge (--search)."""
     from stepq.trainer.preferences.export import export_preferences
 
-    n = export_preferences(open_db(load_settings()), set_name, out, margin=margin, fmt=fmt)
-    click.echo(f"set '{set_name}': {n} step preference pairs written to {out} (load with datasets.load_dataset)")
+    n = export_preferences(open_db(load_settings()), set_name, out, margin=margin, fmt=fmt, search=search)
+    source = f"search '{search}'" if search else f"set '{set_name}'"
+    click.echo(f"{source}: {n} step preference pairs written to {out} (load with datasets.load_dataset)")
 
 
 @export_group.command("outcomes")

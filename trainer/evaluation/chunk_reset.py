@@ -16,6 +16,7 @@ from stepq.trainer.evaluation.judges import StepItem, StepJudge
 from stepq.workers.backends.base import GenerationBackend, GenerationRequest, SamplingParams
 from stepq.workers.grading import Grader
 from stepq.workers.seeds import derive_seed
+from stepq.workers.segmentation import first_chunk
 
 
 @dataclass(frozen=True)
@@ -57,16 +58,6 @@ class ChunkResetReport:
             "rejected_tokens": self.rejected_tokens,
             "tokens": self.tokens,
         }
-
-
-def first_chunk(text: str, delimiter: str) -> tuple[str, bool]:
-    """The first chunk of a continuation (through its delimiter) and whether it is the last
-    one (no more text after it, or it holds the final answer)."""
-    cut = text.find(delimiter)
-    if cut < 0:
-        return text, True
-    chunk, rest = text[: cut + len(delimiter)], text[cut + len(delimiter) :]
-    return chunk, not rest.strip() or "\\boxed" in chunk
 
 
 def chunk_reset(

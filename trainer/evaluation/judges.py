@@ -8,7 +8,6 @@ right has not accepted it.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from typing import Any, Protocol
 from stepq.trainer.judge.prompt import JudgePrompt, parse_verdict
 from stepq.workers.backends.base import GenerationBackend, GenerationRequest, SamplingParams
 from stepq.workers.seeds import derive_seed
-from stepq.workers.synthetic_policy import parse_problem
+from stepq.workers.synthetic_policy import step_is_right
 
 
 @dataclass(frozen=True)
@@ -46,9 +45,6 @@ class AcceptAll:
         return [True for _ in items]
 
 
-_STEP = re.compile(r"Step (\d+): (-?\d+) ([+*-]) (\d+) = (-?\d+)\.")
-
-
 @dataclass
 class SyntheticOracle:
     """Knows the synthetic policy's truth: a chunk is right iff it and every chunk before it
@@ -57,19 +53,7 @@ class SyntheticOracle:
     name: str = "oracle"
 
     def judge(self, items: Sequence[StepItem]) -> list[bool | None]:
-        return [self._right(item) for item in items]
-
-    @staticmethod
-    def _right(item: StepItem) -> bool | None:
-        try:
-            problem = parse_problem(f"Problem: {item.problem}")
-        except ValueError:
-            return None
-        truth = problem.true_values()
-        steps = _STEP.findall("".join(item.history) + item.chunk)
-        if not _STEP.search(item.chunk):
-            return None
-        return all(int(s[0]) <= len(truth) and int(s[4]) == truth[int(s[0]) - 1] for s in steps)
+        return [step_is_right(item.problem, item.history, item.chunk) for item in items]
 
 
 @dataclass

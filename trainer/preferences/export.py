@@ -22,6 +22,28 @@ def preference_records(db: Database, set_name: str, margin: float) -> list[dict[
     return [_record(p) for p in q_pairs(scored, margin)]
 
 
+def search_preference_records(db: Database, name: str) -> list[dict[str, Any]]:
+    """The (best, worst) pairs a step search's pairwise judge chose, one per advancing turn."""
+    from stepq.models import search_queries as sq
+
+    with db.session() as session:
+        rows = sq.search_pairs(session, name)
+    return [
+        {
+            "prompt": prompt_of(r["question"], r["prefix"]),
+            "chosen": r["chosen"],
+            "rejected": r["rejected"],
+            "problem_id": r["problem_id"],
+            "prefix_len": len(r["prefix"]),
+            "search_id": r["search_id"],
+            "turn": r["turn"],
+            "wins_chosen": r["wins_chosen"],
+            "wins_rejected": r["wins_rejected"],
+        }
+        for r in rows
+    ]
+
+
 def _record(p: StepPair) -> dict[str, Any]:
     return {
         "prompt": prompt_of(p.question, p.prefix),
@@ -36,14 +58,24 @@ def _record(p: StepPair) -> dict[str, Any]:
     }
 
 
-def export_preferences(db: Database, set_name: str, out: Path, *, margin: float, fmt: str = "jsonl") -> int:
-    """Write ``train.<fmt>`` under ``out`` (``datasets.load_dataset(out)`` reads it); returns
-    how many pairs."""
+def export_preferences(
+    db: Database, set_name: str | None, out: Path, *, margin: float, fmt: str = "jsonl", search: str | None = None
+) -> int:
+    """Write ``train.<fmt>`` under ``out`` (``datasets.load_dataset(out)`` reads it): the
+    Q-derived pairs of a set, or a step search's judged pairs; returns how many pairs."""
     if fmt not in FORMATS:
         raise ConfigError(f"unknown format '{fmt}' (one of: {', '.join(FORMATS)})")
     if not 0 < margin <= 1:
         raise ConfigError("--margin must be in (0, 1]")
-    records = preference_records(db, set_name, margin)
+    if (set_name is None) == (search is None):
+        raise ConfigError("give exactly one of --set (Q-derived pairs) and --search (a step search's pairs)")
+    if search is not None:
+        records = search_preference_records(db, search)
+        if not records:
+            raise ConfigError(f"step search '{search}' has no pairs yet (run its searches: 'stepq search status')")
+    else:
+        assert set_name is not None
+        records = preference_records(db, set_name, margin)
     if not records:
         raise ConfigError(
             f"set '{set_name}' yields no step pairs with a Q gap of {margin}: it needs several annotated "

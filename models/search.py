@@ -1,0 +1,76 @@
+"""Step search: one search per (search name, problem), its turns, and the step preference
+pairs they yield.
+
+A search is queue work with a database lease, like a trajectory's rollouts: the broker only
+carries its id.  Each turn is written once (unique per search and turn number) in the same
+transaction that checks the lease, so a crashed worker's search resumes at its next turn
+and no pair is ever written twice.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, func
+from sqlalchemy.orm import Mapped, mapped_column
+
+from stepq.models.base import Base
+
+ADVANCE = "advance"
+FINISH = "finish"
+ROLLBACK = "rollback"
+RESAMPLE = "resample"
+"""All candidates tied with nothing to roll back to: sample again from the same prefix."""
+
+
+class StepSearch(Base):
+    __tablename__ = "step_searches"
+    __table_args__ = (
+        UniqueConstraint("name", "problem_id"),
+        Index("ix_step_searches_state", "state"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    problem_set_id: Mapped[int] = mapped_column(ForeignKey("problem_sets.id", ondelete="CASCADE"), index=True)
+    problem_id: Mapped[int] = mapped_column(ForeignKey("problems.id", ondelete="CASCADE"))
+    prompt: Mapped[str] = mapped_column(Text)
+    """The policy prompt; the steps kept so far are appended to it as a raw completion."""
+    width: Mapped[int] = mapped_column(Integer)
+    max_turns: Mapped[int] = mapped_column(Integer)
+    seed: Mapped[int] = mapped_column(Integer)
+    judge_backend: Mapped[str] = mapped_column(String(40))
+    judge_config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    state: Mapped[str] = mapped_column(String(20), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    lease_owner: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    enqueued_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    turns_done: Mapped[int] = mapped_column(Integer, default=0)
+    outcome: Mapped[str | None] = mapped_column(String(20), nullable=True)
+    """``finished`` (a final answer was kept) or ``exhausted`` (``max_turns`` reached)."""
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    updated_at: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class SearchTurn(Base):
+    """One turn: the candidates sampled from the current prefix, their pairwise wins, what
+    the search did, and (for advance/finish) the (best, worst) preference pair."""
+
+    __tablename__ = "search_turns"
+    __table_args__ = (UniqueConstraint("search_id", "turn"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    search_id: Mapped[int] = mapped_column(ForeignKey("step_searches.id", ondelete="CASCADE"))
+    turn: Mapped[int] = mapped_column(Integer)
+    prefix: Mapped[list[str]] = mapped_column(JSON)
+    candidates: Mapped[list[str]] = mapped_column(JSON)
+    wins: Mapped[list[int]] = mapped_column(JSON)
+    consistent_pairs: Mapped[int] = mapped_column(Integer)
+    action: Mapped[str] = mapped_column(String(20))
+    chosen: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    rejected: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    worker: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[float] = mapped_column(Float)

@@ -1,0 +1,222 @@
+"""Step search's queries: create searches, lease them, write turns under the lease, publish
+and recover them, and read their pairs.  The same rules as the rollout queue: the broker
+carries ids only, every write is idempotent, ownership is a conditional update."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, or_, select, update
+from sqlalchemy.orm import Session
+
+from stepq.models.base import epoch
+from stepq.models.errors import NotFoundError
+from stepq.models.problems import Problem
+from stepq.models.queries import _insert
+from stepq.models.search import ADVANCE, FINISH, SearchTurn, StepSearch
+from stepq.models.work import DONE, FAILED, PENDING, QUEUED, RUNNING
+
+
+def create_searches(session: Session, rows: Sequence[dict[str, Any]]) -> int:
+    """Insert searches that do not exist yet (unique per name and problem); returns how many
+    were new.  Starting the same search again adds only new problems."""
+    if not rows:
+        return 0
+    now = epoch()
+    values = [
+        {"state": PENDING, "attempts": 0, "turns_done": 0, "updated_at": now, "judge_config": {}, **r} for r in rows
+    ]
+    result = session.connection().execute(_insert(session, StepSearch.__table__).on_conflict_do_nothing(), values)
+    return max(int(result.rowcount or 0), 0)
+
+
+def problems_of_set(session: Session, set_id: int) -> list[tuple[int, str]]:
+    rows = session.execute(
+        select(Problem.id, Problem.question)
+        .where(Problem.problem_set_id == set_id, Problem.excluded.is_(False))
+        .order_by(Problem.id)
+    )
+    return [(int(i), str(q)) for i, q in rows]
+
+
+def claim_search(session: Session, search_id: int, owner: str, ttl: float) -> StepSearch | None:
+    """Take the search's lease when it is queued, pending, or its holder's lease ran out."""
+    now = epoch()
+    result = session.execute(
+        update(StepSearch)
+        .where(
+            StepSearch.id == search_id,
+            or_(
+                StepSearch.state.in_([PENDING, QUEUED]),
+                (StepSearch.state == RUNNING) & (StepSearch.lease_expires_at < now),
+            ),
+        )
+        .values(
+            state=RUNNING,
+            lease_owner=owner,
+            lease_expires_at=now + ttl,
+            attempts=StepSearch.attempts + 1,
+            updated_at=now,
+        )
+    )
+    if not result.rowcount:  # type: ignore[attr-defined]
+        return None
+    return session.get(StepSearch, search_id)
+
+
+def search_turns(session: Session, search_id: int) -> list[SearchTurn]:
+    return list(session.scalars(select(SearchTurn).where(SearchTurn.search_id == search_id).order_by(SearchTurn.turn)))
+
+
+def record_turn(
+    session: Session, search_id: int, owner: str, ttl: float, turn: dict[str, Any], outcome: str | None
+) -> bool:
+    """Write one turn and renew the lease, only while ``owner`` holds it; ``outcome`` ends the
+    search.  False when the lease was lost (another worker has the search now)."""
+    now = epoch()
+    values: dict[str, Any] = {"lease_expires_at": now + ttl, "updated_at": now, "turns_done": turn["turn"] + 1}
+    if outcome is not None:
+        values.update(state=DONE, outcome=outcome, lease_owner=None, lease_expires_at=None)
+    held = session.execute(
+        update(StepSearch)
+        .where(StepSearch.id == search_id, StepSearch.lease_owner == owner, StepSearch.state == RUNNING)
+        .values(**values)
+    )
+    if not held.rowcount:  # type: ignore[attr-defined]
+        return False
+    stmt = _insert(session, SearchTurn.__table__).on_conflict_do_nothing()
+    session.connection().execute(stmt, [{"search_id": search_id, "created_at": now, **turn}])
+    return True
+
+
+def renew_search(session: Session, search_id: int, owner: str, ttl: float) -> bool:
+    now = epoch()
+    result = session.execute(
+        update(StepSearch)
+        .where(StepSearch.id == search_id, StepSearch.lease_owner == owner, StepSearch.state == RUNNING)
+        .values(lease_expires_at=now + ttl, updated_at=now)
+    )
+    return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def release_search(session: Session, search_id: int, owner: str, *, error: str | None, permanent: bool) -> None:
+    """Hand a search back (to be published again) or fail it for good, if still ours."""
+    now = epoch()
+    session.execute(
+        update(StepSearch)
+        .where(StepSearch.id == search_id, StepSearch.lease_owner == owner)
+        .values(
+            state=FAILED if permanent else PENDING,
+            error=error,
+            lease_owner=None,
+            lease_expires_at=None,
+            enqueued_at=None,
+            updated_at=now,
+        )
+    )
+
+
+def recover_searches(session: Session, now: float, lost_before: float | None, max_attempts: int) -> int:
+    """Searches whose worker died (lease ran out) go back to pending, or fail after
+    ``max_attempts``; with ``lost_before``, queued ones published before it whose message is
+    gone (the broker's queue is empty) too.  Returns how many were reset."""
+    expired = (StepSearch.state == RUNNING) & (StepSearch.lease_expires_at < now)
+    session.execute(
+        update(StepSearch)
+        .where(expired, StepSearch.attempts >= max_attempts)
+        .values(state=FAILED, error="lease expired too many times", lease_owner=None, updated_at=now)
+    )
+    reset = session.execute(
+        update(StepSearch)
+        .where(expired)
+        .values(state=PENDING, lease_owner=None, lease_expires_at=None, enqueued_at=None, updated_at=now)
+    ).rowcount  # type: ignore[attr-defined]
+    if lost_before is not None:
+        reset += session.execute(
+            update(StepSearch)
+            .where(StepSearch.state == QUEUED, StepSearch.enqueued_at < lost_before)
+            .values(state=PENDING, enqueued_at=None, updated_at=now)
+        ).rowcount  # type: ignore[attr-defined]
+    return int(reset or 0)
+
+
+def queue_pending_searches(session: Session, limit: int) -> list[int]:
+    """Mark up to ``limit`` pending searches queued (their ids are then published)."""
+    ids = list(
+        session.scalars(
+            select(StepSearch.id)
+            .where(StepSearch.state == PENDING)
+            .order_by(StepSearch.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+    )
+    if ids:
+        now = epoch()
+        session.execute(
+            update(StepSearch).where(StepSearch.id.in_(ids)).values(state=QUEUED, enqueued_at=now, updated_at=now)
+        )
+    return ids
+
+
+def unqueue_searches(session: Session, ids: Sequence[int]) -> None:
+    session.execute(
+        update(StepSearch)
+        .where(StepSearch.id.in_(list(ids)), StepSearch.state == QUEUED)
+        .values(state=PENDING, enqueued_at=None)
+    )
+
+
+def search_progress(session: Session) -> list[dict[str, Any]]:
+    """Per search name: searches by state, turns, pairs and order-consistent judgements."""
+    states = session.execute(
+        select(StepSearch.name, StepSearch.state, func.count()).group_by(StepSearch.name, StepSearch.state)
+    ).all()
+    turns = session.execute(
+        select(
+            StepSearch.name,
+            func.count(SearchTurn.id),
+            func.count(SearchTurn.chosen),
+            func.coalesce(func.sum(SearchTurn.consistent_pairs), 0),
+        )
+        .join(SearchTurn, SearchTurn.search_id == StepSearch.id)
+        .group_by(StepSearch.name)
+    ).all()
+    out: dict[str, dict[str, Any]] = {}
+    for name, state, n in states:
+        out.setdefault(name, {"search": name, "turns": 0, "pairs": 0, "consistent_pairs": 0})[state] = int(n)
+    for name, n_turns, n_pairs, consistent in turns:
+        out[name].update(turns=int(n_turns), pairs=int(n_pairs), consistent_pairs=int(consistent))
+    return [out[k] for k in sorted(out)]
+
+
+def search_pairs(session: Session, name: str) -> list[dict[str, Any]]:
+    """The (chosen, rejected) pairs of a search, in (search, turn) order."""
+    if not session.scalar(select(func.count()).select_from(StepSearch).where(StepSearch.name == name)):
+        raise NotFoundError(f"no step search named '{name}' (see 'stepq search status')")
+    rows = session.execute(
+        select(StepSearch.id, Problem.question, Problem.external_id, SearchTurn)
+        .join(SearchTurn, SearchTurn.search_id == StepSearch.id)
+        .join(Problem, Problem.id == StepSearch.problem_id)
+        .where(StepSearch.name == name, SearchTurn.action.in_([ADVANCE, FINISH]))
+        .order_by(StepSearch.id, SearchTurn.turn)
+    ).all()
+    pairs = []
+    for sid, question, external_id, t in rows:
+        if t.chosen is None or t.rejected is None:
+            continue
+        pairs.append(
+            {
+                "search_id": sid,
+                "question": question,
+                "problem_id": external_id,
+                "turn": t.turn,
+                "prefix": list(t.prefix),
+                "chosen": t.candidates[t.chosen],
+                "rejected": t.candidates[t.rejected],
+                "wins_chosen": t.wins[t.chosen],
+                "wins_rejected": t.wins[t.rejected],
+            }
+        )
+    return pairs

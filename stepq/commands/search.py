@@ -1,0 +1,99 @@
+"""``stepq search``: step search with a pairwise judge, as queue work (start, run, status).
+
+Importing the module registers the commands on ``stepq``."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from stepq.commands.base import backend_config, friendly, load_settings, main, open_db
+from stepq.workers.backends import BACKENDS as BACKEND_NAMES
+
+
+@main.group()
+def search() -> None:
+    """Step search: sample candidate next steps, rank them with a pairwise judge asked in both
+    orders, keep the best and record (best, worst) as a step preference pair."""
+
+
+@search.command("start")
+@click.option("--set", "set_name", required=True)
+@click.option("--name", required=True, help="The search's name (its pairs are exported by it).")
+@click.option("--width", type=click.IntRange(min=2), default=6, show_default=True, help="Candidates per step.")
+@click.option("--max-turns", type=click.IntRange(min=1), default=40, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--template", default=None, help="Policy template (default: synthetic for synthetic sets, else step).")
+@click.option(
+    "--judge-backend",
+    type=click.Choice(["synthetic-oracle", *BACKEND_NAMES]),
+    default="synthetic-oracle",
+    show_default=True,
+    help="The pairwise judge: a model on a backend, or the synthetic policy's oracle.",
+)
+@click.option("--judge-model", default=None)
+@click.option("--judge-base-url", default=None)
+@click.option("--judge-option", "judge_options", multiple=True, metavar="KEY=VALUE")
+@friendly
+def search_start(
+    set_name: str,
+    name: str,
+    width: int,
+    max_turns: int,
+    seed: int,
+    template: str | None,
+    judge_backend: str,
+    judge_model: str | None,
+    judge_base_url: str | None,
+    judge_options: tuple[str, ...],
+) -> None:
+    """Create one search per problem of the set; the dispatcher publishes them to workers
+    (or run them here with 'stepq search run')."""
+    from stepq.workers.search.plan import SearchPlan, start_search
+
+    oracle = judge_backend == "synthetic-oracle"
+    config = {} if oracle else backend_config(judge_model, judge_base_url, judge_options)
+    plan = SearchPlan(set_name, name, width, max_turns, seed, template, judge_backend, config)
+    created = start_search(open_db(load_settings()), plan)
+    click.echo(f"search '{name}' on set '{set_name}': {created} new searches (one per problem)")
+
+
+@search.command("run")
+@friendly
+def search_run() -> None:
+    """Run every pending search in this process (the embedded default; no broker)."""
+    from stepq.workers.annotate import WorkerRuntime
+    from stepq.workers.search.plan import run_searches_here
+
+    settings = load_settings()
+    db = open_db(settings)
+    rt = WorkerRuntime(db, settings.worker_options())
+    try:
+        outcomes = run_searches_here(db, rt, settings.max_attempts)
+    finally:
+        rt.close()
+    click.echo("searches: " + (", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) or "none pending"))
+
+
+@search.command("status")
+@click.option("--json", "as_json", is_flag=True)
+@friendly
+def search_status(as_json: bool) -> None:
+    """Per search: searches by state, turns, pairs and order-consistent judgements."""
+    from stepq.models import search_queries as sq
+
+    with open_db(load_settings()).session() as s:
+        rows = sq.search_progress(s)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    click.echo(
+        f"{'search':<20} {'pending':>7} {'queued':>6} {'running':>7} {'done':>5} {'failed':>6} {'turns':>6} "
+        f"{'pairs':>6}"
+    )
+    for r in rows:
+        click.echo(
+            f"{r['search']:<20} {r.get('pending', 0):>7} {r.get('queued', 0):>6} {r.get('running', 0):>7} "
+            f"{r.get('done', 0):>5} {r.get('failed', 0):>6} {r['turns']:>6} {r['pairs']:>6}"
+        )

@@ -1,0 +1,211 @@
+"""Step search with a pairwise judge: verdict parsing, order-consistency filtering, scores
+and decisions (pure), whole searches on the embedded database with the synthetic oracle, and
+through the queue on PostgreSQL + Redis + Celery with a worker SIGKILLed mid-search."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from stepq.models import Database
+from stepq.models.search import ADVANCE, FINISH, RESAMPLE, ROLLBACK
+from stepq.workers.search.pairwise import (
+    Comparison,
+    SyntheticPairwiseOracle,
+    comparisons,
+    decide,
+    parse_preference,
+    render,
+    win_scores,
+    winners,
+)
+from stepq.workers.search.step_search import replay
+from stepq.workers.synthetic_policy import step_is_right
+from tests.conftest import Cluster, wait_for
+
+
+def test_parse_preference_takes_the_last_verdict() -> None:
+    assert parse_preference("A looks wrong... so [[B]]") == "B"
+    assert parse_preference("[[A]] at first, but on reflection [[ B ]]") == "B"
+    assert parse_preference("I prefer A") is None
+    assert parse_preference("[[C]]") is None
+
+
+def test_every_pair_is_asked_in_both_orders() -> None:
+    asked = comparisons(4)
+    assert len(asked) == 4 * 3
+    assert {(c.first, c.second) for c in asked} == {(i, j) for i in range(4) for j in range(4) if i != j}
+
+
+def test_a_pair_counts_only_when_both_orders_agree() -> None:
+    asked = [Comparison(0, 1), Comparison(1, 0), Comparison(0, 2), Comparison(2, 0), Comparison(1, 2), Comparison(2, 1)]
+    # (0,1): A then B -> both name 0; (0,2): A then A -> position bias, no decision;
+    # (1,2): B then None -> a missing answer, no decision
+    result = winners(asked, ["A", "B", "A", "A", "B", None])
+    assert result == {(0, 1): 0, (0, 2): None, (1, 2): None}
+    assert win_scores(3, result) == [1, 0, 0]
+    assert winners(asked[:2], ["B", "A"]) == {(0, 1): 1}
+
+
+def test_decide_keeps_the_best_pairs_it_with_the_worst_and_rolls_back_on_ties() -> None:
+    d = decide([1, 3, 0, 3])
+    assert (d.action, d.best, d.worst) == ("advance", 1, 2), "ties go to the lower index"
+    assert decide([2, 2, 2]).action == "rollback"
+    assert decide([0, 0]).action == "rollback"
+
+
+def test_replay_follows_the_turns() -> None:
+    turns = [
+        (ADVANCE, ["a1", "b1"], 0),
+        (ADVANCE, ["a2", "b2"], 1),
+        (ROLLBACK, ["x", "y"], None),
+        (ADVANCE, ["c2", "d2"], 1),
+    ]
+    assert replay(turns) == (["a1", "d2"], False)
+    assert replay([(RESAMPLE, ["x"], None), (ROLLBACK, ["y"], None)]) == ([], False)
+    assert replay([*turns, (FINISH, ["e3", "f3"], 0), (ADVANCE, ["z"], 0)]) == (["a1", "d2", "e3"], True)
+
+
+def test_the_oracle_prefers_the_right_step_and_is_position_biased_on_ties() -> None:
+    q = "Start with 3. Add 4. Multiply by 2. What is the result?"
+    right, wrong = "Step 1: 3 + 4 = 7.\n\n", "Step 1: 3 + 4 = 9.\n\n"
+    from stepq.workers.search.pairwise import PairQuestion
+
+    oracle = SyntheticPairwiseOracle()
+    answers = oracle.prefer([PairQuestion(q, (), right, wrong), PairQuestion(q, (), wrong, right)])
+    assert answers == ["A", "B"]
+    assert oracle.prefer([PairQuestion(q, (), right, right)]) == ["A"]
+    assert "Candidate A:\nx" in render("{problem}{history}Candidate A:\n{a}{b}", q, (), "x", "y")
+
+
+def _env(url: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
+    env["STEPQ_DATABASE_URL"] = url
+    return env
+
+
+def _stepq(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "stepq", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+SEARCH = ("--width", "4", "--max-turns", "30", "--seed", "5")
+
+
+def _pairs(db: Database) -> list[tuple[str, int, str, str, str]]:
+    with db.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT p.question, t.turn, t.prefix, t.candidates, t.chosen, t.rejected FROM search_turns t "
+                "JOIN step_searches s ON s.id = t.search_id JOIN problems p ON p.id = s.problem_id "
+                "WHERE t.chosen IS NOT NULL"
+            )
+        ).all()
+    import json
+
+    out = []
+    for question, turn, prefix, cands, chosen, rejected in rows:
+        cands = json.loads(cands) if isinstance(cands, str) else cands
+        prefix = json.loads(prefix) if isinstance(prefix, str) else prefix
+        out.append((question, turn, "".join(prefix), cands[chosen], cands[rejected]))
+    return sorted(out)
+
+
+def test_embedded_step_search_yields_right_over_wrong_pairs(sqlite: Database, tmp_path: Path) -> None:
+    env = _env(str(sqlite.engine.url))
+    assert _stepq(env, tmp_path, "synth", "--set", "s", "--problems", "8", "--error-rate", "0.3").returncode == 0
+    started = _stepq(env, tmp_path, "search", "start", "--set", "s", "--name", "n", *SEARCH)
+    assert started.returncode == 0 and "8 new searches" in started.stdout, started.stderr
+    again = _stepq(env, tmp_path, "search", "start", "--set", "s", "--name", "n", *SEARCH)
+    assert "0 new searches" in again.stdout, "starting the same search again adds nothing"
+    ran = _stepq(env, tmp_path, "search", "run")
+    assert ran.returncode == 0 and "done 8" in ran.stdout, ran.stderr
+    pairs = _pairs(sqlite)
+    assert pairs, "the searches advanced"
+    for question, _, prefix, chosen, rejected in pairs:
+        assert step_is_right(question, (prefix,), chosen) is True, "the oracle's consistent winner is right"
+        assert step_is_right(question, (prefix,), rejected) is False
+    with sqlite.engine.connect() as conn:
+        outcomes = dict(conn.execute(text("SELECT outcome, count(*) FROM step_searches GROUP BY outcome")).all())
+        actions = dict(conn.execute(text("SELECT action, count(*) FROM search_turns GROUP BY action")).all())
+    assert outcomes.get("finished", 0) >= 6 and sum(outcomes.values()) == 8
+    assert actions.get(RESAMPLE, 0) + actions.get(ROLLBACK, 0) > 0, "all-right (tied) candidate sets step back"
+    out = tmp_path / "pairs"
+    exported = _stepq(env, tmp_path, "export", "preferences", "--search", "n", "--out", str(out))
+    assert exported.returncode == 0 and f"{len(pairs)} step preference pairs" in exported.stdout, exported.stderr
+    status = _stepq(env, tmp_path, "search", "status", "--json")
+    assert '"pairs": %d' % len(pairs) in status.stdout
+    bad = _stepq(env, tmp_path, "search", "start", "--set", "nope", "--name", "n")
+    assert bad.returncode == 4 and "no problem set" in bad.stderr.lower()
+
+
+def _running_search(pg: Database, owner: str) -> int:
+    with pg.engine.connect() as conn:
+        return int(
+            conn.execute(
+                text("SELECT count(*) FROM step_searches WHERE state = 'running' AND lease_owner LIKE :o"),
+                {"o": f"{owner}@%"},
+            ).scalar_one()
+        )
+
+
+@pytest.mark.integration
+def test_step_search_through_the_queue_survives_a_sigkill(
+    cluster: Cluster, pg: Database, sqlite: Database, tmp_path: Path
+) -> None:
+    synth = ("synth", "--set", "q", "--problems", "12", "--seed", "2", "--error-rate", "0.3")
+    # the reference: the same searches, uninterrupted, in another (embedded) database
+    env = _env(str(sqlite.engine.url))
+    for args in (synth, ("search", "start", "--set", "q", "--name", "k", *SEARCH), ("search", "run")):
+        assert _stepq(env, tmp_path, *args).returncode == 0
+    reference = _pairs(sqlite)
+    assert len(reference) >= 12
+
+    cluster.cli(*synth, "--latency-s", "0.05")
+    cluster.cli("search", "start", "--set", "q", "--name", "k", *SEARCH)
+    victim = cluster.start_worker("victim")
+    log = (cluster.logs / "dispatcher.log").open("wb")
+    cluster.procs.append(
+        subprocess.Popen(
+            [sys.executable, "-m", "stepq", "dispatch"], env=cluster.env, stdout=log, stderr=subprocess.STDOUT
+        )
+    )
+
+    def turns() -> int:
+        with pg.engine.connect() as conn:
+            return int(conn.execute(text("SELECT count(*) FROM search_turns")).scalar_one())
+
+    wait_for(lambda: turns() >= 8, 120, "searches under way")
+
+    def holding() -> bool:
+        victim.send_signal(signal.SIGSTOP)
+        if _running_search(pg, "victim"):
+            return True
+        victim.send_signal(signal.SIGCONT)
+        return False
+
+    wait_for(holding, 60, "the victim to hold a search", interval=0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=10)
+    cluster.start_worker("rescuer")
+
+    def all_done() -> bool:
+        with pg.engine.connect() as conn:
+            return not conn.execute(text("SELECT count(*) FROM step_searches WHERE state <> 'done'")).scalar_one()
+
+    wait_for(all_done, 240, "every search done after the kill")
+    assert _pairs(pg) == reference, "no pair missing, none duplicated, the same pairs as without the kill"
+    with pg.engine.connect() as conn:
+        retried = conn.execute(text("SELECT count(*) FROM step_searches WHERE attempts > 1")).scalar_one()
+        by_worker = dict(
+            conn.execute(text("SELECT split_part(worker, '@', 1), count(*) FROM search_turns GROUP BY 1")).all()
+        )
+    assert retried >= 1, "the killed worker's search was taken over after its lease expired"
+    assert by_worker.get("victim", 0) > 0 and by_worker.get("rescuer", 0) > 0

@@ -1,0 +1,153 @@
+"""The pairwise step judge: which of two candidate next steps is better, asked in both orders.
+
+A judge model explains and answers ``[[A]]`` or ``[[B]]``.  Position bias is real, so each
+pair (i, j) is asked twice, once as (A=i, B=j) and once as (A=j, B=i); the pair counts only
+when both answers name the same candidate.  A candidate's score is its number of counted
+wins (pure functions; the judges behind one small interface).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from stepq.models.errors import ConfigError
+from stepq.workers.backends.base import GenerationBackend, GenerationRequest, SamplingParams
+from stepq.workers.seeds import derive_seed
+
+TEMPLATE = Path(__file__).resolve().parent / "templates" / "pairwise.txt"
+NO_HISTORY = "(none: this is the first step)"
+_VERDICT = re.compile(r"\[\[\s*([AB])\s*\]\]")
+
+
+def load_template(path: str | Path | None = None) -> str:
+    text = Path(path or TEMPLATE).read_text(encoding="utf-8")
+    for placeholder in ("{problem}", "{history}", "{a}", "{b}"):
+        if placeholder not in text:
+            raise ConfigError(f"pairwise template {path} has no {placeholder} placeholder")
+    return text
+
+
+def render(template: str, problem: str, history: Sequence[str], a: str, b: str) -> str:
+    steps = "".join(history).strip() or NO_HISTORY
+    return template.replace("{problem}", problem).replace("{history}", steps).replace("{a}", a).replace("{b}", b)
+
+
+def parse_preference(text: str) -> str | None:
+    """The last ``[[A]]`` or ``[[B]]`` of an answer; None when there is none."""
+    found = _VERDICT.findall(text)
+    return found[-1] if found else None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Candidate ``first`` shown as A and ``second`` as B."""
+
+    first: int
+    second: int
+
+
+def comparisons(width: int) -> list[Comparison]:
+    """Every unordered pair of candidates in both orders: w (w - 1) questions."""
+    out = []
+    for i, j in itertools.combinations(range(width), 2):
+        out += [Comparison(i, j), Comparison(j, i)]
+    return out
+
+
+def winners(asked: Sequence[Comparison], answers: Sequence[str | None]) -> dict[tuple[int, int], int | None]:
+    """Per unordered pair (i < j): the candidate both orders preferred, or None when the two
+    answers disagree or one is missing (an inconsistent pair does not count)."""
+    named: dict[tuple[int, int], list[int | None]] = {}
+    for c, answer in zip(asked, answers, strict=True):
+        pick = None if answer is None else (c.first if answer == "A" else c.second)
+        named.setdefault((min(c.first, c.second), max(c.first, c.second)), []).append(pick)
+    return {pair: picks[0] if len(picks) == 2 and picks[0] == picks[1] else None for pair, picks in named.items()}
+
+
+def win_scores(width: int, pair_winners: dict[tuple[int, int], int | None]) -> list[int]:
+    scores = [0] * width
+    for winner in pair_winners.values():
+        if winner is not None:
+            scores[winner] += 1
+    return scores
+
+
+@dataclass(frozen=True)
+class Decision:
+    """``advance`` with (best, worst) when scores differ, else ``rollback``."""
+
+    action: str
+    best: int | None = None
+    worst: int | None = None
+
+
+def decide(scores: Sequence[int]) -> Decision:
+    """Keep the best candidate and pair it with the worst; when every score ties the judge
+    has said nothing useful about this prefix, so step back.  Ties go to the lower index
+    (candidates are seeded draws, so this is a fixed, fair rule)."""
+    if len(set(scores)) <= 1:
+        return Decision("rollback")
+    best = max(range(len(scores)), key=lambda i: (scores[i], -i))
+    worst = min(range(len(scores)), key=lambda i: (scores[i], i))
+    return Decision("advance", best, worst)
+
+
+@dataclass(frozen=True)
+class PairQuestion:
+    problem: str
+    history: tuple[str, ...]
+    a: str
+    b: str
+
+
+class PairwiseJudge(Protocol):
+    name: str
+
+    def prefer(self, questions: Sequence[PairQuestion]) -> list[str | None]: ...
+
+
+@dataclass
+class ModelPairwiseJudge:
+    """A judge model on any generation backend, one seeded answer per question."""
+
+    backend: GenerationBackend
+    params: SamplingParams
+    template: str = field(default_factory=load_template)
+    seed: int = 0
+    name: str = "model"
+
+    def prefer(self, questions: Sequence[PairQuestion]) -> list[str | None]:
+        format_prompt = getattr(self.backend, "format_prompt", None)
+        requests = []
+        for q in questions:
+            text = render(self.template, q.problem, q.history, q.a, q.b)
+            requests.append(
+                GenerationRequest(
+                    format_prompt(text) if format_prompt else text,
+                    (derive_seed("pairwise", self.seed, q.problem, *q.history, q.a, q.b),),
+                )
+            )
+        return [parse_preference(c[0].text) if c else None for c in self.backend.generate(requests, self.params)]
+
+
+@dataclass
+class SyntheticPairwiseOracle:
+    """Knows the synthetic policy's truth: prefers a right step to a wrong one.  Between two
+    steps of the same truth it answers ``A``, the position bias a real judge can have, which
+    the two-order check turns into no decision."""
+
+    name: str = "synthetic-oracle"
+
+    def prefer(self, questions: Sequence[PairQuestion]) -> list[str | None]:
+        from stepq.workers.synthetic_policy import step_is_right
+
+        out: list[str | None] = []
+        for q in questions:
+            a, b = (step_is_right(q.problem, q.history, c) for c in (q.a, q.b))
+            out.append("B" if (b and not a) else "A")
+        return out

@@ -1,0 +1,86 @@
+"""Run step searches in a worker: lease a search, replay its stored turns, and write each new
+turn under the lease until it finishes.  A crash loses at most the turn in flight; the
+search's next holder redoes it with the same seeds.  Thin: the logic is ``step_search``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from stepq.models import search_queries as sq
+from stepq.models.errors import ConfigError, GenerationError
+from stepq.models.problems import Problem, ProblemSet
+from stepq.models.search import FINISH, StepSearch
+from stepq.workers.annotate import WorkerRuntime
+from stepq.workers.backends import SamplingParams
+from stepq.workers.search.pairwise import ModelPairwiseJudge, PairwiseJudge, SyntheticPairwiseOracle
+from stepq.workers.search.step_search import SearchSpec, next_turn, replay
+
+log = logging.getLogger(__name__)
+ORACLE = "synthetic-oracle"
+
+
+def judge_for(rt: WorkerRuntime, backend: str, config: dict[str, Any]) -> PairwiseJudge:
+    """The search's pairwise judge: the synthetic oracle, or a model on a (warm) backend."""
+    if backend == ORACLE:
+        return SyntheticPairwiseOracle()
+    engine = rt.backend_named(backend, {k: v for k, v in config.items() if k != "sampling"})
+    sampling = {"temperature": 0.0, "max_tokens": 1024, **(config.get("sampling") or {})}
+    return ModelPairwiseJudge(engine, SamplingParams.from_config(sampling))
+
+
+def run_searches(rt: WorkerRuntime, ids: Sequence[int]) -> dict[int, str]:
+    """Each search's status: done, skipped (someone else has it), lost, handed-back, failed."""
+    out: dict[int, str] = {}
+    for sid in ids:
+        if rt.stopping.is_set():
+            out[sid] = "handed-back"  # still queued: the dispatcher republishes it once lost
+            continue
+        out[sid] = run_search(rt, sid)
+    return out
+
+
+def run_search(rt: WorkerRuntime, search_id: int) -> str:
+    ttl = rt.options.lease_ttl_s
+    with rt.db.session() as s:
+        search = sq.claim_search(s, search_id, rt.name, ttl)
+        if search is None:
+            return "skipped"
+        spec, pset, judge_backend, judge_config = _load(s, search)
+        turns = [(t.action, list(t.candidates), t.chosen) for t in sq.search_turns(s, search_id)]
+    try:
+        policy = rt.backend_for(pset)
+        params = SamplingParams.from_config(pset.sampling or {})
+        judge = judge_for(rt, judge_backend, judge_config)
+        prefix, finished = replay(turns)
+        turn_no = len(turns)
+        while not finished and turn_no < spec.max_turns:
+            if rt.stopping.is_set():
+                with rt.db.session() as s:
+                    sq.release_search(s, search_id, rt.name, error=None, permanent=False)
+                return "handed-back"
+            turn = next_turn(spec, turn_no, prefix, policy, params, judge)
+            finished = turn.action == FINISH
+            outcome = "finished" if finished else ("exhausted" if turn_no + 1 >= spec.max_turns else None)
+            with rt.db.session() as s:
+                if not sq.record_turn(s, search_id, rt.name, ttl, {**turn.row(), "worker": rt.name}, outcome):
+                    log.warning("step search %s: lease lost at turn %s", search_id, turn_no)
+                    return "lost"
+            turns.append((turn.action, turn.candidates, turn.chosen))
+            prefix, finished = replay(turns)
+            turn_no += 1
+        return "done"
+    except (GenerationError, ConfigError) as exc:
+        permanent = isinstance(exc, ConfigError) or exc.permanent
+        with rt.db.session() as s:
+            sq.release_search(s, search_id, rt.name, error=f"{type(exc).__name__}: {exc}", permanent=permanent)
+        return "failed" if permanent else "retry"
+
+
+def _load(s: Any, search: StepSearch) -> tuple[SearchSpec, ProblemSet, str, dict[str, Any]]:
+    problem = s.get(Problem, search.problem_id)
+    pset = s.get(ProblemSet, search.problem_set_id)
+    spec = SearchSpec(search.name, problem.question, search.prompt, search.width, search.max_turns, search.seed)
+    s.expunge(pset)
+    return spec, pset, search.judge_backend, dict(search.judge_config or {})

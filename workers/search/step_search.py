@@ -1,0 +1,98 @@
+"""One step search, turn by turn, resumable from its stored turns.
+
+A turn samples ``width`` candidate next steps from the current prefix (seeded by the search's
+name, the problem and the turn number, so a turn redone after a crash, or the same search in
+another database, draws the same candidates), asks the
+pairwise judge about every pair in both orders, and then:
+
+- ``advance``: keep the candidate with the most consistent wins; (best, worst) is a step
+  preference pair with the prefix as its prompt;
+- ``finish``: the same, when the kept step ends the solution (a final answer);
+- ``rollback``: every score tied, the judge could not tell them apart; drop the last kept
+  step and search again from one step earlier;
+- ``resample``: tied with nothing to drop; sample again from the same prefix.
+
+The search's state is a function of its turns (``replay``), so the worker keeps nothing
+between turns that the database does not hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from stepq.models.search import ADVANCE, FINISH, RESAMPLE, ROLLBACK
+from stepq.workers.backends.base import GenerationBackend, GenerationRequest, SamplingParams
+from stepq.workers.search.pairwise import PairQuestion, PairwiseJudge, comparisons, decide, win_scores, winners
+from stepq.workers.seeds import derive_seed
+from stepq.workers.segmentation import first_chunk
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    name: str
+    question: str
+    prompt: str
+    width: int
+    max_turns: int
+    seed: int
+    delimiter: str = "\n\n"
+
+
+@dataclass(frozen=True)
+class Turn:
+    turn: int
+    prefix: list[str]
+    candidates: list[str]
+    wins: list[int]
+    consistent_pairs: int
+    action: str
+    chosen: int | None
+    rejected: int | None
+
+    def row(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def replay(actions: Sequence[tuple[str, list[str], int | None]]) -> tuple[list[str], bool]:
+    """The kept steps after these turns (action, candidates, chosen), and whether the
+    search has finished."""
+    prefix: list[str] = []
+    for action, candidates, chosen in actions:
+        if action in (ADVANCE, FINISH):
+            assert chosen is not None
+            prefix.append(candidates[chosen])
+            if action == FINISH:
+                return prefix, True
+        elif action == ROLLBACK and prefix:
+            prefix.pop()
+    return prefix, False
+
+
+def next_turn(
+    spec: SearchSpec,
+    turn: int,
+    prefix: Sequence[str],
+    policy: GenerationBackend,
+    params: SamplingParams,
+    judge: PairwiseJudge,
+) -> Turn:
+    seeds = tuple(derive_seed("step-search", spec.seed, spec.name, spec.question, turn, k) for k in range(spec.width))
+    [samples] = policy.generate([GenerationRequest(spec.prompt + "".join(prefix), seeds)], params)
+    cut = [first_chunk(c.text, spec.delimiter) for c in samples]
+    candidates = [chunk for chunk, _ in cut]
+    asked = comparisons(spec.width)
+    answers = judge.prefer(
+        [PairQuestion(spec.question, tuple(prefix), candidates[c.first], candidates[c.second]) for c in asked]
+    )
+    pair_winners = winners(asked, answers)
+    wins = win_scores(spec.width, pair_winners)
+    consistent = sum(w is not None for w in pair_winners.values())
+    decision = decide(wins)
+    if decision.action == "rollback":
+        action = ROLLBACK if prefix else RESAMPLE
+        return Turn(turn, list(prefix), candidates, wins, consistent, action, None, None)
+    assert decision.best is not None
+    last = cut[decision.best][1] or not candidates[decision.best].strip()
+    action = FINISH if last else ADVANCE
+    return Turn(turn, list(prefix), candidates, wins, consistent, action, decision.best, decision.worst)
