@@ -142,6 +142,15 @@ def main() -> None:
         started = time.perf_counter()
         result = train_prm(db, examples, "synthetic-outcomes", recipe, root / "run")
         train_s = time.perf_counter() - started
+        with db.session() as session:
+            from stepq.models import training_queries as tq
+
+            logged = [
+                (m.step, m.loss, m.accuracy_positive, m.accuracy_negative)
+                for m in tq.run_metrics(session, result.run_id)
+            ]
+        for step, loss, acc_pos, acc_neg in logged[:: max(1, len(logged) // 8)] + logged[-1:]:
+            print(f"  step {step:>5}  loss {loss:.4f}  outcome accuracy +{acc_pos or 0:.2f} -{acc_neg or 0:.2f}")
         scorer = StepScorer.load(result.final_model)
         flat = [c for group in test for c in group]
         scores = scorer.score([(q, steps) for q, steps, _, _ in flat])

@@ -141,7 +141,7 @@ def test_embedded_step_search_yields_right_over_wrong_pairs(sqlite: Database, tm
     exported = _stepq(env, tmp_path, "export", "preferences", "--search", "n", "--out", str(out))
     assert exported.returncode == 0 and f"{len(pairs)} step preference pairs" in exported.stdout, exported.stderr
     status = _stepq(env, tmp_path, "search", "status", "--json")
-    assert '"pairs": %d' % len(pairs) in status.stdout
+    assert f'"pairs": {len(pairs)}' in status.stdout
     bad = _stepq(env, tmp_path, "search", "start", "--set", "nope", "--name", "n")
     assert bad.returncode == 4 and "no problem set" in bad.stderr.lower()
 
