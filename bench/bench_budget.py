@@ -7,8 +7,9 @@ rates: multiplications hardest), a recovery rate (self-correction: Q can rise ag
 wrong step) and a strength (the error rates scaled so that ~70%, ~40% or ~15% of answers are
 right).  For every label rule it reports rollouts per labelled chunk, accuracy against the
 truth (the rule applied to the policy's exact Q-values, ``synthetic_policy.trajectory_q``),
-for exhaustive M and for the adaptive budget, and the adaptive budget's agreement with the
-exhaustive labels.  Everything runs through the real task code (embedded runner, SQLite); the
+for exhaustive M and for the adaptive budget, the adaptive budget's agreement with the
+exhaustive labels, and the noise floor: how well two independent exhaustive runs (the same
+trajectories, other rollout seeds) agree.  Everything runs through the real task code (embedded runner, SQLite); the
 exhaustive labels for the relative rules are recomputed from the same stored rollouts.
 Targets (issue #12): adaptive accuracy no more than 1 point below exhaustive, with >= 4x
 fewer rollouts for Abs-Q and >= 2x for the relative rules, in every setting.
@@ -38,11 +39,11 @@ from stepq.workers.synthetic_set import synth_set
 RULES = ["abs-q", "rel-ratio", "rel-effective"]
 DIFFICULTY = {"Add": 0.5, "Subtract": 1.0, "Multiply by": 3.0}
 """Relative error rates per operation: a multiplication goes wrong 6x as often as an addition."""
-STRENGTH = {"strong": 0.03, "medium": 0.1, "weak": 0.22}
-"""Error rate of a subtraction at each strength (about 70%, 40% and 15% of answers right)."""
+STRENGTH = {"strong": 0.03, "medium": 0.1, "weak": 0.22, "weakest": 0.3}
+"""Error rate of a subtraction at each strength (about 80%, 50%, 25% and 15% of answers right)."""
 SETTINGS = {
     "quick": [("medium", 0.05)],
-    "all": [(s, r) for r in (0.0, 0.05, 0.2) for s in ("medium",)] + [(s, 0.05) for s in ("strong", "weak")],
+    "all": [(s, r) for r in (0.0, 0.05, 0.2) for s in ("medium",)] + [(s, 0.05) for s in ("strong", "weak", "weakest")],
 }
 
 
@@ -55,8 +56,22 @@ def policy_config(strength: str, recovery: float) -> dict[str, Any]:
     }
 
 
-def annotate(db: Database, name: str, config: dict[str, Any], n: int, m: int, rule: LabelRule, budget: str) -> float:
+def annotate(
+    db: Database,
+    name: str,
+    config: dict[str, Any],
+    n: int,
+    m: int,
+    rule: LabelRule,
+    budget: str,
+    rollout_seed: int | None = None,
+) -> float:
     synth_set(db, name, problems=n, seed=42, **config)
+    if rollout_seed is not None:
+        # the same problems and trajectories (drawn from seed 42), rollouts drawn with other
+        # seeds: the set's seed is only read for rollout seeds once its trajectories exist
+        with db.engine.begin() as conn:
+            conn.execute(text("UPDATE problem_sets SET seed = :s WHERE name = :n"), {"s": rollout_seed, "n": name})
     configure_annotation(db, name, m, rule=rule.key, budget=budget)
     start = time.perf_counter()
     run_in_process(db, WorkerRuntime(db, WorkerOptions(batch_rollouts=256, name="bench")))
@@ -129,12 +144,15 @@ def measure(tmp: Path, strength: str, recovery: float, n: int, m: int, budget: s
     with db.engine.connect() as conn:
         right = conn.execute(text("SELECT avg(CASE WHEN outcome THEN 1.0 ELSE 0.0 END) FROM trajectories")).scalar()
     setting: dict[str, Any] = {"policy": config, "answers_right": round(float(right or 0), 3)}
+    # the noise floor: a second exhaustive run with independent rollouts
+    annotate(db, "exhaustive-2", config, n, m, parse_rule("abs-q"), "exhaustive", rollout_seed=4242)
     for spec in RULES:
         rule = parse_rule(spec)
         if spec != "abs-q":
             from stepq.workers.qvalues import relabel_set
 
             relabel_set(db, "exhaustive", rule)
+            relabel_set(db, "exhaustive-2", rule)
         name = f"adaptive-{spec}"
         annotate(db, name, config, n, m, rule, budget)
         want = truth(db, "exhaustive", policy, rule)
@@ -148,6 +166,8 @@ def measure(tmp: Path, strength: str, recovery: float, n: int, m: int, budget: s
             "adaptive_accuracy": round(accuracy(ad, want), 4),
             "accuracy_change_points": round(100 * (accuracy(ad, want) - accuracy(ex, want)), 2),
             "agreement_with_exhaustive": round(accuracy(ad, ex), 4),
+            "exhaustive_2_accuracy": round(accuracy(labels(db, "exhaustive-2", rule), want), 4),
+            "noise_floor_agreement": round(accuracy(labels(db, "exhaustive-2", rule), ex), 4),
         }
         print(strength, recovery, spec, setting[spec], flush=True)
     db.dispose()

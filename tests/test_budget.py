@@ -128,6 +128,45 @@ def test_parse_budget() -> None:
     a = parse_budget("adaptive:confidence=0.9,round=2,min=3")
     assert isinstance(a, Adaptive) and (a.confidence, a.round_size, a.min_samples) == (0.9, 2, 3)
     assert parse_budget(a.spec) == a
-    for bad in ["lazy", "exhaustive:x=1", "adaptive:confidence=1.5", "adaptive:speed=2", "adaptive:round=x"]:
+    assert parse_budget("adaptive").spec == "adaptive" == Adaptive().spec, "defaults are not spelled out"
+    assert parse_budget("adaptive:confidence=0.75,min=4,round=4") == Adaptive(), "specs stored before probes"
+    for bad in [
+        "lazy",
+        "exhaustive:x=1",
+        "adaptive:confidence=1.5",
+        "adaptive:speed=2",
+        "adaptive:round=x",
+        "adaptive:confidence=0.85,min=5,round=3,probe=0.25",
+    ]:
         with pytest.raises(ConfigError):
             parse_budget(bad)
+
+
+def test_probes_check_the_dead_prefix_assumption_and_correct_the_labels() -> None:
+    # 8 chunks, a wrong trajectory: prefixes 0..2 alive, 3 proven dead (0 of 7 rollouts + the
+    # trajectory's own failure), 4..7 inferred dead and never sampled.
+    n, m = 8, 8
+    rewards = {0: {0: 1}, 2: {0: 1}, 3: dict.fromkeys(range(7), 0)}
+    trusting = Adaptive(probe=0.0).decide(Observation(n, m, False, rewards, True, "t"), ABS)
+    assert trusting.done and trusting.labels == [True, True, False, False, False, False, False, False]
+    checking = Adaptive(probe=1.0).decide(Observation(n, m, False, rewards, True, "t"), ABS)
+    assert sorted(checking.requests) == [4, 5, 6, 7] and all(len(v) == 4 for v in checking.requests.values())
+    # the probe of prefix 6 finds a success: the policy recovered, so 4..6 are alive after all
+    probed = {**rewards, 4: dict.fromkeys(range(4), 0), 5: dict.fromkeys(range(4), 0), 6: {0: 0, 1: 1, 2: 0, 3: 0}}
+    probed[7] = dict.fromkeys(range(4), 0)
+    after = Adaptive(probe=1.0).decide(Observation(n, m, False, probed, True, "t"), ABS)
+    assert after.labels[:3] == [True, True, False], "the proven-dead prefix stays dead"
+    assert after.labels[3:6] == [True, True, True], "prefixes before a live probe are alive"
+    assert 7 not in after.requests, "a probe is one round: an empty one is not repeated"
+
+
+def test_the_probed_share_is_a_fixed_draw() -> None:
+    from stepq.workers.budget import probed
+
+    picks = [probed(f"t{i}", k, 0.1) for i in range(2000) for k in range(5)]
+    assert 0.08 < sum(picks) / len(picks) < 0.12
+    assert picks == [probed(f"t{i}", k, 0.1) for i in range(2000) for k in range(5)], "the same on every call"
+    assert not any(probed(f"t{i}", 1, 0.0) for i in range(100)) and all(probed(f"t{i}", 1, 1.0) for i in range(100))
+    assert parse_budget("adaptive:probe=0.25").probe == 0.25  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError):
+        parse_budget("adaptive:probe=2")

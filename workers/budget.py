@@ -35,6 +35,7 @@ from typing import Protocol
 
 from stepq.models.errors import ConfigError
 from stepq.workers.labels import LabelRule, label_chunks
+from stepq.workers.seeds import derive_seed
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class Observation:
     outcome: bool
     rewards: Mapping[int, Mapping[int, int]] = field(default_factory=dict)
     trajectory_is_sample: bool = False
+    key: str = ""
+    """The trajectory's identity: which skipped prefixes it probes is a function of it."""
 
 
 @dataclass(frozen=True)
@@ -118,15 +121,36 @@ def posterior(n: int, c: int) -> tuple[tuple[float, float], ...]:
     return tuple((x, w / total) for x, w in zip(xs, weights, strict=True))
 
 
+def probed(key: str, k: int, share: float) -> bool:
+    """Whether prefix ``k`` of trajectory ``key`` is one of the ``share`` of skipped prefixes
+    that get a probe round (a fixed draw: the same on every worker and retry)."""
+    return share > 0 and derive_seed("probe", key, k) < share * 0x7FFFFFFF
+
+
 @dataclass(frozen=True)
 class Adaptive:
     round_size: int = 4
     confidence: float = 0.75
     min_samples: int = 4
+    probe: float = 0.1
+    """Share of the prefixes it would skip as dead that still get one round of samples."""
 
     @property
     def spec(self) -> str:
-        return f"adaptive:confidence={self.confidence:g},min={self.min_samples},round={self.round_size}"
+        """The stored form: ``adaptive`` and only the parameters that differ from the defaults
+        (it must fit ``problem_sets.budget_policy``, 40 characters)."""
+        default = Adaptive()
+        parts = [
+            f"{key}={value:g}"
+            for key, value, usual in (
+                ("confidence", self.confidence, default.confidence),
+                ("min", self.min_samples, default.min_samples),
+                ("round", self.round_size, default.round_size),
+                ("probe", self.probe, default.probe),
+            )
+            if value != usual
+        ]
+        return "adaptive" + (":" + ",".join(parts) if parts else "")
 
     def counts_trajectory(self) -> bool:
         return True
@@ -161,6 +185,12 @@ class Adaptive:
                     requests[k] = idx
 
         alive[n] = obs.outcome
+        # "Dead stays dead" is checked, not assumed: a share of the prefixes inferred dead
+        # (never sampled themselves) get one round; a success there makes them, and every
+        # prefix before them, alive, and the labels follow.
+        for k in range(first_dead + 1, n):
+            if alive[k] is False and eff[k][0] == t and probed(obs.key, k, self.probe):
+                ask(k)
         undecided = [k for k in range(n + 1) if alive[k] is None]
         if undecided:  # binary search between the last alive and the first dead prefix
             ask(undecided[len(undecided) // 2])
@@ -205,14 +235,17 @@ class Adaptive:
         return Decision(requests, labels, q)
 
 
+SPEC_LENGTH = 40
 _BUDGET = re.compile(r"^\s*(exhaustive|adaptive)\s*(?::(.*))?$")
 
 
 def parse_budget(spec: str) -> BudgetPolicy:
-    """Read ``exhaustive`` or ``adaptive[:confidence=0.75,min=4,round=4]``."""
+    """Read ``exhaustive`` or ``adaptive[:confidence=0.75,min=4,round=4,probe=0.1]``."""
     match = _BUDGET.match(spec.lower())
     if not match:
-        raise ConfigError(f"unknown budget policy '{spec}' (exhaustive or adaptive[:confidence=C,min=N,round=R])")
+        raise ConfigError(
+            f"unknown budget policy '{spec}' (exhaustive or adaptive[:confidence=C,min=N,round=R,probe=P])"
+        )
     if match.group(1) == "exhaustive":
         if match.group(2):
             raise ConfigError("the exhaustive budget takes no parameters")
@@ -224,12 +257,16 @@ def parse_budget(spec: str) -> BudgetPolicy:
             params[key] = float(value)
         except ValueError:
             raise ConfigError(f"budget parameter {key}={value!r} is not a number") from None
-    unknown = set(params) - {"confidence", "round", "min"}
+    unknown = set(params) - {"confidence", "round", "min", "probe"}
     if unknown:
         raise ConfigError(f"unknown adaptive budget parameter(s): {', '.join(sorted(unknown))}")
     confidence = params.get("confidence", Adaptive.confidence)
     round_size = int(params.get("round", Adaptive.round_size))
     min_samples = int(params.get("min", Adaptive.min_samples))
-    if not 0.5 < confidence < 1 or round_size < 1 or min_samples < 0:
-        raise ConfigError("adaptive budget needs 0.5 < confidence < 1, round >= 1 and min >= 0")
-    return Adaptive(round_size=round_size, confidence=confidence, min_samples=min_samples)
+    probe = params.get("probe", Adaptive.probe)
+    if not 0.5 < confidence < 1 or round_size < 1 or min_samples < 0 or not 0 <= probe <= 1:
+        raise ConfigError("adaptive budget needs 0.5 < confidence < 1, round >= 1, min >= 0 and 0 <= probe <= 1")
+    policy = Adaptive(round_size=round_size, confidence=confidence, min_samples=min_samples, probe=probe)
+    if len(policy.spec) > SPEC_LENGTH:
+        raise ConfigError(f"budget '{policy.spec}' is longer than {SPEC_LENGTH} characters: keep more defaults")
+    return policy

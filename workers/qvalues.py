@@ -64,7 +64,9 @@ class TrajectoryLabeller:
         self.trajectory_is_sample = trajectory_is_sample
 
     def decide(self, rewards: Mapping[int, Mapping[int, int]]) -> Decision:
-        obs = Observation(self.traj.n_chunks, self.m, bool(self.traj.outcome), rewards, self.trajectory_is_sample)
+        obs = Observation(
+            self.traj.n_chunks, self.m, bool(self.traj.outcome), rewards, self.trajectory_is_sample, str(self.traj.id)
+        )
         return self.policy.decide(obs, self.rule)
 
     def refresh(self, session: Session) -> Decision:
