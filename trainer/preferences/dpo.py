@@ -9,7 +9,6 @@ run reloads the policy from its checkpoint while the reference stays the base mo
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,10 +16,8 @@ from typing import Any
 from stepq.models import Database
 from stepq.models.errors import ConfigError
 from stepq.trainer.training.recipe import Recipe
-from stepq.trainer.training.records import ClassAccuracy, make_recorder
-from stepq.trainer.training.runs import FINAL, RunHandle, RunSpec, TrainOptions, TrainResult, recorded_run
+from stepq.trainer.training.runs import RunHandle, RunSpec, TrainOptions, TrainResult, recorded_run, run_trl
 
-log = logging.getLogger(__name__)
 FIELDS = ("prompt", "chosen", "rejected")
 
 
@@ -68,23 +65,16 @@ def train_dpo(
 
     def body(handle: RunHandle) -> tuple[str | None, int]:
         from datasets import Dataset
-        from transformers.trainer_utils import get_last_checkpoint
         from trl import DPOConfig, DPOTrainer
 
         config = recipe.config(DPOConfig, output_dir, **(options.trainer_overrides or {}))
-        resume = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
-        if resume:
-            handle.count_resume(db)
-            log.info("DPO run %s resumes from %s", handle.run_id, resume)
-        recorder = make_recorder(db, handle.run_id, handle.owner, handle.ttl, ClassAccuracy(), on_step)
-        trainer = DPOTrainer(
-            model=base_model, args=config, train_dataset=Dataset.from_list(list(pairs)), callbacks=[recorder]
+        data = Dataset.from_list(list(pairs))
+        return run_trl(
+            db,
+            handle,
+            output_dir,
+            lambda recorder: DPOTrainer(model=base_model, args=config, train_dataset=data, callbacks=[recorder]),
+            on_step=on_step,
         )
-        trainer.train(resume_from_checkpoint=resume)
-        final = output_dir / FINAL
-        trainer.save_model(str(final))
-        if trainer.processing_class is not None:
-            trainer.processing_class.save_pretrained(str(final))
-        return resume, int(trainer.state.global_step)
 
     return recorded_run(db, spec, options, body)

@@ -7,7 +7,6 @@ final model is saved to ``OUTPUT/final``.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,11 +19,10 @@ from stepq.trainer.judge.prompt import JudgePrompt
 from stepq.trainer.judge.rewards import get_rewards
 from stepq.trainer.snapshots.export import snapshot_records
 from stepq.trainer.training.recipe import Recipe
-from stepq.trainer.training.records import ClassAccuracy, make_recorder
-from stepq.trainer.training.runs import FINAL, RunHandle, RunSpec, TrainOptions, TrainResult, recorded_run
+from stepq.trainer.training.records import ClassAccuracy
+from stepq.trainer.training.runs import FINAL, RunHandle, RunSpec, TrainOptions, TrainResult, recorded_run, run_trl
 
 __all__ = ["FINAL", "TrainOptions", "TrainResult", "judge_dataset", "train_judge"]
-log = logging.getLogger(__name__)
 
 
 def judge_dataset(db: Database, snapshot: str | int, recipe: Recipe) -> Any:
@@ -59,26 +57,21 @@ def train_judge(
     spec = RunSpec("grpo", recipe.text, base_model, output_dir, snapshot_id=snapshot_id)
 
     def body(handle: RunHandle) -> tuple[str | None, int]:
-        from transformers.trainer_utils import get_last_checkpoint
         from trl import GRPOTrainer
 
         dataset = judge_dataset(db, snapshot, recipe)
         accuracy = ClassAccuracy()
         rewards: list[Any] = [accuracy.wrap(fn) if i == 0 else fn for i, fn in enumerate(get_rewards(recipe.rewards))]
         config = recipe.grpo_config(output_dir, **(options.trainer_overrides or {}))
-        resume = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
-        if resume:
-            handle.count_resume(db)
-            log.info("training run %s resumes from %s", handle.run_id, resume)
-        recorder = make_recorder(db, handle.run_id, handle.owner, handle.ttl, accuracy, on_step)
-        trainer = GRPOTrainer(
-            model=base_model, reward_funcs=rewards, args=config, train_dataset=dataset, callbacks=[recorder]
+        return run_trl(
+            db,
+            handle,
+            output_dir,
+            lambda recorder: GRPOTrainer(
+                model=base_model, reward_funcs=rewards, args=config, train_dataset=dataset, callbacks=[recorder]
+            ),
+            accuracy,
+            on_step,
         )
-        trainer.train(resume_from_checkpoint=resume)
-        final = output_dir / FINAL
-        trainer.save_model(str(final))
-        if trainer.processing_class is not None:
-            trainer.processing_class.save_pretrained(str(final))
-        return resume, int(trainer.state.global_step)
 
     return recorded_run(db, spec, options, body)

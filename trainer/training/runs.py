@@ -9,6 +9,7 @@ gets the run's id and lease owner and returns the final global step.
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from collections.abc import Callable
@@ -20,9 +21,10 @@ from stepq.models import Database
 from stepq.models import training_queries as tq
 from stepq.models.errors import ConfigError, TrainingBusy
 from stepq.models.training import RUN_DONE
-from stepq.trainer.training.records import process_owner
+from stepq.trainer.training.records import ClassAccuracy, make_recorder, process_owner
 
 FINAL = "final"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,33 @@ def recorded_run(db: Database, spec: RunSpec, options: TrainOptions, body: Body)
     with db.session() as session:
         tq.end_run(session, run_id, handle.owner)
     return TrainResult(run_id, RUN_DONE, resumed, output_dir / FINAL, step)
+
+
+def run_trl(
+    db: Database,
+    handle: RunHandle,
+    output_dir: Path,
+    build: Callable[[Any], Any],
+    accuracy: ClassAccuracy | None = None,
+    on_step: Callable[[], None] | None = None,
+) -> tuple[str | None, int]:
+    """The body of a TRL run: resume from the last checkpoint in ``output_dir`` if any, train
+    the trainer ``build(recorder)`` makes (its callbacks must include the recorder), save the
+    final model and its tokenizer to ``OUTPUT/final``."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    resume = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+    if resume:
+        handle.count_resume(db)
+        log.info("training run %s resumes from %s", handle.run_id, resume)
+    recorder = make_recorder(db, handle.run_id, handle.owner, handle.ttl, accuracy or ClassAccuracy(), on_step)
+    trainer = build(recorder)
+    trainer.train(resume_from_checkpoint=resume)
+    final = output_dir / FINAL
+    trainer.save_model(str(final))
+    if trainer.processing_class is not None:
+        trainer.processing_class.save_pretrained(str(final))
+    return resume, int(trainer.state.global_step)
 
 
 def _claim(db: Database, handle: RunHandle, wait_s: float) -> None:
