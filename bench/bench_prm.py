@@ -32,7 +32,7 @@ from stepq.trainer.prm.train import OutcomeExample, train_prm
 from stepq.trainer.training.recipe import Recipe
 from stepq.workers.seeds import derive_seed
 from stepq.workers.synthetic_policy import SyntheticPolicy, ground_truth, make_problem
-from tests.tiny_models import build_tiny_model
+from tests.tiny_models import build_tiny_llama, build_tiny_model
 
 
 def auc(positives: Sequence[float], negatives: Sequence[float]) -> float:
@@ -112,6 +112,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument(
+        "--backbone", choices=["gpt2", "llama"], default="gpt2", help="llama: rotary positions, head dimension 64"
+    )
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -128,9 +131,19 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        base = build_tiny_model(
-            root / "base", seed=args.seed, n_positions=512, n_embd=args.width, n_layer=args.layers, n_head=args.heads
-        )
+        if args.backbone == "llama":
+            base = build_tiny_llama(
+                root / "base", seed=args.seed, max_positions=512, hidden_size=args.width, num_layers=args.layers
+            )
+        else:
+            base = build_tiny_model(
+                root / "base",
+                seed=args.seed,
+                n_positions=512,
+                n_embd=args.width,
+                n_layer=args.layers,
+                n_head=args.heads,
+            )
         recipe = Recipe.parse(
             f"method: prm\nmodel: {base}\ntrainer:\n  aggregate: {args.aggregate}\n"
             f"  learning_rate: {args.learning_rate}\n"

@@ -122,7 +122,8 @@ def test_aggregators_and_pick() -> None:
     assert aggregate([0.5, 1.0], "mean") == 0.75
     assert aggregate([0.5, 0.5], "product") == 0.25
     assert aggregate([0.1, 0.7], "last") == 0.7
-    assert aggregate([], "min") == 0.0 and set(AGGREGATORS) == {"min", "mean", "product", "last"}
+    assert aggregate([0.25, 1.0], "geomean") == pytest.approx(0.5)
+    assert aggregate([], "min") == 0.0 and set(AGGREGATORS) == {"min", "mean", "product", "last", "geomean"}
     assert pick([[1, 0], [1, 1], [1, 1]], "min") == 1  # ties go to the earliest
     c = [Candidate((), "3", False), Candidate((), "4", True), Candidate((), "4", True)]
     assert majority(c) is True

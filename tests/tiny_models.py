@@ -35,7 +35,9 @@ def build_tiny_model(
     return path
 
 
-def build_tiny_llama(path: Path, seed: int = 0, max_positions: int = 2048) -> Path:
+def build_tiny_llama(
+    path: Path, seed: int = 0, max_positions: int = 2048, hidden_size: int = 128, num_layers: int = 2
+) -> Path:
     """Save a 2-layer Llama (head dimension 64: vLLM's CPU kernels need it) with a
     character-level tokenizer, a BOS token and a chat template, to ``path``."""
     import torch
@@ -57,11 +59,11 @@ def build_tiny_llama(path: Path, seed: int = 0, max_positions: int = 2048) -> Pa
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(vocab),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=hidden_size // 64,
+        num_key_value_heads=hidden_size // 64,
         head_dim=64,
         max_position_embeddings=max_positions,
         bos_token_id=2,
