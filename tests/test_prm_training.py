@@ -154,3 +154,37 @@ def test_eval_commands_use_a_trained_prm(sqlite: Database, tmp_path: Path) -> No
     assert [r["n"] for r in rows] == [1, 2] and rows[0]["judge"] == rows[0]["random"]
     missing = stepq("eval", "processbench", "--data", str(SAMPLE), "--judge", "prm", "--model", str(tmp_path))
     assert missing.returncode != 0 and "not a stepq PRM" in missing.stderr
+
+
+def test_prm_finds_the_wrong_step_from_outcome_labels_alone(sqlite: Database, tmp_path: Path) -> None:
+    """A flaw the model can see ("bad" in a step) and only the outcome as supervision: the
+    trained PRM scores the first wrong step below the right steps before it (untrained, with
+    max_steps 1, this fails).  The step-level truth is never shown to it."""
+    import random
+
+    rng = random.Random(0)
+
+    def solution(i: int) -> tuple[str, list[str], list[bool]]:
+        oks = [rng.random() > 0.25 for _ in range(rng.randint(2, 4))]
+        return f"Problem {i}?", [f"Step {k + 1}: {'ok' if ok else 'bad'}.\n\n" for k, ok in enumerate(oks)], oks
+
+    train = [solution(i) for i in range(400)]
+    examples = [OutcomeExample(q, tuple(steps), all(oks)) for q, steps, oks in train]
+    model = build_tiny_model(tmp_path / "base", n_positions=256)
+    recipe = Recipe.parse(
+        f"method: prm\nmodel: {model}\ntrainer:\n  aggregate: asymmetric\n  learning_rate: 0.003\n"
+        "  batch_size: 16\n  epochs: 20\n  max_steps: 150\n  save_steps: 150\n  logging_steps: 50\n"
+    )
+    scorer = StepScorer.load(train_prm(sqlite, examples, "toy", recipe, tmp_path / "run").final_model)
+    test = [solution(1000 + i) for i in range(200)]
+    scores = scorer.score([(q, steps) for q, steps, _ in test])
+    first_wrong, right_before = [], []
+    for (_, _, oks), row in zip(test, scores, strict=True):
+        for ok, score in zip(oks, row, strict=True):
+            assert score is not None
+            if not ok:
+                first_wrong.append(score)
+                break
+            right_before.append(score)
+    pairs = [(w < r) + 0.5 * (w == r) for w in first_wrong for r in right_before]
+    assert sum(pairs) / len(pairs) > 0.9, "the first wrong step ranks below the right ones"
