@@ -47,7 +47,6 @@ class StepSearch(Base):
     lease_owner: Mapped[str | None] = mapped_column(String(200), nullable=True)
     lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     enqueued_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    turns_done: Mapped[int] = mapped_column(Integer, default=0)
     outcome: Mapped[str | None] = mapped_column(String(20), nullable=True)
     """``finished`` (a final answer was kept) or ``exhausted`` (``max_turns`` reached)."""
     error: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -7,28 +7,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import case, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from stepq.models.base import epoch
 from stepq.models.errors import NotFoundError
 from stepq.models.problems import Problem
-from stepq.models.queries import _insert
 from stepq.models.search import ADVANCE, FINISH, SearchTurn, StepSearch
+from stepq.models.sql import _insert, insert_ignore
 from stepq.models.work import DONE, FAILED, PENDING, QUEUED, RUNNING
 
 
 def create_searches(session: Session, rows: Sequence[dict[str, Any]]) -> int:
     """Insert searches that do not exist yet (unique per name and problem); returns how many
     were new.  Starting the same search again adds only new problems."""
-    if not rows:
-        return 0
     now = epoch()
-    values = [
-        {"state": PENDING, "attempts": 0, "turns_done": 0, "updated_at": now, "judge_config": {}, **r} for r in rows
-    ]
-    result = session.connection().execute(_insert(session, StepSearch.__table__).on_conflict_do_nothing(), values)
-    return max(int(result.rowcount or 0), 0)
+    values = [{"state": PENDING, "attempts": 0, "updated_at": now, "judge_config": {}, **r} for r in rows]
+    return insert_ignore(session, StepSearch, values)
 
 
 def problems_of_set(session: Session, set_id: int) -> list[tuple[int, str]]:
@@ -75,7 +70,7 @@ def record_turn(
     """Write one turn and renew the lease, only while ``owner`` holds it; ``outcome`` ends the
     search.  False when the lease was lost (another worker has the search now)."""
     now = epoch()
-    values: dict[str, Any] = {"lease_expires_at": now + ttl, "updated_at": now, "turns_done": turn["turn"] + 1}
+    values: dict[str, Any] = {"lease_expires_at": now + ttl, "updated_at": now}
     if outcome is not None:
         values.update(state=DONE, outcome=outcome, lease_owner=None, lease_expires_at=None)
     held = session.execute(
@@ -100,20 +95,25 @@ def renew_search(session: Session, search_id: int, owner: str, ttl: float) -> bo
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
-def release_search(session: Session, search_id: int, owner: str, *, error: str | None, permanent: bool) -> None:
-    """Hand a search back (to be published again) or fail it for good, if still ours."""
-    now = epoch()
+def release_search(
+    session: Session, search_id: int, owner: str, *, error: str | None, permanent: bool, max_attempts: int
+) -> None:
+    """After a failure, if still ours: fail the search for good (a permanent error, or its
+    ``max_attempts``-th attempt) or hand it back to be published again."""
+    state: Any = FAILED if permanent else case((StepSearch.attempts >= max_attempts, FAILED), else_=PENDING)
+    _release(session, search_id, owner, state=state, error=error)
+
+
+def hand_back_search(session: Session, search_id: int, owner: str) -> None:
+    """A stopping worker gives the search back unharmed: the attempt does not count."""
+    _release(session, search_id, owner, state=PENDING, attempts=StepSearch.attempts - 1)
+
+
+def _release(session: Session, search_id: int, owner: str, **values: Any) -> None:
     session.execute(
         update(StepSearch)
         .where(StepSearch.id == search_id, StepSearch.lease_owner == owner)
-        .values(
-            state=FAILED if permanent else PENDING,
-            error=error,
-            lease_owner=None,
-            lease_expires_at=None,
-            enqueued_at=None,
-            updated_at=now,
-        )
+        .values(lease_owner=None, lease_expires_at=None, enqueued_at=None, updated_at=epoch(), **values)
     )
 
 

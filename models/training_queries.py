@@ -16,9 +16,9 @@ from sqlalchemy.orm import Session
 from stepq.models.base import epoch
 from stepq.models.errors import NotFoundError
 from stepq.models.problems import Problem, ProblemSet
-from stepq.models.queries import _insert
 from stepq.models.rollouts import ChunkLabel, QValue, Rollout
 from stepq.models.snapshots import Snapshot, SnapshotRow
+from stepq.models.sql import _insert
 from stepq.models.training import RUN_DONE, RUN_FAILED, RUN_RUNNING, TrainingMetric, TrainingRun
 from stepq.models.trajectories import Chunk, Trajectory
 

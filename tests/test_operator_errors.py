@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from stepq.models import Database, queries
+from stepq.models import Database, RolloutWork, queries
 from stepq.workers.dispatcher import Dispatcher
 from stepq.workers.planning import configure_annotation
 from stepq.workers.synthetic_set import synth_set
@@ -156,7 +156,7 @@ def test_pause_resume_and_delete_a_set(any_db: Database) -> None:
     d.options = type(d.options)(messages_per_worker=None)
     d.cycle()
     with any_db.session() as s:
-        published_trajectories = {s.get(queries.RolloutWork, i).trajectory_id for i in published}  # type: ignore[union-attr]
+        published_trajectories = {s.get(RolloutWork, i).trajectory_id for i in published}  # type: ignore[union-attr]
     assert published_trajectories and not (published_trajectories & stop_items), "a paused set is not dispatched"
     with any_db.session() as s:
         assert queries.pause_set(s, "stop", False)

@@ -1,0 +1,150 @@
+"""Rollouts, Q-values and labels: what a task reads and writes for one trajectory.
+
+Part of ``stepq.models.queries`` (import them from there); the same rules hold: no SQL
+outside ``models``, idempotent writes, conditional updates for ownership.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from stepq.models.errors import NotFoundError
+from stepq.models.problems import Problem, ProblemSet
+from stepq.models.rollouts import ChunkLabel, QValue, Rollout
+from stepq.models.set_queries import trajectory_chunks
+from stepq.models.sql import _insert
+from stepq.models.trajectories import Chunk, Trajectory
+
+# --- rollouts, Q-values, labels --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkContext:
+    """Everything a task needs to know about one trajectory, read in one go."""
+
+    trajectory: Trajectory
+    problem: Problem
+    problem_set: ProblemSet
+    chunks: list[Chunk]
+    rewards: dict[int, dict[int, int]]
+    generator: str | None = None
+    """Who drew the trajectory's stored rollouts (None: none yet)."""
+
+
+def load_work_context(session: Session, trajectory_id: int) -> WorkContext:
+    traj = session.get(Trajectory, trajectory_id)
+    if traj is None:
+        raise NotFoundError(f"trajectory {trajectory_id} does not exist")
+    problem = session.get(Problem, traj.problem_id)
+    assert problem is not None
+    pset = session.get(ProblemSet, problem.problem_set_id)
+    assert pset is not None
+    generator = session.scalar(select(Rollout.generator).where(Rollout.trajectory_id == trajectory_id).limit(1))
+    return WorkContext(
+        traj, problem, pset, trajectory_chunks(session, trajectory_id), rollout_rewards(session, traj.id), generator
+    )
+
+
+def rollout_rewards(session: Session, trajectory_id: int) -> dict[int, dict[int, int]]:
+    """prefix -> sample index -> reward, for every rollout of a trajectory."""
+    out: dict[int, dict[int, int]] = {}
+    rows = session.execute(
+        select(Rollout.prefix_len, Rollout.sample_idx, Rollout.reward).where(Rollout.trajectory_id == trajectory_id)
+    )
+    for k, i, r in rows:
+        out.setdefault(k, {})[i] = int(r)
+    return out
+
+
+def rollouts_to_regrade(
+    session: Session,
+    set_id: int,
+    methods: Sequence[str] | None,
+    *,
+    after_id: int,
+    limit: int,
+    trajectory_ids: Sequence[int] | None = None,
+) -> list[Any]:
+    """(id, trajectory_id, text, final_answer, reward, grade_method, reference_answer) of a
+    set's rollouts in id order after ``after_id``, optionally only those graded by ``methods``."""
+    stmt = (
+        select(
+            Rollout.id,
+            Rollout.trajectory_id,
+            Rollout.text,
+            Rollout.final_answer,
+            Rollout.reward,
+            Rollout.grade_method,
+            Problem.reference_answer,
+        )
+        .join(Trajectory, Trajectory.id == Rollout.trajectory_id)
+        .join(Problem, Problem.id == Trajectory.problem_id)
+        .where(Problem.problem_set_id == set_id, Rollout.id > after_id)
+        .order_by(Rollout.id)
+        .limit(limit)
+    )
+    if methods is not None:
+        stmt = stmt.where(Rollout.grade_method.in_(methods))
+    if trajectory_ids is not None:
+        stmt = stmt.where(Rollout.trajectory_id.in_(trajectory_ids))
+    return list(session.execute(stmt))
+
+
+def update_grades(session: Session, rows: Sequence[dict[str, Any]]) -> None:
+    """New reward, method and answer for rollouts, by id (one executemany)."""
+    if not rows:
+        return
+    from sqlalchemy import bindparam
+
+    table = Rollout.__table__
+    stmt = (
+        update(table)  # type: ignore[arg-type]
+        .where(table.c.id == bindparam("rid"))
+        .values(reward=bindparam("new_reward"), grade_method=bindparam("method"), final_answer=bindparam("answer"))
+    )
+    session.connection().execute(
+        stmt,
+        [
+            {"rid": r["id"], "new_reward": r["reward"], "method": r["grade_method"], "answer": r["final_answer"]}
+            for r in rows
+        ],
+    )
+
+
+def label_rules_of(session: Session, trajectory_ids: Sequence[int]) -> set[str]:
+    """The rules these trajectories' chunks have labels under."""
+    return set(
+        session.scalars(
+            select(ChunkLabel.rule)
+            .join(Chunk, Chunk.id == ChunkLabel.chunk_id)
+            .where(Chunk.trajectory_id.in_(trajectory_ids))
+            .distinct()
+        )
+    )
+
+
+def upsert_q_values(session: Session, rows: Sequence[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    stmt = _insert(session, QValue.__table__)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["trajectory_id", "prefix_len"],
+        set_={k: stmt.excluded[k] for k in ("n_samples", "n_correct", "q", "source")},
+    )
+    session.connection().execute(stmt, list(rows))
+
+
+def upsert_labels(session: Session, rows: Sequence[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    stmt = _insert(session, ChunkLabel.__table__)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["chunk_id", "rule"],
+        set_={k: stmt.excluded[k] for k in ("positive", "q_before", "q_after")},
+    )
+    session.connection().execute(stmt, list(rows))

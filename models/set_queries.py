@@ -1,0 +1,287 @@
+"""Queries on problem sets, problems and trajectories: create, look up, grow, update, delete.
+
+Part of ``stepq.models.queries`` (import them from there); the same rules hold: no SQL
+outside ``models``, idempotent writes, conditional updates for ownership.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from stepq.models.counters import LabelCounters, ProgressSample, SetCounters
+from stepq.models.errors import NotFoundError
+from stepq.models.fleet_queries import progress
+from stepq.models.problems import Problem, ProblemSet
+from stepq.models.rollouts import ChunkLabel, QValue, Rollout
+from stepq.models.sql import insert_ignore
+from stepq.models.trajectories import Chunk, Trajectory
+from stepq.models.work import RolloutWork
+
+# --- problem sets -------------------------------------------------------------------
+
+
+def pause_set(session: Session, name: str, paused: bool) -> bool:
+    """Pause or resume a set; returns whether it changed.  A paused set's pending items are
+    not published and its queued ones are not claimed; running ones finish their batch."""
+    pset = get_set(session, name)
+    changed = pset.paused != paused
+    pset.paused = paused
+    return changed
+
+
+def delete_set(session: Session, name: str) -> dict[str, int]:
+    """Remove a set and everything annotated on it; refuses while snapshots hold its chunks."""
+    from stepq.models.errors import ConfigError
+    from stepq.models.snapshots import SnapshotRow
+
+    pset = get_set(session, name)
+    held = session.scalar(
+        select(func.count())
+        .select_from(SnapshotRow)
+        .join(Chunk, Chunk.id == SnapshotRow.chunk_id)
+        .where(Chunk.trajectory_id.in_(_set_trajectories(pset.id)))
+    )
+    if held:
+        raise ConfigError(
+            f"set '{name}' has {held} chunks in snapshots, which are immutable: delete those snapshots first"
+        )
+    counts = {r["problem_set"]: r for r in progress(session)}.get(name, {})
+    session.execute(delete(ProblemSet).where(ProblemSet.id == pset.id))  # cascades to everything below it
+    for model in (SetCounters, LabelCounters, ProgressSample):
+        session.execute(delete(model).where(model.problem_set_id == pset.id))
+    return {k: int(counts.get(k) or 0) for k in ("problems", "trajectories", "rollouts_done")}
+
+
+def get_set(session: Session, name: str) -> ProblemSet:
+    found = session.scalar(select(ProblemSet).where(ProblemSet.name == name))
+    if found is None:
+        raise NotFoundError(f"no problem set named '{name}' (see 'stepq status')")
+    return found
+
+
+def ensure_set(session: Session, name: str, **config: Any) -> ProblemSet:
+    """Return the set, creating it with ``config`` when it does not exist yet."""
+    insert_ignore(session, ProblemSet, [{"name": name, "backend_config": {}, "sampling": {}, **config}])
+    return get_set(session, name)
+
+
+def existing_problem_ids(session: Session, set_id: int, external_ids: Iterable[str]) -> dict[str, int]:
+    ids = list(external_ids)
+    found: dict[str, int] = {}
+    for start in range(0, len(ids), 500):
+        part = ids[start : start + 500]
+        rows = session.execute(
+            select(Problem.external_id, Problem.id).where(
+                Problem.problem_set_id == set_id, Problem.external_id.in_(part)
+            )
+        )
+        found.update({ext: pid for ext, pid in rows})
+    return found
+
+
+def problem_contents(session: Session, set_id: int, external_ids: Iterable[str]) -> dict[str, tuple[str, str]]:
+    """external id -> (question, reference answer) of stored problems."""
+    ids = list(external_ids)
+    found: dict[str, tuple[str, str]] = {}
+    for start in range(0, len(ids), 500):
+        rows = session.execute(
+            select(Problem.external_id, Problem.question, Problem.reference_answer).where(
+                Problem.problem_set_id == set_id, Problem.external_id.in_(ids[start : start + 500])
+            )
+        )
+        found.update({ext: (q, a) for ext, q, a in rows})
+    return found
+
+
+def update_problems(session: Session, rows: Sequence[tuple[int, str, str, dict[str, Any]]]) -> None:
+    """New (question, reference answer, meta) for problems, by id."""
+    for pid, question, answer, meta in rows:
+        session.execute(
+            update(Problem).where(Problem.id == pid).values(question=question, reference_answer=answer, meta=meta)
+        )
+
+
+def trajectory_ids_of(session: Session, problem_ids: Sequence[int]) -> list[int]:
+    if not problem_ids:
+        return []
+    return list(session.scalars(select(Trajectory.id).where(Trajectory.problem_id.in_(problem_ids))))
+
+
+def delete_trajectories_of(session: Session, problem_ids: Sequence[int]) -> int:
+    """Drop these problems' trajectories with everything annotated on them (cascades)."""
+    tids = trajectory_ids_of(session, problem_ids)
+    if not tids:
+        return 0
+    from stepq.models.snapshots import SnapshotRow
+
+    in_snapshots = session.scalar(
+        select(func.count())
+        .select_from(SnapshotRow)
+        .join(Chunk, Chunk.id == SnapshotRow.chunk_id)
+        .where(Chunk.trajectory_id.in_(tids))
+    )
+    if in_snapshots:
+        from stepq.models.errors import ConfigError
+
+        raise ConfigError(
+            f"{in_snapshots} rows of existing snapshots hold these problems' chunks: a snapshot is immutable, "
+            "so their questions cannot change (ingest the new version under another id)"
+        )
+    chunk_ids = select(Chunk.id).where(Chunk.trajectory_id.in_(tids))
+    session.execute(delete(ChunkLabel).where(ChunkLabel.chunk_id.in_(chunk_ids)))
+    session.execute(delete(QValue).where(QValue.trajectory_id.in_(tids)))
+    session.execute(delete(Rollout).where(Rollout.trajectory_id.in_(tids)))
+    session.execute(delete(RolloutWork).where(RolloutWork.trajectory_id.in_(tids)))
+    session.execute(delete(Chunk).where(Chunk.trajectory_id.in_(tids)))
+    result = session.execute(delete(Trajectory).where(Trajectory.id.in_(tids)))
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+def regrade_outcomes(session: Session, trajectory_ids: Sequence[int], is_right: Any) -> None:
+    """Trajectory outcomes graded again against their problem's (new) reference."""
+    rows = session.execute(
+        select(Trajectory.id, Trajectory.text, Problem.reference_answer)
+        .join(Problem, Problem.id == Trajectory.problem_id)
+        .where(Trajectory.id.in_(trajectory_ids))
+    )
+    for tid, body, reference in rows.all():
+        session.execute(update(Trajectory).where(Trajectory.id == tid).values(outcome=is_right(body, reference)))
+
+
+def problems_without_reference(session: Session, set_id: int) -> int:
+    return int(
+        session.scalar(
+            select(func.count(Problem.id)).where(
+                Problem.problem_set_id == set_id, Problem.reference_answer == "", Problem.excluded.is_(False)
+            )
+        )
+        or 0
+    )
+
+
+def add_trajectory(session: Session, traj: dict[str, Any], chunks: Sequence[dict[str, Any]]) -> int | None:
+    """Insert a trajectory and its chunks unless (problem, source_key) exists; returns its id."""
+    new = insert_ignore(session, Trajectory, [traj])
+    if not new:
+        return None
+    flag_for_planning(session, select(Problem.problem_set_id).where(Problem.id == traj["problem_id"]).scalar_subquery())
+    tid = session.scalar(
+        select(Trajectory.id).where(
+            Trajectory.problem_id == traj["problem_id"], Trajectory.source_key == traj["source_key"]
+        )
+    )
+    assert tid is not None
+    insert_ignore(session, Chunk, [{**c, "trajectory_id": tid} for c in chunks])
+    return tid
+
+
+def trajectory_chunks(session: Session, trajectory_id: int) -> list[Chunk]:
+    return list(session.scalars(select(Chunk).where(Chunk.trajectory_id == trajectory_id).order_by(Chunk.idx)))
+
+
+def set_problems(session: Session, set_id: int, limit: int | None = None) -> list[Any]:
+    """(id, external_id, question, reference_answer) of a set's problems, in id order."""
+    return list(
+        session.execute(
+            select(Problem.id, Problem.external_id, Problem.question, Problem.reference_answer)
+            .where(Problem.problem_set_id == set_id)
+            .order_by(Problem.id)
+            .limit(limit)
+        )
+    )
+
+
+def trajectory_keys(session: Session, set_id: int) -> dict[int, set[str]]:
+    """problem id -> source keys of its trajectories (what policy sampling already did)."""
+    out: dict[int, set[str]] = {}
+    for pid, key in session.execute(
+        select(Trajectory.problem_id, Trajectory.source_key)
+        .join(Problem, Problem.id == Trajectory.problem_id)
+        .where(Problem.problem_set_id == set_id)
+    ):
+        out.setdefault(pid, set()).add(key)
+    return out
+
+
+def policy_outcomes(session: Session, set_id: int) -> dict[int, list[bool]]:
+    """problem id -> outcomes of its policy-sampled trajectories."""
+    out: dict[int, list[bool]] = {}
+    for pid, outcome in session.execute(
+        select(Trajectory.problem_id, Trajectory.outcome)
+        .join(Problem, Problem.id == Trajectory.problem_id)
+        .where(Problem.problem_set_id == set_id, Trajectory.source_key.like("policy:%"))
+    ):
+        out.setdefault(pid, []).append(bool(outcome))
+    return out
+
+
+def flag_for_planning(session: Session, set_id: Any) -> None:
+    """The set has trajectories the dispatcher has not planned work for yet."""
+    session.execute(
+        update(ProblemSet)
+        .where(ProblemSet.id == set_id, ProblemSet.needs_planning.is_(False))
+        .values(needs_planning=True)
+    )
+
+
+def set_excluded(session: Session, set_id: int, problem_ids: Sequence[int]) -> None:
+    """Exactly ``problem_ids`` of the set are excluded from annotation."""
+    flag_for_planning(session, set_id)
+    session.execute(update(Problem).where(Problem.problem_set_id == set_id).values(excluded=False))
+    if problem_ids:
+        session.execute(update(Problem).where(Problem.id.in_(problem_ids)).values(excluded=True))
+
+
+def unannotated_trajectories(session: Session, set_id: int) -> tuple[list[tuple[int, str]], int]:
+    """(id, text) of the set's trajectories never planned for annotation (no work item, no
+    rollouts), and how many were."""
+    has_rollouts = or_(
+        select(RolloutWork.id).where(RolloutWork.trajectory_id == Trajectory.id).exists(),
+        select(Rollout.id).where(Rollout.trajectory_id == Trajectory.id).exists(),
+    )
+    in_set = select(Trajectory.id, Trajectory.text).join(Problem, Problem.id == Trajectory.problem_id)
+    in_set = in_set.where(Problem.problem_set_id == set_id)
+    todo = [(int(t), str(x)) for t, x in session.execute(in_set.where(~has_rollouts).order_by(Trajectory.id))]
+    annotated = session.scalar(select(func.count()).select_from(in_set.where(has_rollouts).subquery()))
+    return todo, int(annotated or 0)
+
+
+def replace_chunks(session: Session, trajectory_id: int, chunks: Sequence[str], method: str) -> None:
+    """Cut a trajectory anew (only safe while it has no rollouts)."""
+    session.execute(delete(Chunk).where(Chunk.trajectory_id == trajectory_id))
+    session.execute(
+        update(Trajectory).where(Trajectory.id == trajectory_id).values(n_chunks=len(chunks), segmentation=method)
+    )
+    insert_ignore(
+        session,
+        Chunk,
+        [{"trajectory_id": trajectory_id, "idx": i + 1, "text": c, "ground_truth": None} for i, c in enumerate(chunks)],
+    )
+
+
+def labels_with_truth(session: Session, set_id: int, rule: str) -> list[tuple[bool, bool]]:
+    """(label, ground truth) for the set's labelled chunks whose truth is known."""
+    rows = session.execute(
+        select(ChunkLabel.positive, Chunk.ground_truth)
+        .join(Chunk, Chunk.id == ChunkLabel.chunk_id)
+        .where(
+            ChunkLabel.rule == rule,
+            Chunk.ground_truth.is_not(None),
+            Chunk.trajectory_id.in_(_set_trajectories(set_id)),
+        )
+    )
+    return [(bool(p), bool(g)) for p, g in rows]
+
+
+def _set_trajectories(set_id: int) -> Any:
+    return (
+        select(Trajectory.id).join(Problem, Problem.id == Trajectory.problem_id).where(Problem.problem_set_id == set_id)
+    )
+
+
+def set_trajectory_ids(session: Session, set_id: int, limit: int | None = None) -> list[int]:
+    return list(session.scalars(_set_trajectories(set_id).order_by(Trajectory.id).limit(limit)))
