@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import select, text, update
 
 from stepq.models import Database
 from stepq.models.search import ADVANCE, FINISH, RESAMPLE, ROLLBACK
@@ -209,3 +209,35 @@ def test_step_search_through_the_queue_survives_a_sigkill(
         )
     assert retried >= 1, "the killed worker's search was taken over after its lease expired"
     assert by_worker.get("victim", 0) > 0 and by_worker.get("rescuer", 0) > 0
+
+
+def test_a_failing_search_gives_up_after_max_attempts_and_a_hand_back_costs_none(sqlite: Database) -> None:
+    from stepq.models import search_queries as sq
+    from stepq.models.search import StepSearch
+    from stepq.workers.search.plan import SearchPlan, start_search
+    from stepq.workers.synthetic_set import synth_set
+
+    synth_set(sqlite, "f", problems=1, seed=1)
+    assert start_search(sqlite, SearchPlan("f", "n")) == 1
+    assert start_search(sqlite, SearchPlan("f", "n")) == 0
+
+    def state() -> tuple[str, int]:
+        with sqlite.session() as s:
+            row = s.scalars(select(StepSearch)).one()
+            return row.state, row.attempts
+
+    with sqlite.session() as s:
+        (sid,) = sq.queue_pending_searches(s, 10)
+    for attempt in (1, 2):
+        with sqlite.session() as s:
+            assert sq.claim_search(s, sid, "w", 60) is not None
+        with sqlite.session() as s:
+            sq.release_search(s, sid, "w", error="timeout", permanent=False, max_attempts=2)
+        assert state() == (("pending", 1) if attempt == 1 else ("failed", 2))
+    with sqlite.session() as s:
+        s.execute(update(StepSearch).values(state="pending", attempts=0))
+    with sqlite.session() as s:
+        assert sq.claim_search(s, sid, "w", 60) is not None
+    with sqlite.session() as s:
+        sq.hand_back_search(s, sid, "w")
+    assert state() == ("pending", 0), "a stopping worker's hand-back is not an attempt"

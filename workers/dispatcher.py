@@ -129,7 +129,7 @@ class Dispatcher:
 
     def search_cycle(self, now: float, depth: int | None) -> int:
         """Step searches: recover those whose worker died or whose message is gone, and
-        publish the pending ones (one long task each; there is one per problem at most)."""
+        publish the pending ones (one long task each: one per search name and problem)."""
         o = self.options
         assert self.publish_searches is not None
         lost_before = None if depth else now - (o.lost_grace_s if depth == 0 else o.requeue_after_s)

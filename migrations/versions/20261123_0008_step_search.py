@@ -33,7 +33,6 @@ def upgrade() -> None:
     sa.Column('lease_owner', sa.String(length=200), nullable=True),
     sa.Column('lease_expires_at', sa.Float(), nullable=True),
     sa.Column('enqueued_at', sa.Float(), nullable=True),
-    sa.Column('turns_done', sa.Integer(), nullable=False),
     sa.Column('outcome', sa.String(length=20), nullable=True),
     sa.Column('error', sa.Text(), nullable=True),
     sa.Column('updated_at', sa.Float(), nullable=False),

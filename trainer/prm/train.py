@@ -22,11 +22,11 @@ from typing import Any
 
 from stepq.models import Database
 from stepq.models import training_queries as tq
-from stepq.models.base import epoch
 from stepq.models.errors import ConfigError, LeaseLost
 from stepq.trainer.prm.aggregate import AGGREGATES, outcome_loss, solution_log_prob
 from stepq.trainer.prm.model import Encoded, StepScorer, collate
 from stepq.trainer.training.recipe import Recipe
+from stepq.trainer.training.records import metric_row
 from stepq.trainer.training.runs import FINAL, RunHandle, RunSpec, TrainOptions, TrainResult, recorded_run
 
 log = logging.getLogger(__name__)
@@ -217,19 +217,11 @@ def _log(db: Database, handle: RunHandle, step: int, window: list[tuple[float, l
             seen[t] += 1
             hits[t] += p == t
     loss = sum(w[0] for w in window) / len(window)
-    row = {
-        "run_id": handle.run_id,
-        "step": step,
-        "logged_at": epoch(),
-        "loss": loss,
-        "reward": None,
+    accuracy = {
         "accuracy_positive": hits[True] / seen[True] if seen[True] else None,
         "accuracy_negative": hits[False] / seen[False] if seen[False] else None,
-        "completion_length": None,
-        "clip_ratio": None,
-        "entropy": None,
-        "values": {"loss": loss, "examples": sum(seen.values())},
     }
+    row = metric_row(handle.run_id, step, {"loss": loss, "examples": sum(seen.values())}, accuracy)
     with db.session() as session:
         tq.upsert_metrics(session, [row])
     if not handle.renew(db, global_step=step):

@@ -58,7 +58,7 @@ def run_search(rt: WorkerRuntime, search_id: int) -> str:
         while not finished and turn_no < spec.max_turns:
             if rt.stopping.is_set():
                 with rt.db.session() as s:
-                    sq.release_search(s, search_id, rt.name, error=None, permanent=False)
+                    sq.hand_back_search(s, search_id, rt.name)
                 return "handed-back"
             turn = next_turn(spec, turn_no, prefix, policy, params, judge)
             finished = turn.action == FINISH
@@ -74,7 +74,14 @@ def run_search(rt: WorkerRuntime, search_id: int) -> str:
     except (GenerationError, ConfigError) as exc:
         permanent = isinstance(exc, ConfigError) or exc.permanent
         with rt.db.session() as s:
-            sq.release_search(s, search_id, rt.name, error=f"{type(exc).__name__}: {exc}", permanent=permanent)
+            sq.release_search(
+                s,
+                search_id,
+                rt.name,
+                error=f"{type(exc).__name__}: {exc}",
+                permanent=permanent,
+                max_attempts=rt.options.max_attempts,
+            )
         return "failed" if permanent else "retry"
 
 
