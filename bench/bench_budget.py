@@ -29,10 +29,11 @@ from bench.common import emit
 from stepq.migrations import upgrade
 from stepq.models import Database
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.budget import Adaptive
+from stepq.workers.budget import Adaptive, parse_budget
 from stepq.workers.in_process import run_in_process
 from stepq.workers.labels import LabelRule, label_chunks, parse_rule
 from stepq.workers.planning import configure_annotation
+from stepq.workers.posterior import Prefix, p_positive
 from stepq.workers.synthetic_policy import SyntheticPolicy, parse_problem, trajectory_q
 from stepq.workers.synthetic_set import synth_set
 
@@ -113,6 +114,35 @@ def truth(db: Database, name: str, policy: SyntheticPolicy, rule: LabelRule) -> 
     return out
 
 
+def posterior_labels(db: Database, name: str, rule: LabelRule, budget: str) -> dict[tuple[str, int], bool]:
+    """The adaptive budget's Bayes label (its prior and link, no stopping) on a set's complete
+    rollouts: how much of the adaptive accuracy is the estimator rather than the sampling."""
+    policy = parse_budget(budget)
+    assert isinstance(policy, Adaptive)
+    with db.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT p.external_id, t.n_chunks, t.outcome, r.prefix_len, count(*), sum(r.reward) "
+                "FROM rollouts r JOIN trajectories t ON t.id = r.trajectory_id "
+                "JOIN problems p ON p.id = t.problem_id JOIN problem_sets s ON s.id = p.problem_set_id "
+                "WHERE s.name = :n GROUP BY p.external_id, t.n_chunks, t.outcome, r.prefix_len"
+            ),
+            {"n": name},
+        ).all()
+    prefixes: dict[str, dict[int, Prefix]] = {}
+    shape: dict[str, tuple[int, bool]] = {}
+    for ext, n_chunks, outcome, k, samples, successes in rows:
+        prefixes.setdefault(ext, {})[k] = Prefix(int(samples), int(successes))
+        shape[ext] = (n_chunks, bool(outcome))
+    out: dict[tuple[str, int], bool] = {}
+    for ext, (n_chunks, outcome) in shape.items():
+        known = {**prefixes[ext], n_chunks: Prefix(known=float(outcome))}
+        for i in range(1, n_chunks + 1):
+            p = p_positive(rule, known[i - 1], known[i], policy.prior, policy.link)
+            out[(ext, i)] = p >= 0.5
+    return out
+
+
 def count(db: Database, name: str, sql: str) -> int:
     with db.engine.connect() as conn:
         return int(
@@ -167,6 +197,10 @@ def measure(tmp: Path, strength: str, recovery: float, n: int, m: int, budget: s
             "accuracy_change_points": round(100 * (accuracy(ad, want) - accuracy(ex, want)), 2),
             "agreement_with_exhaustive": round(accuracy(ad, ex), 4),
             "exhaustive_2_accuracy": round(accuracy(labels(db, "exhaustive-2", rule), want), 4),
+            # Abs-Q reads only whether a prefix is alive: no estimator to compare
+            "exhaustive_posterior_accuracy": None
+            if spec == "abs-q"
+            else round(accuracy(posterior_labels(db, "exhaustive", rule, budget), want), 4),
             "noise_floor_agreement": round(accuracy(labels(db, "exhaustive-2", rule), ex), 4),
         }
         print(strength, recovery, spec, setting[spec], flush=True)

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from stepq.models.errors import ConfigError
-from stepq.workers.budget import Adaptive, Exhaustive, Observation, parse_budget, posterior
+from stepq.workers.budget import Adaptive, Exhaustive, Observation, parse_budget
 from stepq.workers.labels import parse_rule
 
 ABS = parse_rule("abs-q")
@@ -116,20 +116,17 @@ def test_adaptive_always_terminates_within_the_budget(rule: object, monotone: bo
         assert all(len(v) <= 8 for v in rewards.values())
 
 
-def test_posterior_is_a_distribution_centred_on_the_data() -> None:
-    dist = posterior(16, 12)
-    assert abs(sum(p for _, p in dist) - 1) < 1e-9
-    mean = sum(x * p for x, p in dist)
-    assert abs(mean - 12.5 / 17) < 0.02
-
-
 def test_parse_budget() -> None:
     assert parse_budget("exhaustive").spec == "exhaustive"
-    a = parse_budget("adaptive:confidence=0.9,round=2,min=3")
-    assert isinstance(a, Adaptive) and (a.confidence, a.round_size, a.min_samples) == (0.9, 2, 3)
+    a = parse_budget("adaptive:confidence=0.9,round=3,min=3")
+    assert isinstance(a, Adaptive) and (a.confidence, a.round_size, a.min_samples) == (0.9, 3, 3)
     assert parse_budget(a.spec) == a
+    b = parse_budget("adaptive:settle=0,prior=0.5,link=0.2")
+    assert isinstance(b, Adaptive) and (b.settle, b.prior, b.link) == (0, 0.5, 0.2)
+    assert parse_budget(b.spec) == b and b.spec == "adaptive:settle=0,prior=0.5,link=0.2"
     assert parse_budget("adaptive").spec == "adaptive" == Adaptive().spec, "defaults are not spelled out"
-    assert parse_budget("adaptive:confidence=0.75,min=4,round=4") == Adaptive(), "specs stored before probes"
+    old = parse_budget("adaptive:confidence=0.75,min=4,round=4")  # a spec stored by an earlier version
+    assert old == Adaptive(min_samples=4, round_size=4) and old.spec == "adaptive:min=4,round=4"
     for bad in [
         "lazy",
         "exhaustive:x=1",
@@ -137,6 +134,9 @@ def test_parse_budget() -> None:
         "adaptive:speed=2",
         "adaptive:round=x",
         "adaptive:confidence=0.85,min=5,round=3,probe=0.25",
+        "adaptive:settle=0.5",
+        "adaptive:prior=0",
+        "adaptive:link=1",
     ]:
         with pytest.raises(ConfigError):
             parse_budget(bad)

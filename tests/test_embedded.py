@@ -186,7 +186,9 @@ def test_interrupted_adaptive_work_resumes_to_the_same_result(sqlite: Database, 
             pass
 
     flaky = WorkerRuntime(
-        sqlite, WorkerOptions(batch_rollouts=32, name="flaky", max_attempts=50), backend_override=Flaky()
+        sqlite,
+        WorkerOptions(batch_rollouts=32, name="flaky", max_attempts=50, retry_backoff_s=0.01),
+        backend_override=Flaky(),
     )
     outcomes = run_in_process(sqlite, flaky)
     assert outcomes.get("retry", 0) > 0 and "failed" not in outcomes

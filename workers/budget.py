@@ -18,23 +18,26 @@ what cannot change a label:
 - Abs-Q needs nothing more: a chunk is positive iff its prefix is alive;
 - for the relative rules a chunk between two alive prefixes is sampled in rounds until its
   label is settled with the stated confidence: each prefix's true Q has a Beta posterior
-  (Jeffreys prior) from its samples, and sampling stops once one label has at least that
+  from its samples (``posterior.py``), and sampling stops once one label has at least that
   posterior probability, but never before each of the two prefixes has ``min_samples``
-  samples (no decision rests on the prior alone).  When the budget of M is spent the
-  likelier label is taken, which is the Bayes decision rather than the plug-in ratio.
+  samples (no decision rests on the prior alone);
+- it also stops when the rest of the chunk's budget could not settle it: when all the
+  samples it may still draw are expected to raise the label's accuracy by less than
+  ``settle`` (two prefixes of nearly the same small Q cost all M samples each and still
+  leave a coin flip).  Then, as when the budget of M is spent, the likelier label is taken:
+  the Bayes decision rather than the plug-in ratio.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Protocol
 
 from stepq.models.errors import ConfigError
 from stepq.workers.labels import LabelRule, label_chunks
+from stepq.workers.posterior import Prefix, p_positive, settling_gain
 from stepq.workers.seeds import derive_seed
 
 
@@ -107,33 +110,33 @@ class Exhaustive:
         return Decision(requests, label_chunks(rule, q), q)
 
 
-POSTERIOR_GRID = 32
-
-
-@lru_cache(maxsize=65536)
-def posterior(n: int, c: int) -> tuple[tuple[float, float], ...]:
-    """(Q, probability) on a grid: the Beta(½ + c, ½ + n − c) posterior of a prefix's true Q
-    after c successes in n samples (Jeffreys prior)."""
-    a, b = 0.5 + c, 0.5 + n - c
-    xs = [(j + 0.5) / POSTERIOR_GRID for j in range(POSTERIOR_GRID)]
-    weights = [math.exp((a - 1) * math.log(x) + (b - 1) * math.log(1 - x)) for x in xs]
-    total = sum(weights)
-    return tuple((x, w / total) for x, w in zip(xs, weights, strict=True))
-
-
 def probed(key: str, k: int, share: float) -> bool:
     """Whether prefix ``k`` of trajectory ``key`` is one of the ``share`` of skipped prefixes
     that get a probe round (a fixed draw: the same on every worker and retry)."""
     return share > 0 and derive_seed("probe", key, k) < share * 0x7FFFFFFF
 
 
+PROBE_SAMPLES = 4
+"""Samples in a probe of a prefix inferred dead."""
+
+
 @dataclass(frozen=True)
 class Adaptive:
-    round_size: int = 4
+    round_size: int = 2
+    """Samples per prefix per round while a relative-rule label is open."""
     confidence: float = 0.75
-    min_samples: int = 4
+    """Posterior probability at which a relative-rule label is taken."""
+    min_samples: int = 2
+    """Samples each prefix needs before a label may rest on them (unless it is certain)."""
     probe: float = 0.1
-    """Share of the prefixes it would skip as dead that still get one round of samples."""
+    """Share of the prefixes it would skip as dead that still get ``PROBE_SAMPLES`` samples."""
+    settle: float = 0.12
+    """Least expected gain in a chunk's label accuracy that the rest of its budget must offer
+    for sampling to go on (0: sample until settled or spent)."""
+    prior: float = 1.5
+    """Strength of the symmetric Beta prior on each prefix's Q (0.5: Jeffreys)."""
+    link: float = 0.5
+    """Prior weight of "the chunk keeps the Q before it" (``posterior.py``; 0: independent)."""
 
     @property
     def spec(self) -> str:
@@ -141,14 +144,9 @@ class Adaptive:
         (it must fit ``problem_sets.budget_policy``, 40 characters)."""
         default = Adaptive()
         parts = [
-            f"{key}={value:g}"
-            for key, value, usual in (
-                ("confidence", self.confidence, default.confidence),
-                ("min", self.min_samples, default.min_samples),
-                ("round", self.round_size, default.round_size),
-                ("probe", self.probe, default.probe),
-            )
-            if value != usual
+            f"{key}={getattr(self, field_):g}"
+            for key, field_ in _PARAMS.items()
+            if getattr(self, field_) != getattr(default, field_)
         ]
         return "adaptive" + (":" + ",".join(parts) if parts else "")
 
@@ -178,9 +176,9 @@ class Adaptive:
                 alive[k] = True if k < last_alive else False if k > first_dead else None
         requests: dict[int, list[int]] = {}
 
-        def ask(k: int) -> None:
+        def ask(k: int, size: int = self.round_size) -> None:
             if k < n and k not in requests:
-                idx = _next_indices(obs.rewards.get(k, {}), cap, self.round_size)
+                idx = _next_indices(obs.rewards.get(k, {}), cap, size)
                 if idx:
                     requests[k] = idx
 
@@ -190,7 +188,7 @@ class Adaptive:
         # prefix before them, alive, and the labels follow.
         for k in range(first_dead + 1, n):
             if alive[k] is False and eff[k][0] == t and probed(obs.key, k, self.probe):
-                ask(k)
+                ask(k, PROBE_SAMPLES)
         undecided = [k for k in range(n + 1) if alive[k] is None]
         if undecided:  # binary search between the last alive and the first dead prefix
             ask(undecided[len(undecided) // 2])
@@ -198,20 +196,21 @@ class Adaptive:
         if rule.name == "abs-q":
             return Decision(requests, [alive[i] for i in range(1, n + 1)], q)
 
-        def dist(k: int) -> tuple[tuple[float, float], ...]:
+        def prefix(k: int) -> Prefix:
             if k == n:
-                return ((float(obs.outcome), 1.0),)
+                return Prefix(known=float(obs.outcome))
             if alive[k] is False:
-                return ((0.0, 1.0),)
-            return posterior(*eff[k])
+                return Prefix(known=0.0)
+            drawn = sum(1 for j in obs.rewards.get(k, {}) if j < cap)
+            return Prefix(*eff[k], more=cap - drawn)
 
         labels: list[bool | None] = []
         for i in range(1, n + 1):
             if alive[i - 1] is None or alive[i] is None:
                 labels.append(None)
                 continue
-            before, after = dist(i - 1), dist(i)
-            p_pos = sum(pb * pa for xb, pb in before for xa, pa in after if rule(xb, xa))
+            before, after = prefix(i - 1), prefix(i)
+            p_pos = p_positive(rule, before, after, self.prior, self.link)
             early = all(k == n or alive[k] is False or eff[k][0] >= self.min_samples for k in (i - 1, i))
             certain = p_pos <= 1e-9 or p_pos >= 1 - 1e-9  # whatever the unknown Q-values are
             if not early and not certain:
@@ -224,6 +223,8 @@ class Adaptive:
                 labels.append(False)
             elif not (self._can_sample(obs, i - 1, cap) or self._can_sample(obs, i, cap)):
                 labels.append(p_pos >= 0.5)  # the budget is spent: the likelier label
+            elif self.settle > 0 and settling_gain(rule, before, after, self.prior, self.link) < self.settle:
+                labels.append(p_pos >= 0.5)  # what the budget has left cannot settle it
             else:
                 labels.append(None)
                 # sample the less-known side of the chunk (both when equally known)
@@ -237,36 +238,51 @@ class Adaptive:
 
 SPEC_LENGTH = 40
 _BUDGET = re.compile(r"^\s*(exhaustive|adaptive)\s*(?::(.*))?$")
+_PARAMS = {
+    "confidence": "confidence",
+    "min": "min_samples",
+    "round": "round_size",
+    "probe": "probe",
+    "settle": "settle",
+    "prior": "prior",
+    "link": "link",
+}
+"""Spec keys of the adaptive budget and the fields they set."""
+_INTEGER = {"min_samples", "round_size"}
 
 
 def parse_budget(spec: str) -> BudgetPolicy:
-    """Read ``exhaustive`` or ``adaptive[:confidence=0.75,min=4,round=4,probe=0.1]``."""
+    """Read ``exhaustive`` or ``adaptive[:confidence=C,min=N,round=R,probe=P,settle=S,prior=A]``."""
     match = _BUDGET.match(spec.lower())
     if not match:
-        raise ConfigError(
-            f"unknown budget policy '{spec}' (exhaustive or adaptive[:confidence=C,min=N,round=R,probe=P])"
-        )
+        raise ConfigError(f"unknown budget policy '{spec}' (exhaustive or adaptive[:{'=…,'.join(_PARAMS)}=…])")
     if match.group(1) == "exhaustive":
         if match.group(2):
             raise ConfigError("the exhaustive budget takes no parameters")
         return Exhaustive()
-    params: dict[str, float] = {}
+    values: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in (match.group(2) or "").split(","))):
         key, _, value = part.partition("=")
+        if key not in _PARAMS:
+            raise ConfigError(f"unknown adaptive budget parameter '{key}' (one of: {', '.join(_PARAMS)})")
         try:
-            params[key] = float(value)
+            values[_PARAMS[key]] = float(value)
         except ValueError:
             raise ConfigError(f"budget parameter {key}={value!r} is not a number") from None
-    unknown = set(params) - {"confidence", "round", "min", "probe"}
-    if unknown:
-        raise ConfigError(f"unknown adaptive budget parameter(s): {', '.join(sorted(unknown))}")
-    confidence = params.get("confidence", Adaptive.confidence)
-    round_size = int(params.get("round", Adaptive.round_size))
-    min_samples = int(params.get("min", Adaptive.min_samples))
-    probe = params.get("probe", Adaptive.probe)
-    if not 0.5 < confidence < 1 or round_size < 1 or min_samples < 0 or not 0 <= probe <= 1:
-        raise ConfigError("adaptive budget needs 0.5 < confidence < 1, round >= 1, min >= 0 and 0 <= probe <= 1")
-    policy = Adaptive(round_size=round_size, confidence=confidence, min_samples=min_samples, probe=probe)
+    policy = Adaptive(**{k: int(v) if k in _INTEGER else v for k, v in values.items()})  # type: ignore[arg-type]
+    if not (
+        0.5 < policy.confidence < 1
+        and policy.round_size >= 1
+        and policy.min_samples >= 0
+        and 0 <= policy.probe <= 1
+        and 0 <= policy.settle < 0.5
+        and policy.prior > 0
+        and 0 <= policy.link < 1
+    ):
+        raise ConfigError(
+            "adaptive budget needs 0.5 < confidence < 1, round >= 1, min >= 0, 0 <= probe <= 1, "
+            "0 <= settle < 0.5, prior > 0 and 0 <= link < 1"
+        )
     if len(policy.spec) > SPEC_LENGTH:
         raise ConfigError(f"budget '{policy.spec}' is longer than {SPEC_LENGTH} characters: keep more defaults")
     return policy
