@@ -114,7 +114,7 @@ def truth(db: Database, name: str, policy: SyntheticPolicy, rule: LabelRule) -> 
     return out
 
 
-def posterior_labels(db: Database, name: str, rule: LabelRule, budget: str) -> dict[tuple[str, int], bool]:
+def posterior_labels(db: Database, name: str, rule: LabelRule, budget: str, m: int) -> dict[tuple[str, int], bool]:
     """The adaptive budget's Bayes label (its prior and link, no stopping) on a set's complete
     rollouts: how much of the adaptive accuracy is the estimator rather than the sampling."""
     policy = parse_budget(budget)
@@ -132,7 +132,9 @@ def posterior_labels(db: Database, name: str, rule: LabelRule, budget: str) -> d
     prefixes: dict[str, dict[int, Prefix]] = {}
     shape: dict[str, tuple[int, bool]] = {}
     for ext, n_chunks, outcome, k, samples, successes in rows:
-        prefixes.setdefault(ext, {})[k] = Prefix(int(samples), int(successes))
+        # no success in all M samples: dead, as the adaptive budget reads it
+        dead = int(successes) == 0 and int(samples) >= m
+        prefixes.setdefault(ext, {})[k] = Prefix(known=0.0) if dead else Prefix(int(samples), int(successes))
         shape[ext] = (n_chunks, bool(outcome))
     out: dict[tuple[str, int], bool] = {}
     for ext, (n_chunks, outcome) in shape.items():
@@ -200,7 +202,7 @@ def measure(tmp: Path, strength: str, recovery: float, n: int, m: int, budget: s
             # Abs-Q reads only whether a prefix is alive: no estimator to compare
             "exhaustive_posterior_accuracy": None
             if spec == "abs-q"
-            else round(accuracy(posterior_labels(db, "exhaustive", rule, budget), want), 4),
+            else round(accuracy(posterior_labels(db, "exhaustive", rule, budget, m), want), 4),
             "noise_floor_agreement": round(accuracy(labels(db, "exhaustive-2", rule), ex), 4),
         }
         print(strength, recovery, spec, setting[spec], flush=True)

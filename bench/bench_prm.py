@@ -96,6 +96,51 @@ def solutions(
     return out
 
 
+def pretrain(base: Path, texts: Sequence[tuple[str, list[str]]], steps: int, batch_size: int, seed: int) -> float:
+    """Next-token training of the backbone on correct solutions, as a real PRM starts from a
+    language model that can already do the arithmetic it will judge.  The loss is on the
+    solution only (the question's numbers cannot be predicted).  Returns the final loss."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from stepq.trainer.prm.model import encode
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base)
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    encoded = []
+    for question, solution in texts:
+        e = encode(tokenizer, question, solution, 512)
+        start = len(encode(tokenizer, question, [], 512).ids)
+        encoded.append((e.ids, start))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / 100))
+    model.train()
+    loss_value = float("nan")
+    for step in range(steps):
+        batch = [encoded[rng.randrange(len(encoded))] for _ in range(batch_size)]
+        width = max(len(ids) for ids, _ in batch)
+        ids = torch.full((len(batch), width), tokenizer.pad_token_id, dtype=torch.long)
+        labels = torch.full((len(batch), width), -100, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, (row, start) in enumerate(batch):
+            ids[i, : len(row)] = torch.tensor(row)
+            labels[i, start : len(row)] = torch.tensor(row[start:])
+            mask[i, : len(row)] = 1
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+        loss_value = float(loss)
+        if step % 250 == 0 or step == steps - 1:
+            print(f"  pretrain step {step:>5}  loss {loss_value:.4f}", flush=True)
+    model.save_pretrained(base)
+    return loss_value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--train-problems", type=int, default=600)
@@ -115,6 +160,13 @@ def main() -> None:
     ap.add_argument(
         "--backbone", choices=["gpt2", "llama"], default="gpt2", help="llama: rotary positions, head dimension 64"
     )
+    ap.add_argument(
+        "--pretrain-steps",
+        type=int,
+        default=0,
+        help="Next-token steps on correct solutions of other problems before the PRM is trained.",
+    )
+    ap.add_argument("--pretrain-problems", type=int, default=4000)
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -144,6 +196,17 @@ def main() -> None:
                 n_layer=args.layers,
                 n_head=args.heads,
             )
+        pretrain_loss = None
+        if args.pretrain_steps:
+            correct = SyntheticPolicy(error_rate=0.0, recovery_rate=0.0)
+            texts = [
+                (question, steps)
+                for group in solutions(correct, args.pretrain_problems, 1, "prm-pretrain", args.seed, lengths)
+                for question, steps, _, _ in group
+            ]
+            started = time.perf_counter()
+            pretrain_loss = pretrain(base, texts, args.pretrain_steps, args.batch_size * 2, args.seed)
+            print(f"pretraining: {args.pretrain_steps} steps, {time.perf_counter() - started:.0f} s")
         recipe = Recipe.parse(
             f"method: prm\nmodel: {base}\ntrainer:\n  aggregate: {args.aggregate}\n"
             f"  learning_rate: {args.learning_rate}\n"
@@ -221,6 +284,8 @@ def main() -> None:
             "train_solutions": len(examples),
             "train_steps": result.global_step,
             "train_seconds": train_s,
+            "pretrain_steps": args.pretrain_steps,
+            "pretrain_loss": pretrain_loss,
         }
     )
 

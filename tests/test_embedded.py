@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from sqlalchemy import func, select
 
 from stepq.models import Database, Rollout, queries
@@ -254,25 +255,27 @@ def test_several_items_per_task_share_engine_calls(sqlite: Database) -> None:
     assert alone == rollouts_together and _labels(sqlite, "g") == together
 
 
-def test_adaptive_labels_hold_where_the_policy_recovers(sqlite: Database) -> None:
+@pytest.mark.parametrize("rule", ["abs-q", "rel-ratio"])
+def test_adaptive_labels_hold_where_the_policy_recovers(sqlite: Database, rule: str) -> None:
     """Recovery 0.2 and steps of different difficulty: Q is not monotone and a dead prefix
-    can come back, so the adaptive budget's shortcuts can fail.  Its Abs-Q labels must still
-    be about as accurate, against the exact-Q truth, as exhaustive M = 16 on the same
-    trajectories (and both far better than chance)."""
+    can come back, so the adaptive budget's shortcuts can fail, and the relative rules' truth
+    differs from Abs-Q's.  Its labels must still be about as accurate, against the exact-Q
+    truth, as exhaustive M = 16 on the same trajectories (and both far better than chance),
+    with at least half the rollouts saved."""
+    from sqlalchemy import text
+
     from stepq.workers.backends.synthetic import SyntheticBackend
     from stepq.workers.synthetic_policy import exact_labels
 
     config = {"error_rate": 0.1, "recovery_rate": 0.2, "op_error_rates": {"Add": 0.05, "Multiply by": 0.3}}
     policy = SyntheticBackend.from_config(config).policy
-    accuracy = {}
+    accuracy, rollouts = {}, {}
     for budget in ("exhaustive", "adaptive"):
         synth_set(sqlite, budget, problems=60, seed=11, **config)  # type: ignore[arg-type]
-        _annotate(sqlite, budget, 16, budget=budget)
+        _annotate(sqlite, budget, 16, budget=budget, rule=rule)
         run_in_process(sqlite, _runtime(sqlite))
         got = {k[:2]: v for k, v in _labels(sqlite, budget).items()}
         with sqlite.engine.connect() as conn:
-            from sqlalchemy import text
-
             rows = conn.execute(
                 text(
                     "SELECT p.external_id, t.prompt, t.seed FROM trajectories t JOIN problems p ON p.id = t.problem_id"
@@ -280,11 +283,20 @@ def test_adaptive_labels_hold_where_the_policy_recovers(sqlite: Database) -> Non
                 ),
                 {"n": budget},
             ).all()
+            rollouts[budget] = conn.execute(
+                text(
+                    "SELECT count(*) FROM rollouts r JOIN trajectories t ON t.id = r.trajectory_id"
+                    " JOIN problems p ON p.id = t.problem_id JOIN problem_sets s ON s.id = p.problem_set_id"
+                    " WHERE s.name = :n"
+                ),
+                {"n": budget},
+            ).scalar_one()
         want = {
             (ext, i): label
             for ext, prompt, seed in rows
-            for i, label in enumerate(exact_labels(policy, prompt, seed, parse_rule("abs-q")), start=1)
+            for i, label in enumerate(exact_labels(policy, prompt, seed, parse_rule(rule)), start=1)
         }
         accuracy[budget] = sum(got.get(k) == v for k, v in want.items()) / len(want)
     assert accuracy["exhaustive"] > 0.8
     assert accuracy["adaptive"] >= accuracy["exhaustive"] - 0.03, accuracy
+    assert rollouts["adaptive"] * 2 <= rollouts["exhaustive"], rollouts

@@ -4,6 +4,7 @@ must (and must not) do."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -67,7 +68,7 @@ def test_more_information_never_lowers_the_expected_accuracy() -> None:
             for more in (0, 2, 6, 12)
         ]
         assert gains[0] == pytest.approx(0.0, abs=1e-12)
-        assert all(later >= earlier - 1e-9 for earlier, later in zip(gains, gains[1:], strict=False)), gains
+        assert all(later >= earlier - 1e-9 for earlier, later in itertools.pairwise(gains)), gains
 
 
 def test_the_gain_separates_settleable_chunks_from_coin_flips() -> None:
