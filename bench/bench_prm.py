@@ -134,7 +134,7 @@ def pretrain(base: Path, texts: Sequence[tuple[str, list[str]]], steps: int, bat
         optimizer.step()
         schedule.step()
         optimizer.zero_grad()
-        loss_value = float(loss)
+        loss_value = loss.item()
         if step % 250 == 0 or step == steps - 1:
             print(f"  pretrain step {step:>5}  loss {loss_value:.4f}", flush=True)
     model.save_pretrained(base)
