@@ -1,0 +1,95 @@
+"""Budget policies against the synthetic policy in pure Python: no database, no task code.
+
+    python -m bench.bench_budget_sim [--budget adaptive --budget adaptive:link=0 ...]
+                                     [--seed 42] [--settings all|quick] [--problems 500]
+
+The same policies, rules and truth as ``bench_budget`` (it imports their definitions), with the
+budget's ``decide`` driven directly and rollouts drawn straight from the synthetic policy, so a
+setting takes seconds instead of minutes.  This is where the adaptive defaults were chosen:
+candidates were compared on two seed sets (``--seed 42`` and ``--seed 7``; the trajectory and
+rollout seeds differ from ``bench_budget``'s), and ``bench_budget`` then measured the chosen
+defaults through the real task code.  Prints one line per setting and rule, then JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from typing import Any
+
+from bench.bench_budget import RULES, SETTINGS, policy_config
+from bench.common import emit
+from stepq.workers.budget import BudgetPolicy, Exhaustive, Observation, parse_budget
+from stepq.workers.labels import LabelRule, label_chunks, parse_rule
+from stepq.workers.seeds import derive_seed
+from stepq.workers.synthetic_policy import SyntheticPolicy, make_problem, trajectory_q
+
+
+def run(
+    policy: SyntheticPolicy, budget: BudgetPolicy, rule: LabelRule, problems: int, m: int, seed: int, rollout_seed: int
+) -> tuple[int, float]:
+    """Rollouts drawn and label accuracy against the exact-Q truth over ``problems`` trajectories."""
+    drawn = right = chunks = 0
+    for p in range(problems):
+        problem = make_problem(derive_seed("problem", seed, p))
+        steps = policy.solve(problem, derive_seed("trajectory", seed, p))
+        values = [problem.start] + [s.value for s in steps]
+        outcome = steps[-1].value == problem.answer
+        truth = label_chunks(rule, trajectory_q(policy, problem, steps))
+        rewards: dict[int, dict[int, int]] = {}
+        while True:
+            obs = Observation(len(steps), m, outcome, rewards, budget.counts_trajectory(), key=f"{seed}-{p}")
+            decision = budget.decide(obs, rule)
+            if decision.done:
+                break
+            for k, indices in decision.requests.items():
+                for i in indices:
+                    rng = random.Random(derive_seed("rollout", rollout_seed, seed, p, k, i))
+                    final = policy.continue_steps(problem, k, values[k], rng)[-1].value
+                    rewards.setdefault(k, {})[i] = int(final == problem.answer)
+                    drawn += 1
+        right += sum(got == want for got, want in zip(decision.labels, truth, strict=True))
+        chunks += len(steps)
+    return drawn, right / chunks
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--budget", action="append", help="adaptive budget specs to compare (repeat)")
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--problems", type=int, default=500)
+    ap.add_argument("--rollouts", type=int, default=16)
+    ap.add_argument("--settings", choices=sorted(SETTINGS), default="all")
+    args = ap.parse_args()
+    budgets = args.budget or ["adaptive"]
+    result: dict[str, Any] = {"seed": args.seed, "problems": args.problems, "budgets": budgets}
+    for strength, recovery in SETTINGS[args.settings]:
+        from stepq.workers.backends.synthetic import SyntheticBackend
+
+        policy = SyntheticBackend.from_config(policy_config(strength, recovery)).policy
+        key = f"{strength}/recovery={recovery}"
+        result[key] = {}
+        for spec in RULES:
+            rule = parse_rule(spec)
+            common = (rule, args.problems, args.rollouts, args.seed)
+            ex_drawn, ex_acc = run(policy, Exhaustive(), *common, rollout_seed=0)
+            _, floor_acc = run(policy, Exhaustive(), *common, rollout_seed=1)
+            row: dict[str, Any] = {
+                "exhaustive_accuracy": round(ex_acc, 4),
+                "exhaustive_2_accuracy": round(floor_acc, 4),
+            }
+            line = f"{key} {spec}: exhaustive {100 * ex_acc:.1f} (second run {100 * floor_acc:.1f})"
+            for budget in budgets:
+                drawn, acc = run(policy, parse_budget(budget), *common, rollout_seed=0)
+                row[budget] = {
+                    "fewer_rollouts": round(ex_drawn / max(drawn, 1), 2),
+                    "accuracy_change_points": round(100 * (acc - ex_acc), 2),
+                }
+                line += f" | {budget}: {ex_drawn / max(drawn, 1):.2f}x, {100 * (acc - ex_acc):+.1f} pt"
+            result[key][spec] = row
+            print(line, flush=True)
+    emit(result)
+
+
+if __name__ == "__main__":
+    main()
