@@ -17,7 +17,7 @@ from stepq.models.errors import NotFoundError
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.rollouts import ChunkLabel, QValue, Rollout
 from stepq.models.set_queries import trajectory_chunks
-from stepq.models.sql import _insert
+from stepq.models.sql import upsert
 from stepq.models.trajectories import Chunk, Trajectory
 
 # --- rollouts, Q-values, labels --------------------------------------------------------
@@ -129,22 +129,8 @@ def label_rules_of(session: Session, trajectory_ids: Sequence[int]) -> set[str]:
 
 
 def upsert_q_values(session: Session, rows: Sequence[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    stmt = _insert(session, QValue.__table__)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["trajectory_id", "prefix_len"],
-        set_={k: stmt.excluded[k] for k in ("n_samples", "n_correct", "q", "source")},
-    )
-    session.connection().execute(stmt, list(rows))
+    upsert(session, QValue, rows, ("trajectory_id", "prefix_len"), ("n_samples", "n_correct", "q", "source"))
 
 
 def upsert_labels(session: Session, rows: Sequence[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    stmt = _insert(session, ChunkLabel.__table__)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["chunk_id", "rule"],
-        set_={k: stmt.excluded[k] for k in ("positive", "q_before", "q_after")},
-    )
-    session.connection().execute(stmt, list(rows))
+    upsert(session, ChunkLabel, rows, ("chunk_id", "rule"), ("positive", "q_before", "q_after"))

@@ -1,5 +1,6 @@
 """Dialect-aware statements every query module shares: an INSERT that can ignore or
-update on conflict (PostgreSQL and SQLite spell it alike), and an idempotent bulk insert."""
+update on conflict (PostgreSQL and SQLite spell it alike), an idempotent bulk insert and a
+bulk upsert."""
 
 from __future__ import annotations
 
@@ -28,3 +29,14 @@ def insert_ignore(session: Session, model: Any, rows: Sequence[dict[str, Any]]) 
     table = model.__table__
     stmt = _insert(session, table).on_conflict_do_nothing().returning(*table.primary_key.columns)
     return len(session.connection().execute(stmt, list(rows)).all())
+
+
+def upsert(
+    session: Session, model: Any, rows: Sequence[dict[str, Any]], keys: Sequence[str], columns: Sequence[str]
+) -> None:
+    """Insert rows, or overwrite ``columns`` of the row with the same ``keys`` (a unique key)."""
+    if not rows:
+        return
+    stmt = _insert(session, model.__table__)
+    stmt = stmt.on_conflict_do_update(index_elements=list(keys), set_={k: stmt.excluded[k] for k in columns})
+    session.connection().execute(stmt, list(rows))

@@ -18,7 +18,7 @@ from stepq.models.errors import NotFoundError
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.rollouts import ChunkLabel, QValue, Rollout
 from stepq.models.snapshots import Snapshot, SnapshotRow
-from stepq.models.sql import _insert
+from stepq.models.sql import _insert, upsert
 from stepq.models.training import RUN_DONE, RUN_FAILED, RUN_RUNNING, TrainingMetric, TrainingRun
 from stepq.models.trajectories import Chunk, Trajectory
 
@@ -260,14 +260,8 @@ def end_run(session: Session, run_id: int, owner: str, *, error: str | None = No
 
 
 def upsert_metrics(session: Session, rows: Sequence[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    stmt = _insert(session, TrainingMetric.__table__)
     columns = ("reward", "accuracy_positive", "accuracy_negative", "completion_length", "clip_ratio", "entropy", "loss")
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["run_id", "step"], set_={k: stmt.excluded[k] for k in (*columns, "values", "logged_at")}
-    )
-    session.connection().execute(stmt, list(rows))
+    upsert(session, TrainingMetric, rows, ("run_id", "step"), (*columns, "values", "logged_at"))
 
 
 def run_metrics(session: Session, run_id: int) -> list[TrainingMetric]:

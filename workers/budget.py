@@ -201,8 +201,8 @@ class Adaptive:
                 return Prefix(known=float(obs.outcome))
             if alive[k] is False:
                 return Prefix(known=0.0)
-            drawn = sum(1 for j in obs.rewards.get(k, {}) if j < cap)
-            return Prefix(*eff[k], more=cap - drawn)
+            samples, successes = eff[k]
+            return Prefix(samples, successes, more=m - samples)  # eff counts the trajectory: M in all
 
         labels: list[bool | None] = []
         for i in range(1, n + 1):
@@ -252,7 +252,7 @@ _INTEGER = {"min_samples", "round_size"}
 
 
 def parse_budget(spec: str) -> BudgetPolicy:
-    """Read ``exhaustive`` or ``adaptive[:confidence=C,min=N,round=R,probe=P,settle=S,prior=A]``."""
+    """Read ``exhaustive`` or ``adaptive[:confidence=C,min=N,round=R,probe=P,settle=S,prior=A,link=L]``."""
     match = _BUDGET.match(spec.lower())
     if not match:
         raise ConfigError(f"unknown budget policy '{spec}' (exhaustive or adaptive[:{'=…,'.join(_PARAMS)}=…])")

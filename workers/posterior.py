@@ -7,8 +7,8 @@ grid, and the samples' binomial likelihoods make it a posterior:
 - each Q alone has a symmetric Beta(a, a) prior; ½ is Jeffreys' prior, larger values pull
   small-sample estimates toward ½, which keeps the ratio of two small-sample estimates (what
   Rel-Ratio reads) from swinging to 0 or to infinity on one sample;
-- the neighbouring prefix is evidence too: most chunks of a chain of thought change the chance
-  of success little, so with weight ``link`` the Q after a chunk is drawn near the Q before it
+- the neighbouring prefix is evidence too: assuming most chunks of a chain of thought change
+  the chance of success little, with weight ``link`` the Q after a chunk is drawn near the Q before it
   (a Gaussian of width ``LINK_WIDTH`` on the log-odds scale), and otherwise anywhere.  A chunk
   that does change Q needs more samples to show it; one that does not is settled sooner.
 
