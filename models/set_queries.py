@@ -111,6 +111,19 @@ def trajectory_ids_of(session: Session, problem_ids: Sequence[int]) -> list[int]
     return list(session.scalars(select(Trajectory.id).where(Trajectory.problem_id.in_(problem_ids))))
 
 
+def ingested_texts(session: Session, problem_ids: Sequence[int]) -> set[tuple[int, str]]:
+    """(problem id, text) of the trajectories ingested from files for these problems: the same
+    steps arriving in another file (a renamed or merged copy) are the same trajectory."""
+    if not problem_ids:
+        return set()
+    rows = session.execute(
+        select(Trajectory.problem_id, Trajectory.text).where(
+            Trajectory.problem_id.in_(problem_ids), Trajectory.source_key.like("ingested:%")
+        )
+    )
+    return {(pid, text) for pid, text in rows}
+
+
 def delete_trajectories_of(session: Session, problem_ids: Sequence[int]) -> int:
     """Drop these problems' trajectories with everything annotated on them (cascades)."""
     tids = trajectory_ids_of(session, problem_ids)

@@ -90,6 +90,22 @@ def test_processbench_steps_become_chunks_as_given(any_db: Database) -> None:
         configure_annotation(any_db, "pb", 8)
 
 
+def test_the_same_steps_from_another_file_are_the_same_trajectory(any_db: Database, tmp_path: Path) -> None:
+    """A renamed or merged copy of a file adds no second trajectory (no rollouts paid twice);
+    other steps for the same problem are another trajectory."""
+    fields = FieldMap(answer=None, steps="steps", outcome="final_answer_correct", first_error="label")
+    raw = json.loads(PROCESSBENCH.read_text())
+    assert ingest_file(any_db, PROCESSBENCH, "pb", fields).new_trajectories == 12
+    copy = tmp_path / "renamed.json"
+    copy.write_text(json.dumps([*raw[:5], raw[5], raw[5]]))  # a record twice in one file, too
+    assert ingest_file(any_db, copy, "pb", fields).new_trajectories == 0
+    other = [{**raw[0], "steps": [*raw[0]["steps"][:-1], "A different last step."]}]
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    assert ingest_file(any_db, tmp_path / "other.json", "pb", fields).new_trajectories == 1
+    with any_db.session() as s:
+        assert len(list(s.scalars(select(Trajectory.id)))) == 13
+
+
 BAD_INPUTS = [
     (
         "invalid-json.jsonl",
