@@ -85,14 +85,17 @@ def record_turn(
     return True
 
 
-def renew_search(session: Session, search_id: int, owner: str, ttl: float) -> bool:
+def renew_owner_searches(session: Session, owner: str, ttl: float) -> int:
+    """Extend every search lease a worker process holds: its heartbeat, so one turn longer than
+    the lease (w candidates, each pair judged twice by a model) does not lose the search."""
     now = epoch()
     result = session.execute(
         update(StepSearch)
-        .where(StepSearch.id == search_id, StepSearch.lease_owner == owner, StepSearch.state == RUNNING)
+        .where(StepSearch.lease_owner == owner, StepSearch.state == RUNNING)
         .values(lease_expires_at=now + ttl, updated_at=now)
+        .execution_options(synchronize_session=False)
     )
-    return bool(result.rowcount)  # type: ignore[attr-defined]
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
 def release_search(

@@ -108,6 +108,37 @@ def test_without_a_heartbeat_that_lease_is_lost(pg: Database) -> None:
     assert result == ["lost"]
 
 
+def test_heartbeat_keeps_a_step_search_through_a_turn_longer_than_its_lease(pg: Database) -> None:
+    """A search turn samples w candidates and judges every pair twice: with a model judge it
+    can outlast the lease.  The heartbeat renews search leases like work leases."""
+    from stepq.models import search_queries as sq
+    from stepq.workers.search.plan import SearchPlan, start_search
+    from stepq.workers.search.runner import run_search
+
+    synth_set(pg, "f", problems=1, seed=4)
+    assert start_search(pg, SearchPlan("f", "n", max_turns=1)) == 1
+    with pg.session() as s:
+        (search_id,) = sq.queue_pending_searches(s, 10)
+    rt = WorkerRuntime(pg, WorkerOptions(name="slow", lease_ttl_s=1.0), backend_override=Slow(delay_s=2.5)).start()
+    stolen: list[object] = []
+
+    def thief() -> None:
+        time.sleep(1.8)
+        with pg.session() as s:
+            stolen.append(sq.claim_search(s, search_id, "thief", ttl=60))
+
+    t = threading.Thread(target=thief)
+    t.start()
+    try:
+        assert run_search(rt, search_id) == "done"
+    finally:
+        t.join()
+        rt.close()
+    assert stolen == [None], "the heartbeat renewed the search's lease during the turn"
+    with pg.session() as s:
+        assert len(sq.search_turns(s, search_id)) == 1
+
+
 def test_lease_owners_are_unique_per_process_even_with_one_name(pg: Database) -> None:
     a = WorkerRuntime(pg, WorkerOptions(name="gpu"))
     b = WorkerRuntime(pg, WorkerOptions(name="gpu"))

@@ -11,7 +11,9 @@ from stepq.workers.seeds import derive_seed
 from stepq.workers.segmentation import segment
 from stepq.workers.synthetic_policy import (
     PROMPT_TEMPLATE,
+    SMALL_NUMBERS,
     SyntheticPolicy,
+    apply,
     exact_q,
     ground_truth,
     make_problem,
@@ -25,6 +27,26 @@ def test_problems_round_trip_through_their_prompt() -> None:
         p = make_problem(seed)
         assert 3 <= len(p.ops) <= 8
         assert parse_problem(PROMPT_TEMPLATE.format(question=p.question)) == p
+
+
+def test_default_numbers_keep_their_problems_and_small_numbers_stay_small() -> None:
+    """The number ranges are a parameter; the default draws what earlier versions drew (stored
+    synthetic sets and their seeds keep their meaning)."""
+    assert make_problem(3).question == make_problem(3, 3, 8).question
+    for seed in range(200):
+        p = make_problem(seed, 1, 3, numbers=SMALL_NUMBERS)
+        assert 30 <= p.start <= 60 and 1 <= len(p.ops) <= 3
+        assert all(name != "Multiply by" and 1 <= x <= 9 for name, x in p.ops)
+        assert parse_problem(PROMPT_TEMPLATE.format(question=p.question)) == p
+        steps = SyntheticPolicy(error_rate=0.5, recovery_rate=0.0).solve(p, seed)
+        assert all(v > 0 for v in p.true_values())
+        value = p.start
+        for step, (name, x) in zip(steps, p.ops, strict=True):
+            computed = apply(name, value, x)  # what this step's own arithmetic gives
+            if step.value != computed and step.value > 0 and computed > 0:
+                assert str(step.value)[-1] != str(computed)[-1], "an error shows in the last digit"
+            value = step.value
+    assert any(name == "Multiply by" for s in range(50) for name, _ in make_problem(s).ops)
 
 
 def test_error_free_policy_solves_everything() -> None:

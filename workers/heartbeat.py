@@ -1,4 +1,5 @@
-"""A worker process's heartbeat: it keeps the process visible and its leases alive.
+"""A worker process's heartbeat: it keeps the process visible and its leases (rollout work,
+step searches) alive.
 
 Without it a lease would be renewed only when a batch commits, and one ``generate`` call
 longer than the lease (a slow server, a long batch) would lose the work it is doing.  The
@@ -15,7 +16,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from stepq.models import Database, queries
+from stepq.models import Database, queries, search_queries
 from stepq.workers.logcontext import bind
 
 log = logging.getLogger("stepq.worker")
@@ -48,6 +49,7 @@ class Heartbeat:
         engine_s, grades = self.totals()
         with self.db.session() as s:
             renewed = queries.renew_owner_leases(s, self.name, self.lease_ttl_s)
+            renewed += search_queries.renew_owner_searches(s, self.name, self.lease_ttl_s)
             queries.heartbeat(
                 s,
                 self.name,

@@ -61,14 +61,34 @@ def apply(name: str, value: int, x: int) -> int:
     return value * x
 
 
-def make_problem(seed: int, min_steps: int = 3, max_steps: int = 8) -> ArithmeticProblem:
+@dataclass(frozen=True)
+class Numbers:
+    """The numbers a problem is drawn from.  The default mixes multiplication into additions
+    of up to 40; ``SMALL_NUMBERS`` keeps to one-digit additions to and subtractions from a
+    two-digit start.  Errors are off by 1 to 9 in both, so a positive wrong value always
+    differs from the right one in its last digit: one digit of arithmetic checks a step,
+    which a model small enough to train on a CPU can learn."""
+
+    start: tuple[int, int] = (2, 30)
+    operand: tuple[int, int] = (1, 40)
+    multiply: bool = True
+
+
+DEFAULT_NUMBERS = Numbers()
+SMALL_NUMBERS = Numbers(start=(30, 60), operand=(1, 9), multiply=False)
+
+
+def make_problem(
+    seed: int, min_steps: int = 3, max_steps: int = 8, numbers: Numbers = DEFAULT_NUMBERS
+) -> ArithmeticProblem:
     rng = random.Random(seed)
-    start = rng.randint(2, 30)
+    start = rng.randint(*numbers.start)
     ops: list[tuple[str, int]] = []
     v = start
     for _ in range(rng.randint(min_steps, max_steps)):
-        name = rng.choice(["Add", "Subtract", "Multiply by"] if abs(v) < 100 else ["Add", "Subtract"])
-        x = rng.randint(2, 5) if name == "Multiply by" else rng.randint(1, 40)
+        can_multiply = numbers.multiply and abs(v) < 100
+        name = rng.choice(["Add", "Subtract", "Multiply by"] if can_multiply else ["Add", "Subtract"])
+        x = rng.randint(2, 5) if name == "Multiply by" else rng.randint(*numbers.operand)
         ops.append((name, x))
         v = apply(name, v, x)
     return ArithmeticProblem(start, tuple(ops))
