@@ -243,6 +243,14 @@ def renew_run(session: Session, run_id: int, owner: str, ttl: float, **values: A
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
+def record_checkpoint(session: Session, run_id: int, owner: str, ttl: float, path: str, step: int) -> bool:
+    """Add a written checkpoint to the run (once: a resumed run may save a step again) and make
+    it the one to resume from; False when ``owner`` no longer holds the run."""
+    run = get_run(session, run_id)
+    checkpoints = list(run.checkpoints) if path in run.checkpoints else [*run.checkpoints, path]
+    return renew_run(session, run_id, owner, ttl, last_checkpoint=path, checkpoints=checkpoints, global_step=step)
+
+
 def end_run(session: Session, run_id: int, owner: str, *, error: str | None = None) -> None:
     now = epoch()
     session.execute(

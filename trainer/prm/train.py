@@ -241,6 +241,5 @@ def _checkpoint(
     shutil.rmtree(final, ignore_errors=True)
     partial.rename(final)
     with db.session() as session:
-        run = tq.get_run(session, handle.run_id)
-        checkpoints = [*run.checkpoints, str(final)] if str(final) not in run.checkpoints else list(run.checkpoints)
-    handle.renew(db, last_checkpoint=str(final), checkpoints=checkpoints, global_step=step)
+        if not tq.record_checkpoint(session, handle.run_id, handle.owner, handle.ttl, str(final), step):
+            raise LeaseLost(f"training run {handle.run_id} was taken over by another trainer")

@@ -113,8 +113,7 @@ def make_recorder(
         def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             with db.session() as session:
-                run = tq.get_run(session, run_id)
-                checkpoints = [*run.checkpoints, path] if path not in run.checkpoints else list(run.checkpoints)
-            self._renew(last_checkpoint=path, checkpoints=checkpoints, global_step=int(state.global_step))
+                if not tq.record_checkpoint(session, run_id, owner, ttl, path, int(state.global_step)):
+                    raise LeaseLost(f"training run {run_id} was taken over by another trainer")
 
     return Recorder()
