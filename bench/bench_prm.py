@@ -31,7 +31,14 @@ from stepq.trainer.prm.model import StepScorer
 from stepq.trainer.prm.train import OutcomeExample, train_prm
 from stepq.trainer.training.recipe import Recipe
 from stepq.workers.seeds import derive_seed
-from stepq.workers.synthetic_policy import SyntheticPolicy, ground_truth, make_problem
+from stepq.workers.synthetic_policy import (
+    DEFAULT_NUMBERS,
+    SMALL_NUMBERS,
+    Numbers,
+    SyntheticPolicy,
+    ground_truth,
+    make_problem,
+)
 from tests.tiny_models import build_tiny_llama, build_tiny_model
 
 
@@ -81,11 +88,17 @@ def bootstrap(problems: Sequence[Sequence[Step]], fn: object, rounds: int, seed:
 
 
 def solutions(
-    policy: SyntheticPolicy, problems: int, samples: int, tag: str, seed: int, lengths: tuple[int, int]
+    policy: SyntheticPolicy,
+    problems: int,
+    samples: int,
+    tag: str,
+    seed: int,
+    lengths: tuple[int, int],
+    numbers: Numbers = DEFAULT_NUMBERS,
 ) -> list[list[tuple]]:
     out = []
     for i in range(problems):
-        problem = make_problem(derive_seed(tag, seed, i), *lengths)
+        problem = make_problem(derive_seed(tag, seed, i), *lengths, numbers=numbers)
         group = []
         for j in range(samples):
             steps = policy.solve(problem, derive_seed(tag, seed, i, j))
@@ -148,6 +161,12 @@ def main() -> None:
     ap.add_argument("--test-problems", type=int, default=200)
     ap.add_argument("--n", type=int, default=8, help="Candidates per test problem (Best-of-N).")
     ap.add_argument("--error-rate", type=float, default=0.2)
+    ap.add_argument(
+        "--numbers",
+        choices=["default", "small"],
+        default="default",
+        help="small: one-digit additions and subtractions (synthetic_policy.SMALL_NUMBERS)",
+    )
     ap.add_argument("--min-ops", type=int, default=3)
     ap.add_argument("--max-ops", type=int, default=5)
     ap.add_argument("--steps", type=int, default=1500, help="Training steps.")
@@ -172,13 +191,14 @@ def main() -> None:
     args = ap.parse_args()
 
     lengths = (args.min_ops, args.max_ops)
+    numbers = SMALL_NUMBERS if args.numbers == "small" else DEFAULT_NUMBERS
     policy = SyntheticPolicy(error_rate=args.error_rate, recovery_rate=0.0)
     train = [
         ex
-        for group in solutions(policy, args.train_problems, args.samples, "prm-train", args.seed, lengths)
+        for group in solutions(policy, args.train_problems, args.samples, "prm-train", args.seed, lengths, numbers)
         for ex in group
     ]
-    test = solutions(policy, args.test_problems, args.n, "prm-test", args.seed, lengths)
+    test = solutions(policy, args.test_problems, args.n, "prm-test", args.seed, lengths, numbers)
     examples = [OutcomeExample(q, tuple(steps), outcome) for q, steps, _, outcome in train]
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -201,7 +221,7 @@ def main() -> None:
             correct = SyntheticPolicy(error_rate=0.0, recovery_rate=0.0)
             texts = [
                 (question, steps)
-                for group in solutions(correct, args.pretrain_problems, 1, "prm-pretrain", args.seed, lengths)
+                for group in solutions(correct, args.pretrain_problems, 1, "prm-pretrain", args.seed, lengths, numbers)
                 for question, steps, _, _ in group
             ]
             started = time.perf_counter()

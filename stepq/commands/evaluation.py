@@ -92,9 +92,9 @@ def build_judge(kw: dict[str, Any]) -> Any:
     from stepq.workers.backends import SamplingParams, make_backend
 
     backend = make_backend(kw["backend"], backend_config(kw["model"], kw["base_url"], kw["backend_options"]))
-    import atexit
-
-    atexit.register(backend.close)  # an engine's processes must stop for the command to exit
+    # An engine's processes must stop for the command to exit: close it when the command ends,
+    # whether it returns or fails.
+    click.get_current_context().call_on_close(backend.close)
     temperature = kw["temperature"] if kw["temperature"] is not None else (0.0 if kw["votes"] == 1 else 1.0)
     return judges.ModelJudge(
         backend,
