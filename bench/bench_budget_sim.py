@@ -8,13 +8,15 @@ budget's ``decide`` driven directly and rollouts drawn straight from the synthet
 setting takes seconds instead of minutes.  This is where the adaptive defaults were chosen:
 candidates were compared on two seed sets (``--seed 42`` and ``--seed 7``; the trajectory and
 rollout seeds differ from ``bench_budget``'s), and ``bench_budget`` then measured the chosen
-defaults through the real task code.  Prints one line per setting and rule, then JSON.
+defaults through the real task code.  It also times the budget's ``decide`` (the posterior
+work a worker does between rounds).  Prints one line per setting and rule, then JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import time
 from typing import Any
 
 from bench.bench_budget import RULES, SETTINGS, policy_config
@@ -27,9 +29,12 @@ from stepq.workers.synthetic_policy import SyntheticPolicy, make_problem, trajec
 
 def run(
     policy: SyntheticPolicy, budget: BudgetPolicy, rule: LabelRule, problems: int, m: int, seed: int, rollout_seed: int
-) -> tuple[int, float]:
-    """Rollouts drawn and label accuracy against the exact-Q truth over ``problems`` trajectories."""
-    drawn = right = chunks = 0
+) -> tuple[int, float, float]:
+    """Rollouts drawn, label accuracy against the exact-Q truth over ``problems`` trajectories,
+    and the mean seconds one ``decide`` call took (the budget's own cost in a worker, paid once
+    per round of a trajectory's rollouts)."""
+    drawn = right = chunks = calls = 0
+    deciding = 0.0
     for p in range(problems):
         problem = make_problem(derive_seed("problem", seed, p))
         steps = policy.solve(problem, derive_seed("trajectory", seed, p))
@@ -39,7 +44,10 @@ def run(
         rewards: dict[int, dict[int, int]] = {}
         while True:
             obs = Observation(len(steps), m, outcome, rewards, budget.counts_trajectory(), key=f"{seed}-{p}")
+            started = time.perf_counter()
             decision = budget.decide(obs, rule)
+            deciding += time.perf_counter() - started
+            calls += 1
             if decision.done:
                 break
             for k, indices in decision.requests.items():
@@ -50,7 +58,7 @@ def run(
                     drawn += 1
         right += sum(got == want for got, want in zip(decision.labels, truth, strict=True))
         chunks += len(steps)
-    return drawn, right / chunks
+    return drawn, right / chunks, deciding / calls
 
 
 def main() -> None:
@@ -72,20 +80,24 @@ def main() -> None:
         for spec in RULES:
             rule = parse_rule(spec)
             common = (rule, args.problems, args.rollouts, args.seed)
-            ex_drawn, ex_acc = run(policy, Exhaustive(), *common, rollout_seed=0)
-            _, floor_acc = run(policy, Exhaustive(), *common, rollout_seed=1)
+            ex_drawn, ex_acc, _ = run(policy, Exhaustive(), *common, rollout_seed=0)
+            _, floor_acc, _ = run(policy, Exhaustive(), *common, rollout_seed=1)
             row: dict[str, Any] = {
                 "exhaustive_accuracy": round(ex_acc, 4),
                 "exhaustive_2_accuracy": round(floor_acc, 4),
             }
             line = f"{key} {spec}: exhaustive {100 * ex_acc:.1f} (second run {100 * floor_acc:.1f})"
             for budget in budgets:
-                drawn, acc = run(policy, parse_budget(budget), *common, rollout_seed=0)
+                drawn, acc, per_call = run(policy, parse_budget(budget), *common, rollout_seed=0)
                 row[budget] = {
                     "fewer_rollouts": round(ex_drawn / max(drawn, 1), 2),
                     "accuracy_change_points": round(100 * (acc - ex_acc), 2),
+                    "decide_ms": round(1000 * per_call, 3),
                 }
-                line += f" | {budget}: {ex_drawn / max(drawn, 1):.2f}x, {100 * (acc - ex_acc):+.1f} pt"
+                line += (
+                    f" | {budget}: {ex_drawn / max(drawn, 1):.2f}x, {100 * (acc - ex_acc):+.1f} pt,"
+                    f" {1000 * per_call:.2f} ms/decision"
+                )
             result[key][spec] = row
             print(line, flush=True)
     emit(result)
