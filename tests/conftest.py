@@ -52,6 +52,28 @@ TABLES = [
 ]
 
 
+def clean_env(**settings: str) -> dict[str, str]:
+    """What a ``stepq`` process started by a test sees: this environment without the STEPQ_
+    settings of the shell that runs the tests, plus ``settings``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
+    env.update(settings)
+    return env
+
+
+def run_stepq(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``python -m stepq ARGS`` as a real process, its output captured (``env``: a ``clean_env``)."""
+    return subprocess.run(
+        [sys.executable, "-m", "stepq", *args],
+        env=env if env is not None else clean_env(),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """A fresh, migrated PostgreSQL database for this test session, dropped afterwards."""
@@ -147,14 +169,7 @@ class Cluster:
         raise AssertionError(f"worker {name} not ready: {log.read_text(errors='replace')[-3000:]}")
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [sys.executable, "-m", "stepq", *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=self.logs,
-        )
+        result = run_stepq(*args, env=self.env, cwd=self.logs)
         if check and result.returncode != 0:
             raise AssertionError(f"stepq {' '.join(args)} failed: {result.stdout}\n{result.stderr}")
         return result
@@ -169,19 +184,16 @@ class Cluster:
 @pytest.fixture
 def cluster(pg_url: str, pg: Database, redis_client: redis.Redis, tmp_path: Path) -> Iterator[Cluster]:
     """Real `stepq worker` processes against the test PostgreSQL and Redis."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
-    env.update(
-        {
-            "STEPQ_DATABASE_URL": pg_url,
-            "STEPQ_BROKER_URL": REDIS_URL,
-            "STEPQ_QUEUE": f"stepq.test.{uuid.uuid4().hex[:8]}",
-            "STEPQ_LEASE_TTL_S": "3",
-            "STEPQ_BATCH_ROLLOUTS": "16",
-            "STEPQ_VISIBILITY_TIMEOUT_S": "3600",
-            "STEPQ_LOST_GRACE_S": "2",
-            "STEPQ_DISPATCH_INTERVAL_S": "0.3",
-            "PYTHONUNBUFFERED": "1",
-        }
+    env = clean_env(
+        STEPQ_DATABASE_URL=pg_url,
+        STEPQ_BROKER_URL=REDIS_URL,
+        STEPQ_QUEUE=f"stepq.test.{uuid.uuid4().hex[:8]}",
+        STEPQ_LEASE_TTL_S="3",
+        STEPQ_BATCH_ROLLOUTS="16",
+        STEPQ_VISIBILITY_TIMEOUT_S="3600",
+        STEPQ_LOST_GRACE_S="2",
+        STEPQ_DISPATCH_INTERVAL_S="0.3",
+        PYTHONUNBUFFERED="1",
     )
     c = Cluster(env, tmp_path)
     yield c

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,16 +12,13 @@ import pytest
 from stepq.models import Database
 from stepq.settings import Settings
 from stepq.workers.synthetic_set import synth_set
+from tests.conftest import clean_env, run_stepq
 
 
 def _run(
     args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 300
 ) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
-    base.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "stepq", *args], cwd=cwd, env=base, capture_output=True, text=True, timeout=timeout
-    )
+    return run_stepq(*args, env=clean_env(**(env or {})), cwd=cwd, timeout=timeout)
 
 
 def test_run_completes_from_an_empty_directory_without_services(tmp_path: Path) -> None:

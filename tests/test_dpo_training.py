@@ -4,9 +4,7 @@ exported and read back train the same way; the CLI picks the method from the rec
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from stepq.workers.annotate import WorkerOptions, WorkerRuntime
 from stepq.workers.in_process import run_in_process
 from stepq.workers.planning import configure_annotation
 from stepq.workers.synthetic_set import synth_set
+from tests.conftest import clean_env, run_stepq
 from tests.tiny_models import build_tiny_model
 
 pytestmark = pytest.mark.integration
@@ -69,13 +68,10 @@ def test_dpo_run_on_q_derived_pairs_is_recorded(pg: Database, tmp_path: Path) ->
 
 
 def test_train_command_runs_dpo_from_a_set(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
-    env["STEPQ_DATABASE_URL"] = f"sqlite:///{tmp_path / 's.db'}"
+    env = clean_env(STEPQ_DATABASE_URL=f"sqlite:///{tmp_path / 's.db'}")
 
     def stepq(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "stepq", *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600
-        )
+        return run_stepq(*args, env=env, cwd=tmp_path, timeout=600)
 
     assert stepq("synth", "--set", "p", "--problems", "6", "--trajectories-per-problem", "4").returncode == 0
     assert stepq("run", "--set", "p", "--rollouts", "8").returncode == 0

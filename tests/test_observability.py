@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from stepq.workers.dispatcher import Dispatcher
 from stepq.workers.in_process import run_in_process
 from stepq.workers.planning import configure_annotation
 from stepq.workers.synthetic_set import synth_set
+from tests.conftest import clean_env
 
 
 def _samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -82,8 +82,7 @@ def test_metrics_command_serves_prometheus_text(pg_url: str, pg: Database, tmp_p
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
-    env.update({"STEPQ_DATABASE_URL": pg_url, "STEPQ_BROKER_URL": "redis://127.0.0.1:1/0"})
+    env = clean_env(STEPQ_DATABASE_URL=pg_url, STEPQ_BROKER_URL="redis://127.0.0.1:1/0")
     proc = subprocess.Popen([sys.executable, "-m", "stepq", "metrics", "--port", str(port)], env=env, cwd=tmp_path)
     try:
         deadline = time.monotonic() + 30

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,17 +14,14 @@ from stepq.models import Database, RolloutWork, queries
 from stepq.workers.dispatcher import Dispatcher
 from stepq.workers.planning import configure_annotation
 from stepq.workers.synthetic_set import synth_set
-from tests.conftest import DATA, PG_SERVER, table_counts
+from tests.conftest import DATA, PG_SERVER, clean_env, run_stepq, table_counts
 
 
 def _stepq(
     tmp: Path, *args: str, env: dict[str, str] | None = None, timeout: int = 120
 ) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
-    base.update({"STEPQ_DATABASE_URL": f"sqlite:///{tmp / 'stepq.db'}", **(env or {})})
-    return subprocess.run(
-        [sys.executable, "-m", "stepq", *args], cwd=tmp, env=base, capture_output=True, text=True, timeout=timeout
-    )
+    settings = {"STEPQ_DATABASE_URL": f"sqlite:///{tmp / 'stepq.db'}", **(env or {})}
+    return run_stepq(*args, env=clean_env(**settings), cwd=tmp, timeout=timeout)
 
 
 def _one_line(proc: subprocess.CompletedProcess[str]) -> str:

@@ -14,6 +14,7 @@ from stepq.workers.annotate import WorkerOptions, WorkerRuntime
 from stepq.workers.in_process import run_in_process
 from stepq.workers.planning import configure_annotation
 from stepq.workers.synthetic_set import synth_set
+from tests.conftest import clean_env, run_stepq
 
 
 def _t(tid: int, chunks: tuple[str, ...], q: tuple[float | None, ...], problem: str = "p") -> ScoredTrajectory:
@@ -70,17 +71,12 @@ def test_export_preferences_loads_with_datasets(sqlite: Database, tmp_path: Path
 
 
 def test_export_preferences_command(tmp_path: Path) -> None:
-    import os
     import subprocess
-    import sys
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
-    env["STEPQ_DATABASE_URL"] = f"sqlite:///{tmp_path / 's.db'}"
+    env = clean_env(STEPQ_DATABASE_URL=f"sqlite:///{tmp_path / 's.db'}")
 
     def stepq(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "stepq", *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
-        )
+        return run_stepq(*args, env=env, cwd=tmp_path)
 
     assert stepq("synth", "--set", "p", "--problems", "6", "--trajectories-per-problem", "3").returncode == 0
     assert stepq("run", "--set", "p", "--rollouts", "4").returncode == 0

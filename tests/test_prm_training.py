@@ -6,9 +6,7 @@ threshold, Best-of-N)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +23,7 @@ from stepq.workers.annotate import WorkerOptions, WorkerRuntime
 from stepq.workers.in_process import run_in_process
 from stepq.workers.planning import configure_annotation
 from stepq.workers.synthetic_set import synth_set
-from tests.conftest import DATA
+from tests.conftest import DATA, clean_env, run_stepq
 from tests.tiny_models import build_tiny_model
 
 SAMPLE = DATA / "processbench_gsm8k_sample.json"
@@ -135,12 +133,10 @@ def test_eval_commands_use_a_trained_prm(sqlite: Database, tmp_path: Path) -> No
     examples = [OutcomeExample(e.problem, e.steps, e.outcome) for e in set_outcomes(sqlite, "o")]
     model = build_tiny_model(tmp_path / "base", n_positions=4096)
     result = train_prm(sqlite, examples, "outcomes:o", _recipe(model, 2, 2), tmp_path / "run", TrainOptions())
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
-    env["STEPQ_DATABASE_URL"] = str(sqlite.engine.url)
+    env = clean_env(STEPQ_DATABASE_URL=str(sqlite.engine.url))
 
     def stepq(*args: str) -> subprocess.CompletedProcess[str]:
-        cmd = [sys.executable, "-m", "stepq", *args]
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        return run_stepq(*args, env=env)
 
     prm = ("--judge", "prm", "--model", str(result.final_model))
     done = stepq("eval", "processbench", "--data", str(SAMPLE), "--tune-threshold-on", str(SAMPLE), *prm, "--json")

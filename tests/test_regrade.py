@@ -3,9 +3,7 @@ grading timed out: rewards, Q-values and labels end as if they had been graded r
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 from sqlalchemy import text
@@ -19,6 +17,7 @@ from stepq.workers.planning import configure_annotation
 from stepq.workers.qvalues import relabel_set
 from stepq.workers.regrade import regrade_set
 from stepq.workers.synthetic_set import synth_set
+from tests.conftest import clean_env, run_stepq
 
 
 def _state(db: Database) -> tuple[dict[int, int], dict[tuple[int, int], float], dict[int, bool]]:
@@ -71,13 +70,10 @@ def test_regrade_repairs_timed_out_grades_and_their_labels(any_db: Database) -> 
 
 def test_regrade_command_from_stored_answers_only(tmp_path: Path) -> None:
     """With texts not kept, the final answer is what is re-graded; the CLI reports it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
-    env.update({"STEPQ_DATABASE_URL": f"sqlite:///{tmp_path / 's.db'}", "STEPQ_STORE_ROLLOUT_TEXT": "false"})
+    env = clean_env(STEPQ_DATABASE_URL=f"sqlite:///{tmp_path / 's.db'}", STEPQ_STORE_ROLLOUT_TEXT="false")
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "stepq", *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
-        )
+        return run_stepq(*args, env=env, cwd=tmp_path)
 
     assert cli("run", "--set", "r", "--synthetic", "6", "--rollouts", "2").returncode == 0
     db = Database(env["STEPQ_DATABASE_URL"])

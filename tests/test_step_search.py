@@ -4,7 +4,6 @@ through the queue on PostgreSQL + Redis + Celery with a worker SIGKILLed mid-sea
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from stepq.workers.search.pairwise import (
 )
 from stepq.workers.search.step_search import replay
 from stepq.workers.synthetic_policy import step_is_right
-from tests.conftest import Cluster, wait_for
+from tests.conftest import Cluster, clean_env, run_stepq, wait_for
 
 
 def test_parse_preference_takes_the_last_verdict() -> None:
@@ -85,15 +84,11 @@ def test_the_oracle_prefers_the_right_step_and_is_position_biased_on_ties() -> N
 
 
 def _env(url: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
-    env["STEPQ_DATABASE_URL"] = url
-    return env
+    return clean_env(STEPQ_DATABASE_URL=url)
 
 
 def _stepq(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "stepq", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300
-    )
+    return run_stepq(*args, env=env, cwd=cwd)
 
 
 SEARCH = ("--width", "4", "--max-turns", "30", "--seed", "5")

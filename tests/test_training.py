@@ -5,7 +5,6 @@ resumes after a SIGKILL.  The model is built here (random weights, nothing downl
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from stepq.workers.annotate import WorkerOptions, WorkerRuntime
 from stepq.workers.in_process import run_in_process
 from stepq.workers.planning import configure_annotation
 from stepq.workers.synthetic_set import synth_set
-from tests.conftest import DATA, wait_for
+from tests.conftest import DATA, clean_env, run_stepq, wait_for
 from tests.tiny_models import build_tiny_model
 from tests.trainer_helpers import annotated_set, tiny_recipe
 
@@ -32,15 +31,11 @@ pytestmark = pytest.mark.integration
 
 
 def _env(pg_url: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
-    env.update({"STEPQ_DATABASE_URL": pg_url, "PYTHONUNBUFFERED": "1", **extra})
-    return env
+    return clean_env(STEPQ_DATABASE_URL=pg_url, PYTHONUNBUFFERED="1", **extra)
 
 
 def _stepq(pg_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "stepq", *args], env=_env(pg_url), capture_output=True, text=True, timeout=600
-    )
+    return run_stepq(*args, env=_env(pg_url), timeout=600)
 
 
 def test_grpo_run_is_recorded_and_its_checkpoint_scores_processbench(pg: Database, pg_url: str, tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy import text
 
 from stepq.models import Database
-from tests.conftest import ROOT, Cluster, wait_for
+from tests.conftest import ROOT, Cluster, clean_env, wait_for
 from tests.pipeline_checks import assert_exact
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -126,8 +126,7 @@ def _done(pg: Database) -> bool:
 
 def test_generate_with_vllm_exits_when_done(pg_url: str, pg: Database, vllm_python: str, tiny_llama: Path,
                                             tmp_path: Path) -> None:  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
-    env["STEPQ_DATABASE_URL"] = pg_url
+    env = clean_env(STEPQ_DATABASE_URL=pg_url)
     stepq = [vllm_python, "-m", "stepq"]
     subprocess.run([*stepq, "ingest", str(_set_with_steps(tmp_path, 2)), "--set", "g"], env=env, check=True)
     started = time.monotonic()
