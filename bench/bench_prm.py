@@ -154,6 +154,59 @@ def pretrain(base: Path, texts: Sequence[tuple[str, list[str]]], steps: int, bat
     return loss_value
 
 
+def train_on_outcomes(base: Path, examples: Sequence[OutcomeExample], root: Path, args: argparse.Namespace) -> tuple:
+    """stepq's PRM trainer, run recorded in a throwaway SQLite database: what is benchmarked."""
+    recipe = Recipe.parse(
+        f"method: prm\nmodel: {base}\ntrainer:\n  aggregate: {args.aggregate}\n"
+        f"  learning_rate: {args.learning_rate}\n"
+        f"  batch_size: {args.batch_size}\n  epochs: 1000\n  max_steps: {args.steps}\n  save_steps: {args.steps}\n"
+        f"  logging_steps: 50\n  seed: {args.seed}\n"
+    )
+    upgrade(f"sqlite:///{root / 'runs.db'}")
+    db = Database(f"sqlite:///{root / 'runs.db'}")
+    result = train_prm(db, examples, "synthetic-outcomes", recipe, root / "run")
+    with db.session() as session:
+        from stepq.models import training_queries as tq
+
+        logged = [
+            (m.step, m.loss, m.accuracy_positive, m.accuracy_negative) for m in tq.run_metrics(session, result.run_id)
+        ]
+    for step, loss, acc_pos, acc_neg in logged[:: max(1, len(logged) // 8)] + logged[-1:]:
+        print(f"  step {step:>5}  loss {loss:.4f}  outcome accuracy +{acc_pos or 0:.2f} -{acc_neg or 0:.2f}")
+    return StepScorer.load(result.final_model), result.global_step
+
+
+def train_on_step_labels(base: Path, train: Sequence[tuple], args: argparse.Namespace) -> tuple:
+    """The upper bound outcome supervision aims at: the same backbone and head trained on every
+    step's true label (BCE per step).  When even this stays at chance, the backbone cannot
+    check the arithmetic, and outcome labels cannot teach it either."""
+    import torch
+
+    from stepq.trainer.prm.model import collate
+
+    torch.manual_seed(args.seed)
+    scorer = StepScorer.from_base(str(base), seed=args.seed)
+    encoded = [(scorer.encode(q, steps), truth) for q, steps, truth, _ in train]
+    optimizer = torch.optim.AdamW(scorer.parameters(), lr=args.learning_rate)
+    rng = random.Random(args.seed)
+    scorer.train(True)
+    for step in range(1, args.steps + 1):
+        batch = [encoded[rng.randrange(len(encoded))] for _ in range(args.batch_size)]
+        ids, attention, ends, mask = collate([e for e, _ in batch], scorer.pad_id)
+        labels = torch.zeros(mask.shape)
+        for i, (e, truth) in enumerate(batch):
+            labels[i, : len(e.ends)] = torch.tensor(truth[: len(e.ends)], dtype=torch.float)
+        logits = scorer.logits(ids, attention, ends)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits[mask], labels[mask])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(scorer.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        if step % 250 == 0 or step == args.steps:
+            print(f"  step {step:>5}  step-label loss {loss.item():.4f}", flush=True)
+    return scorer, args.steps
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--train-problems", type=int, default=600)
@@ -173,6 +226,12 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--learning-rate", type=float, default=1e-3)
     ap.add_argument("--aggregate", default="asymmetric")
+    ap.add_argument(
+        "--supervision",
+        choices=["outcomes", "steps"],
+        default="outcomes",
+        help="steps: train on every step's true label instead (the upper bound; no run is recorded)",
+    )
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--heads", type=int, default=2)
@@ -227,27 +286,12 @@ def main() -> None:
             started = time.perf_counter()
             pretrain_loss = pretrain(base, texts, args.pretrain_steps, args.batch_size * 2, args.seed)
             print(f"pretraining: {args.pretrain_steps} steps, {time.perf_counter() - started:.0f} s")
-        recipe = Recipe.parse(
-            f"method: prm\nmodel: {base}\ntrainer:\n  aggregate: {args.aggregate}\n"
-            f"  learning_rate: {args.learning_rate}\n"
-            f"  batch_size: {args.batch_size}\n  epochs: 1000\n  max_steps: {args.steps}\n  save_steps: {args.steps}\n"
-            f"  logging_steps: 50\n  seed: {args.seed}\n"
-        )
-        upgrade(f"sqlite:///{root / 'runs.db'}")
-        db = Database(f"sqlite:///{root / 'runs.db'}")
         started = time.perf_counter()
-        result = train_prm(db, examples, "synthetic-outcomes", recipe, root / "run")
+        if args.supervision == "steps":
+            scorer, global_step = train_on_step_labels(base, train, args)
+        else:
+            scorer, global_step = train_on_outcomes(base, examples, root, args)
         train_s = time.perf_counter() - started
-        with db.session() as session:
-            from stepq.models import training_queries as tq
-
-            logged = [
-                (m.step, m.loss, m.accuracy_positive, m.accuracy_negative)
-                for m in tq.run_metrics(session, result.run_id)
-            ]
-        for step, loss, acc_pos, acc_neg in logged[:: max(1, len(logged) // 8)] + logged[-1:]:
-            print(f"  step {step:>5}  loss {loss:.4f}  outcome accuracy +{acc_pos or 0:.2f} -{acc_neg or 0:.2f}")
-        scorer = StepScorer.load(result.final_model)
         flat = [c for group in test for c in group]
         scores = scorer.score([(q, steps) for q, steps, _, _ in flat])
 
@@ -283,7 +327,7 @@ def main() -> None:
     print(
         f"training: {len(examples)} outcome-labelled solutions "
         f"({100 * sum(e.outcome for e in examples) / len(examples):.1f}% right), "
-        f"{result.global_step} steps, {train_s:.0f} s"
+        f"{global_step} steps ({args.supervision} supervision), {train_s:.0f} s"
     )
     print(f"test: {k} problems x {args.n} solutions, {right_steps} right and {wrong_steps} wrong steps")
     print(f"{'step AUC (PRM)':<34} {result_auc:.3f}  95% CI [{ci[0]:.3f}, {ci[1]:.3f}]")
@@ -302,7 +346,8 @@ def main() -> None:
             "best_of_n_prm": 100 * picks_prm / k,
             "best_of_n_random": 100 * picks_random / k,
             "train_solutions": len(examples),
-            "train_steps": result.global_step,
+            "train_steps": global_step,
+            "supervision": args.supervision,
             "train_seconds": train_s,
             "pretrain_steps": args.pretrain_steps,
             "pretrain_loss": pretrain_loss,

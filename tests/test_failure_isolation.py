@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sqlalchemy import select
 
@@ -71,25 +71,35 @@ def _item(db: Database, work_id: int) -> RolloutWork:
         return item
 
 
+def _claim(db: Database, claim: Callable[..., object], item_id: int) -> object:
+    """What a second worker does once a lease looks expired."""
+    with db.session() as s:
+        return claim(s, item_id, "thief", ttl=60)
+
+
+def _claimed_while_running(
+    run: Callable[[], object], thief: Callable[[], object], rt: WorkerRuntime, after_s: float = 1.8
+) -> tuple[object, object]:
+    """``run``'s result and what ``thief`` got ``after_s`` into it (past a 1 s lease)."""
+    stolen: list[object] = []
+    t = threading.Thread(target=lambda: (time.sleep(after_s), stolen.append(thief())))
+    t.start()
+    try:
+        result = run()
+    finally:
+        t.join()
+        rt.close()
+    return result, stolen[0]
+
+
 def test_heartbeat_keeps_the_lease_through_a_generate_call_longer_than_it(pg: Database) -> None:
     (work_id,) = _setup(pg, problems=1)
     options = WorkerOptions(name="slow", lease_ttl_s=1.0, batch_rollouts=1000)
     rt = WorkerRuntime(pg, options, backend_override=Slow(delay_s=2.5)).start()
-    stolen: list[int | None] = []
-
-    def thief() -> None:  # what a second worker does once a lease looks expired
-        time.sleep(1.8)
-        with pg.session() as s:
-            stolen.append(queries.claim_work(s, work_id, "thief", ttl=60))
-
-    t = threading.Thread(target=thief)
-    t.start()
-    try:
-        assert run_work_item(rt, work_id).status == "done"
-    finally:
-        t.join()
-        rt.close()
-    assert stolen == [None], "the heartbeat renewed the lease while generate ran"
+    stolen = _claimed_while_running(
+        lambda: run_work_item(rt, work_id).status, lambda: _claim(pg, queries.claim_work, work_id), rt
+    )
+    assert stolen == ("done", None), "the heartbeat renewed the lease while generate ran"
     assert _item(pg, work_id).attempts == 1
     assert_exact(pg, "f", 2)
 
@@ -120,21 +130,10 @@ def test_heartbeat_keeps_a_step_search_through_a_turn_longer_than_its_lease(pg: 
     with pg.session() as s:
         (search_id,) = sq.queue_pending_searches(s, 10)
     rt = WorkerRuntime(pg, WorkerOptions(name="slow", lease_ttl_s=1.0), backend_override=Slow(delay_s=2.5)).start()
-    stolen: list[object] = []
-
-    def thief() -> None:
-        time.sleep(1.8)
-        with pg.session() as s:
-            stolen.append(sq.claim_search(s, search_id, "thief", ttl=60))
-
-    t = threading.Thread(target=thief)
-    t.start()
-    try:
-        assert run_search(rt, search_id) == "done"
-    finally:
-        t.join()
-        rt.close()
-    assert stolen == [None], "the heartbeat renewed the search's lease during the turn"
+    stolen = _claimed_while_running(
+        lambda: run_search(rt, search_id), lambda: _claim(pg, sq.claim_search, search_id), rt
+    )
+    assert stolen == ("done", None), "the heartbeat renewed the search's lease during the turn"
     with pg.session() as s:
         assert len(sq.search_turns(s, search_id)) == 1
 
