@@ -1,7 +1,9 @@
 """A discriminative PRM trained from outcome labels alone, on the synthetic policy, where the
 truth of every step is known.
 
-Training sees only (problem, steps, final answer right?).  On held-out problems the benchmark
+Training sees only (problem, steps, final answer right?); ``--supervision steps`` trains on
+every step's true label instead, the upper bound that tells a backbone unable to check the
+arithmetic from outcome labels unable to teach it.  On held-out problems the benchmark
 asks whether the PRM's step scores rank wrong steps below right ones (ROC AUC with a 95%
 problem-level bootstrap interval), against two baselines that need no model: the step's
 position (later steps are more often wrong) and AUC within each step position (the model
@@ -10,8 +12,10 @@ against random choice.
 
     python -m bench.bench_prm [--train-problems 600] [--samples 8] [--steps 1500]
 
-A tiny GPT-2 is built locally (random init, character tokenizer), trained on CPU (or CUDA
-when present) by ``stepq.trainer.prm``, with its run recorded in a throwaway SQLite database.
+A tiny GPT-2 or Llama is built locally (random init, character tokenizer), optionally
+pretrained as a language model on correct solutions (``--pretrain-steps``), then trained on
+CPU (or CUDA when present) by ``stepq.trainer.prm``, its run recorded in a throwaway SQLite
+database.  The README lists the runs and their commands.
 Prints a table, then one JSON object on its last line.
 """
 
@@ -185,17 +189,18 @@ def train_on_step_labels(base: Path, train: Sequence[tuple], args: argparse.Name
     from stepq.trainer.prm.model import collate
 
     torch.manual_seed(args.seed)
-    scorer = StepScorer.from_base(str(base), seed=args.seed)
+    scorer = StepScorer.from_base(str(base), seed=args.seed).to("cuda" if torch.cuda.is_available() else "cpu")
     encoded = [(scorer.encode(q, steps), truth) for q, steps, truth, _ in train]
     optimizer = torch.optim.AdamW(scorer.parameters(), lr=args.learning_rate)
     rng = random.Random(args.seed)
     scorer.train(True)
     for step in range(1, args.steps + 1):
         batch = [encoded[rng.randrange(len(encoded))] for _ in range(args.batch_size)]
-        ids, attention, ends, mask = collate([e for e, _ in batch], scorer.pad_id)
+        ids, attention, ends, mask = (t.to(scorer.device) for t in collate([e for e, _ in batch], scorer.pad_id))
         labels = torch.zeros(mask.shape)
         for i, (e, truth) in enumerate(batch):
             labels[i, : len(e.ends)] = torch.tensor(truth[: len(e.ends)], dtype=torch.float)
+        labels = labels.to(scorer.device)
         logits = scorer.logits(ids, attention, ends)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits[mask], labels[mask])
         loss.backward()
