@@ -252,10 +252,10 @@ def ingest_file(
             queries.delete_trajectories_of(s, question_changed)
             answer_changed = [ids[r.external_id] for r, field in changed if field == "answer"]
             regrade_ids = queries.trajectory_ids_of(s, answer_changed)
-        with_steps = [r for r in records if r.steps is not None]
-        known = queries.ingested_texts(s, sorted({ids[r.external_id] for r in with_steps}))
-        for r in with_steps:
-            assert r.steps is not None
+        known = queries.ingested_texts(s, sorted({ids[r.external_id] for r in records if r.steps is not None}))
+        for r in records:
+            if r.steps is None:
+                continue
             chunks = join_steps(r.steps)
             text = "".join(chunks)
             if (ids[r.external_id], text) in known:  # already here, from this file or another

@@ -65,9 +65,9 @@ def apply(name: str, value: int, x: int) -> int:
 class Numbers:
     """The numbers a problem is drawn from.  The default mixes multiplication into additions
     of up to 40; ``SMALL_NUMBERS`` keeps to one-digit additions to and subtractions from a
-    two-digit start.  Errors are off by 1 to 9 in both, so a positive wrong value always
-    differs from the right one in its last digit: one digit of arithmetic checks a step,
-    which a model small enough to train on a CPU can learn."""
+    two-digit start.  A step's own error is off by 1 to 9 in both, so (values staying
+    positive) it always changes the last digit of what the step writes: one digit of
+    arithmetic checks a step, which a model small enough to train on a CPU can learn."""
 
     start: tuple[int, int] = (2, 30)
     operand: tuple[int, int] = (1, 40)
