@@ -22,6 +22,7 @@ Prints a table, then one JSON object on its last line.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import tempfile
 import time
@@ -158,6 +159,45 @@ def pretrain(base: Path, texts: Sequence[tuple[str, list[str]]], steps: int, bat
     return loss_value
 
 
+def backbone(
+    args: argparse.Namespace, root: Path, lengths: tuple[int, int], numbers: Numbers
+) -> tuple[Path, float | None]:
+    """The PRM's language model: built with random weights, then pretrained when asked.  With
+    ``--backbone-dir`` it is kept, and a later run with the same backbone flags reuses it
+    (a different backbone there is refused rather than silently used)."""
+    recipe = {
+        k: getattr(args, k)
+        for k in ("backbone", "width", "layers", "heads", "pretrain_steps", "pretrain_problems", "batch_size", "seed")
+    } | {"lengths": list(lengths), "numbers": args.numbers}
+    base = args.backbone_dir or root / "base"
+    kept = base / "bench_backbone.json"
+    if kept.is_file():
+        stored = json.loads(kept.read_text())
+        if stored["recipe"] != recipe:
+            raise SystemExit(f"{base} holds another backbone ({stored['recipe']}); pick another --backbone-dir")
+        print(f"backbone: reusing {base}")
+        return base, stored["pretrain_loss"]
+    if args.backbone == "llama":
+        build_tiny_llama(base, seed=args.seed, max_positions=512, hidden_size=args.width, num_layers=args.layers)
+    else:
+        build_tiny_model(
+            base, seed=args.seed, n_positions=512, n_embd=args.width, n_layer=args.layers, n_head=args.heads
+        )
+    pretrain_loss = None
+    if args.pretrain_steps:
+        correct = SyntheticPolicy(error_rate=0.0, recovery_rate=0.0)
+        texts = [
+            (question, steps)
+            for group in solutions(correct, args.pretrain_problems, 1, "prm-pretrain", args.seed, lengths, numbers)
+            for question, steps, _, _ in group
+        ]
+        started = time.perf_counter()
+        pretrain_loss = pretrain(base, texts, args.pretrain_steps, args.batch_size * 2, args.seed)
+        print(f"pretraining: {args.pretrain_steps} steps, {time.perf_counter() - started:.0f} s")
+    kept.write_text(json.dumps({"recipe": recipe, "pretrain_loss": pretrain_loss}))
+    return base, pretrain_loss
+
+
 def train_on_outcomes(base: Path, examples: Sequence[OutcomeExample], root: Path, args: argparse.Namespace) -> tuple:
     """stepq's PRM trainer, run recorded in a throwaway SQLite database: what is benchmarked."""
     recipe = Recipe.parse(
@@ -250,6 +290,12 @@ def main() -> None:
         help="Next-token steps on correct solutions of other problems before the PRM is trained.",
     )
     ap.add_argument("--pretrain-problems", type=int, default=4000)
+    ap.add_argument(
+        "--backbone-dir",
+        type=Path,
+        help="Keep the built (and pretrained) backbone here, or reuse the one already here: runs that "
+        "differ only after pretraining then share it",
+    )
     ap.add_argument("--bootstrap", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -267,30 +313,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        if args.backbone == "llama":
-            base = build_tiny_llama(
-                root / "base", seed=args.seed, max_positions=512, hidden_size=args.width, num_layers=args.layers
-            )
-        else:
-            base = build_tiny_model(
-                root / "base",
-                seed=args.seed,
-                n_positions=512,
-                n_embd=args.width,
-                n_layer=args.layers,
-                n_head=args.heads,
-            )
-        pretrain_loss = None
-        if args.pretrain_steps:
-            correct = SyntheticPolicy(error_rate=0.0, recovery_rate=0.0)
-            texts = [
-                (question, steps)
-                for group in solutions(correct, args.pretrain_problems, 1, "prm-pretrain", args.seed, lengths, numbers)
-                for question, steps, _, _ in group
-            ]
-            started = time.perf_counter()
-            pretrain_loss = pretrain(base, texts, args.pretrain_steps, args.batch_size * 2, args.seed)
-            print(f"pretraining: {args.pretrain_steps} steps, {time.perf_counter() - started:.0f} s")
+        base, pretrain_loss = backbone(args, root, lengths, numbers)
         started = time.perf_counter()
         if args.supervision == "steps":
             scorer, global_step = train_on_step_labels(base, train, args)
