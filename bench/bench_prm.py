@@ -13,8 +13,8 @@ against random choice.
     python -m bench.bench_prm [--train-problems 600] [--samples 8] [--steps 1500]
 
 A tiny GPT-2 or Llama is built locally (random init, character tokenizer), optionally
-pretrained as a language model on correct solutions (``--pretrain-steps``), then trained on
-CPU (or CUDA when present) by ``stepq.trainer.prm``, its run recorded in a throwaway SQLite
+pretrained as a language model on correct solutions (``--pretrain-steps``), then trained by
+``stepq.trainer.prm`` (both on CUDA when present), its run recorded in a throwaway SQLite
 database.  The README lists the runs and their commands.
 Prints a table, then one JSON object on its last line.
 """
@@ -124,7 +124,8 @@ def pretrain(base: Path, texts: Sequence[tuple[str, list[str]]], steps: int, bat
     from stepq.trainer.prm.model import encode
 
     tokenizer = AutoTokenizer.from_pretrained(base)
-    model = AutoModelForCausalLM.from_pretrained(base)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(base).to(device)
     torch.manual_seed(seed)
     rng = random.Random(seed)
     encoded = []
@@ -146,7 +147,7 @@ def pretrain(base: Path, texts: Sequence[tuple[str, list[str]]], steps: int, bat
             ids[i, : len(row)] = torch.tensor(row)
             labels[i, start : len(row)] = torch.tensor(row[start:])
             mask[i, : len(row)] = 1
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss = model(input_ids=ids.to(device), attention_mask=mask.to(device), labels=labels.to(device)).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
