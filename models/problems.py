@@ -24,7 +24,7 @@ class ProblemSet(Base):
     name: Mapped[str] = mapped_column(String(200), unique=True)
     rollouts_per_prefix: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     label_rule: Mapped[str] = mapped_column(String(100), default="abs-q", server_default="abs-q")
-    budget_policy: Mapped[str] = mapped_column(String(40), default="exhaustive", server_default="exhaustive")
+    budget_policy: Mapped[str] = mapped_column(String(200), default="exhaustive", server_default="exhaustive")
     backend: Mapped[str] = mapped_column(String(40), default="synthetic", server_default="synthetic")
     backend_config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     sampling: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

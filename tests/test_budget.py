@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import random
+from dataclasses import fields
 
 import pytest
 
 from stepq.models.errors import ConfigError
+from stepq.models.problems import ProblemSet
 from stepq.workers.budget import Adaptive, Exhaustive, Observation, parse_budget
 from stepq.workers.labels import parse_rule
 
@@ -127,13 +129,26 @@ def test_parse_budget() -> None:
     assert parse_budget("adaptive").spec == "adaptive" == Adaptive().spec, "defaults are not spelled out"
     old = parse_budget("adaptive:confidence=0.75,min=4,round=4")  # a spec stored by an earlier version
     assert old == Adaptive(min_samples=4, round_size=4) and old.spec == "adaptive:min=4,round=4"
+    many = parse_budget("adaptive:confidence=0.85,min=5,round=3,probe=0.25")  # over the old 40 characters
+    assert isinstance(many, Adaptive) and (many.confidence, many.min_samples, many.probe) == (0.85, 5, 0.25)
+
+
+def test_stored_budget_spells_out_every_parameter() -> None:
+    """What a set stores keeps its meaning when a release changes the defaults: every
+    parameter is written, and reading it back needs none of the defaults."""
+    for policy in (Adaptive(), Adaptive(confidence=0.9, link=0.0), Adaptive(prior=1e6, settle=0.49)):
+        pinned = policy.pinned
+        assert parse_budget(pinned) == policy
+        keys = dict(part.split("=") for part in pinned.split(":", 1)[1].split(","))
+        assert len(keys) == len(fields(Adaptive)), pinned
+        assert len(pinned) <= ProblemSet.__table__.c.budget_policy.type.length
+    assert parse_budget("exhaustive").pinned == "exhaustive"
     for bad in [
         "lazy",
         "exhaustive:x=1",
         "adaptive:confidence=1.5",
         "adaptive:speed=2",
         "adaptive:round=x",
-        "adaptive:confidence=0.85,min=5,round=3,probe=0.25",
         "adaptive:settle=0.5",
         "adaptive:prior=0",
         "adaptive:link=1",

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect, text
+from sqlalchemy import create_engine, inspect, make_url, text
 
 from stepq.migrations import alembic_config, current
 from stepq.models import Base, Database
+from stepq.workers.budget import Adaptive
+from tests.conftest import PG_SERVER
 
 
 def test_autogenerate_finds_no_difference(any_db: Database) -> None:
@@ -45,3 +53,55 @@ def test_upgrade_is_idempotent(any_db: Database) -> None:
 
     upgrade(any_db.url)
     upgrade(any_db.url)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database of its own that a test may migrate up and down."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'migrate.db'}"
+        return
+    admin = create_engine(PG_SERVER, isolation_level="AUTOCOMMIT")
+    name = f"stepq_migrate_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    yield make_url(PG_SERVER).set(database=name).render_as_string(hide_password=False)
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def test_budget_column_widens_under_the_views_and_back(empty_url: str) -> None:
+    """0009 makes room for pinned budget specs: the views that read problem_sets survive on
+    both dialects, stored specs are kept, and a downgrade turns the long ones into
+    ``adaptive`` rather than failing."""
+    from stepq.migrations import upgrade
+
+    upgrade(empty_url, "20261123_0008")
+    engine = create_engine(empty_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO problem_sets (name, budget_policy, backend_config, sampling) "
+                    "VALUES (:n, :b, '{}', '{}')"
+                ),
+                [{"n": "old", "b": "adaptive:min=4"}, {"n": "plain", "b": "exhaustive"}],
+            )
+        upgrade(empty_url)
+        pinned = Adaptive(min_samples=4).pinned
+        assert len(pinned) > 40
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE problem_sets SET budget_policy = :b WHERE name = 'old'"), {"b": pinned})
+            progress = dict(conn.execute(text("SELECT problem_set, budget_policy FROM annotation_progress")).all())
+            assert progress == {"old": pinned, "plain": "exhaustive"}
+            views = set(inspect(conn).get_view_names())
+        command.downgrade(alembic_config(empty_url), "20261123_0008")
+        with engine.connect() as conn:
+            assert set(inspect(conn).get_view_names()) == views
+            progress = dict(conn.execute(text("SELECT problem_set, budget_policy FROM annotation_progress")).all())
+        assert progress == {"old": "adaptive", "plain": "exhaustive"}
+        upgrade(empty_url)
+        assert current(empty_url) == ScriptDirectory.from_config(alembic_config(empty_url)).get_current_head()
+    finally:
+        engine.dispose()

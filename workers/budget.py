@@ -31,7 +31,7 @@ what cannot change a label:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -71,6 +71,9 @@ class BudgetPolicy(Protocol):
     @property
     def spec(self) -> str: ...
 
+    @property
+    def pinned(self) -> str: ...
+
     def counts_trajectory(self) -> bool: ...
 
     def decide(self, obs: Observation, rule: LabelRule) -> Decision: ...
@@ -91,6 +94,10 @@ def _next_indices(have: Mapping[int, int], cap: int, want: int) -> list[int]:
 class Exhaustive:
     @property
     def spec(self) -> str:
+        return "exhaustive"
+
+    @property
+    def pinned(self) -> str:
         return "exhaustive"
 
     def counts_trajectory(self) -> bool:
@@ -140,14 +147,19 @@ class Adaptive:
 
     @property
     def spec(self) -> str:
-        """The stored form: ``adaptive`` and only the parameters that differ from the defaults
-        (it must fit ``problem_sets.budget_policy``, 40 characters)."""
+        """The short form people read and type: ``adaptive`` and only the parameters that
+        differ from this release's defaults."""
         default = Adaptive()
-        parts = [
-            f"{key}={getattr(self, field_):g}"
-            for key, field_ in _PARAMS.items()
-            if getattr(self, field_) != getattr(default, field_)
-        ]
+        return self._spell(lambda field_: getattr(self, field_) != getattr(default, field_))
+
+    @property
+    def pinned(self) -> str:
+        """The stored form, every parameter spelled out: a set planned today keeps its
+        budget when a later release changes the defaults (``problem_sets.budget_policy``)."""
+        return self._spell(lambda field_: True)
+
+    def _spell(self, keep: Callable[[str], bool]) -> str:
+        parts = [f"{key}={getattr(self, field_):g}" for key, field_ in _PARAMS.items() if keep(field_)]
         return "adaptive" + (":" + ",".join(parts) if parts else "")
 
     def counts_trajectory(self) -> bool:
@@ -236,7 +248,6 @@ class Adaptive:
         return Decision(requests, labels, q)
 
 
-SPEC_LENGTH = 40
 _BUDGET = re.compile(r"^\s*(exhaustive|adaptive)\s*(?::(.*))?$")
 _PARAMS = {
     "confidence": "confidence",
@@ -283,6 +294,4 @@ def parse_budget(spec: str) -> BudgetPolicy:
             "adaptive budget needs 0.5 < confidence < 1, round >= 1, min >= 0, 0 <= probe <= 1, "
             "0 <= settle < 0.5, prior > 0 and 0 <= link < 1"
         )
-    if len(policy.spec) > SPEC_LENGTH:
-        raise ConfigError(f"budget '{policy.spec}' is longer than {SPEC_LENGTH} characters: keep more defaults")
     return policy

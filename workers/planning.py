@@ -72,7 +72,7 @@ def configure_annotation(
         if rule is not None:
             pset.label_rule = parse_rule(rule).key
         if budget is not None:
-            pset.budget_policy = parse_budget(budget).spec
+            pset.budget_policy = parse_budget(budget).pinned
         if backend is not None:
             pset.backend, pset.backend_config = backend, dict(backend_config or {})
         if sampling:
