@@ -10,7 +10,10 @@ position (later steps are more often wrong) and AUC within each step position (t
 must read the arithmetic, not count steps).  Then Best-of-N with the PRM's min step score
 against random choice.
 
-    python -m bench.bench_prm [--train-problems 600] [--samples 8] [--steps 1500]
+    python -m bench.bench_prm [--aggregate geomean] [--steps 8000] [--backbone-dir DIR]
+
+The defaults are the README's headline run (about an hour on a 2-core CPU, most of it the
+8,000 training steps); its table gives the flags of every other run.
 
 A tiny GPT-2 or Llama is built locally (random init, character tokenizer), optionally
 pretrained as a language model on correct solutions (``--pretrain-steps``), then trained by
@@ -32,6 +35,7 @@ from pathlib import Path
 from bench.common import emit
 from stepq.migrations import upgrade
 from stepq.models import Database
+from stepq.trainer.prm.aggregate import AGGREGATES
 from stepq.trainer.prm.model import StepScorer
 from stepq.trainer.prm.train import OutcomeExample, train_prm
 from stepq.trainer.training.recipe import Recipe
@@ -255,39 +259,39 @@ def train_on_step_labels(base: Path, train: Sequence[tuple], args: argparse.Name
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--train-problems", type=int, default=600)
+    ap.add_argument("--train-problems", type=int, default=1500)
     ap.add_argument("--samples", type=int, default=8, help="Solutions per training problem.")
-    ap.add_argument("--test-problems", type=int, default=200)
+    ap.add_argument("--test-problems", type=int, default=150)
     ap.add_argument("--n", type=int, default=8, help="Candidates per test problem (Best-of-N).")
-    ap.add_argument("--error-rate", type=float, default=0.2)
+    ap.add_argument("--error-rate", type=float, default=0.25)
     ap.add_argument(
         "--numbers",
         choices=["default", "small"],
-        default="default",
+        default="small",
         help="small: one-digit additions and subtractions (synthetic_policy.SMALL_NUMBERS)",
     )
-    ap.add_argument("--min-ops", type=int, default=3)
-    ap.add_argument("--max-ops", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=1500, help="Training steps.")
+    ap.add_argument("--min-ops", type=int, default=1)
+    ap.add_argument("--max-ops", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=8000, help="Training steps.")
     ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--learning-rate", type=float, default=1e-3)
-    ap.add_argument("--aggregate", default="asymmetric")
+    ap.add_argument("--learning-rate", type=float, default=1e-4)
+    ap.add_argument("--aggregate", default="geomean", choices=AGGREGATES)
     ap.add_argument(
         "--supervision",
         choices=["outcomes", "steps"],
         default="outcomes",
         help="steps: train on every step's true label instead (the upper bound; no run is recorded)",
     )
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument(
-        "--backbone", choices=["gpt2", "llama"], default="gpt2", help="llama: rotary positions, head dimension 64"
+        "--backbone", choices=["gpt2", "llama"], default="llama", help="llama: rotary positions, head dimension 64"
     )
     ap.add_argument(
         "--pretrain-steps",
         type=int,
-        default=0,
+        default=2000,
         help="Next-token steps on correct solutions of other problems before the PRM is trained.",
     )
     ap.add_argument("--pretrain-problems", type=int, default=4000)
