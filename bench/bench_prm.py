@@ -12,8 +12,8 @@ against random choice.
 
     python -m bench.bench_prm [--aggregate geomean] [--steps 8000] [--backbone-dir DIR]
 
-The defaults are the README's headline run (about an hour on a 2-core CPU, most of it the
-8,000 training steps); its table gives the flags of every other run.
+The defaults are the README's headline run (seed 0; about 30 min alone on a 2-core CPU, most of
+it the 8,000 training steps); its table gives the flags of every other run, other seeds included.
 
 A tiny GPT-2 or Llama is built locally (random init, character tokenizer), optionally
 pretrained as a language model on correct solutions (``--pretrain-steps``), then trained by
