@@ -215,6 +215,7 @@ def train_on_outcomes(base: Path, examples: Sequence[OutcomeExample], root: Path
     recipe = Recipe.parse(
         f"method: prm\nmodel: {base}\ntrainer:\n  aggregate: {args.aggregate}\n"
         f"  learning_rate: {args.learning_rate}\n"
+        f"  weight_decay: {args.weight_decay}\n"
         f"  batch_size: {args.batch_size}\n  epochs: 1000\n  max_steps: {args.steps}\n  save_steps: {args.steps}\n"
         f"  logging_steps: 50\n  seed: {args.seed}\n"
     )
@@ -282,6 +283,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20000, help="Training steps.")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--learning-rate", type=float, default=1e-4)
+    ap.add_argument(
+        "--weight-decay",
+        type=float,
+        default=0.0,
+        help="The PRM trainer's AdamW weight decay (each step shrinks weights by learning rate x this)",
+    )
     ap.add_argument("--aggregate", default="geomean", choices=AGGREGATES)
     ap.add_argument(
         "--supervision",
@@ -395,6 +402,7 @@ def main() -> None:
             "train_seconds": train_s,
             "pretrain_steps": args.pretrain_steps,
             "pretrain_loss": pretrain_loss,
+            "weight_decay": args.weight_decay,
         }
     )
 
