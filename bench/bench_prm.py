@@ -215,8 +215,9 @@ def train_on_outcomes(base: Path, examples: Sequence[OutcomeExample], root: Path
     recipe = Recipe.parse(
         f"method: prm\nmodel: {base}\ntrainer:\n  aggregate: {args.aggregate}\n"
         f"  learning_rate: {args.learning_rate}\n"
-        f"  weight_decay: {args.weight_decay}\n"
-        f"  batch_size: {args.batch_size}\n  epochs: 1000\n  max_steps: {args.steps}\n  save_steps: {args.steps}\n"
+        f"  weight_decay: {args.weight_decay}\n  warmup_steps: {args.warmup_steps}\n"
+        + (f"  max_grad_norm: {args.max_grad_norm}\n" if args.max_grad_norm else "")
+        + f"  batch_size: {args.batch_size}\n  epochs: 1000\n  max_steps: {args.steps}\n  save_steps: {args.steps}\n"
         f"  logging_steps: 50\n  seed: {args.seed}\n"
     )
     upgrade(f"sqlite:///{root / 'runs.db'}")
@@ -289,6 +290,8 @@ def main() -> None:
         default=0.0,
         help="The PRM trainer's AdamW weight decay (each step shrinks weights by learning rate x this)",
     )
+    ap.add_argument("--warmup-steps", type=int, default=0, help="The PRM trainer's linear learning-rate warmup")
+    ap.add_argument("--max-grad-norm", type=float, default=0.0, help="Clip the PRM trainer's gradient norm (0: off)")
     ap.add_argument("--aggregate", default="geomean", choices=AGGREGATES)
     ap.add_argument(
         "--supervision",
@@ -403,6 +406,9 @@ def main() -> None:
             "pretrain_steps": args.pretrain_steps,
             "pretrain_loss": pretrain_loss,
             "weight_decay": args.weight_decay,
+            "warmup_steps": args.warmup_steps,
+            "max_grad_norm": args.max_grad_norm,
+            "learning_rate": args.learning_rate,
         }
     )
 

@@ -29,11 +29,13 @@ from tests.tiny_models import build_tiny_model
 SAMPLE = DATA / "processbench_gsm8k_sample.json"
 
 
-def _recipe(model: Path, max_steps: int = 4, save_steps: int = 2, aggregate: str = "asymmetric") -> Recipe:
+def _recipe(
+    model: Path, max_steps: int = 4, save_steps: int = 2, aggregate: str = "asymmetric", extra: str = ""
+) -> Recipe:
     return Recipe.parse(
         f"method: prm\nmodel: {model}\ntrainer:\n  aggregate: {aggregate}\n  learning_rate: 0.001\n"
         f"  batch_size: 4\n  epochs: 50\n  max_steps: {max_steps}\n  save_steps: {save_steps}\n"
-        "  logging_steps: 1\n  seed: 0\n"
+        f"  logging_steps: 1\n  seed: 0\n{extra}"
     )
 
 
@@ -90,18 +92,22 @@ def test_a_failed_prm_run_resumes_to_the_uninterrupted_result(sqlite: Database, 
     _set(sqlite)
     examples = set_outcomes(sqlite, "o")
     model = build_tiny_model(tmp_path / "base", n_positions=512)
-    straight = train_prm(sqlite, examples, "outcomes:o", _recipe(model, 6, 2), tmp_path / "straight")
+    # a warmup longer than the crash point: the resumed run must pick the schedule up by step
+    scheduled = "  warmup_steps: 5\n  max_grad_norm: 0.5\n"
+    straight = train_prm(sqlite, examples, "outcomes:o", _recipe(model, 6, 2, extra=scheduled), tmp_path / "straight")
 
     def crash(step: int) -> None:
         if step == 3:
             raise Stop
 
     with pytest.raises(Stop):
-        train_prm(sqlite, examples, "outcomes:o", _recipe(model, 6, 2), tmp_path / "crashed", on_step=crash)
+        train_prm(
+            sqlite, examples, "outcomes:o", _recipe(model, 6, 2, extra=scheduled), tmp_path / "crashed", on_step=crash
+        )
     with sqlite.session() as s:
         failed = tq.run_by_output(s, str((tmp_path / "crashed").resolve()))
         assert failed is not None and failed.status == "failed" and "Stop" in (failed.error or "")
-    resumed = train_prm(sqlite, examples, "outcomes:o", _recipe(model, 6, 2), tmp_path / "crashed")
+    resumed = train_prm(sqlite, examples, "outcomes:o", _recipe(model, 6, 2, extra=scheduled), tmp_path / "crashed")
     assert resumed.run_id == failed.id and resumed.global_step == 6
     assert resumed.resumed_from is not None and resumed.resumed_from.endswith("checkpoint-2")
     with sqlite.session() as s:
@@ -119,11 +125,19 @@ def test_prm_recipes_and_data_are_checked(tmp_path: Path) -> None:
         Recipe.parse("method: prm\nmodel: x\ntrainer:\n  num_generations: 4\n").config(PRMConfig)
     with pytest.raises(ConfigError, match="not 'prm'"):
         Recipe.parse("model: x\n").expect("prm")
+    with pytest.raises(ConfigError, match="max_grad_norm positive"):
+        _recipe(tmp_path, extra="  max_grad_norm: 0\n").config(PRMConfig)
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "train.jsonl").write_text('{"prompt": "q", "steps": ["a"], "outcome": true}\n{"prompt": 1}\n')
     with pytest.raises(ConfigError, match=r"train\.jsonl:2"):
         load_outcomes(bad)
+
+
+def test_prm_learning_rate_warms_up_linearly_then_holds() -> None:
+    config = PRMConfig(learning_rate=1e-3, warmup_steps=4)
+    assert [config.learning_rate_at(s) for s in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    assert PRMConfig(learning_rate=1e-3).learning_rate_at(0) == 1e-3
 
 
 @pytest.mark.integration

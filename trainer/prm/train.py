@@ -42,6 +42,10 @@ class PRMConfig:
     """softmin's temperature (only used with ``aggregate: softmin``)."""
     learning_rate: float = 1e-4
     weight_decay: float = 0.0
+    warmup_steps: int = 0
+    """Linear learning-rate warmup from ~0 over this many steps (then constant)."""
+    max_grad_norm: float | None = None
+    """Clip the gradient's global norm to this (None: no clipping)."""
     batch_size: int = 16
     epochs: int = 1
     max_steps: int | None = None
@@ -57,6 +61,15 @@ class PRMConfig:
             raise ConfigError(f"PRM aggregate '{self.aggregate}' is not one of: {', '.join(AGGREGATES)}")
         if self.batch_size < 1 or self.epochs < 1 or self.save_steps < 1 or self.logging_steps < 1:
             raise ConfigError("PRM batch_size, epochs, save_steps and logging_steps must be positive")
+        if self.warmup_steps < 0 or (self.max_grad_norm is not None and self.max_grad_norm <= 0):
+            raise ConfigError("PRM warmup_steps must be >= 0 and max_grad_norm positive")
+
+    def learning_rate_at(self, step: int) -> float:
+        """The rate for (0-based) ``step``: a pure function of the step, so a resumed run
+        continues the schedule where the killed one stopped."""
+        if step >= self.warmup_steps:
+            return self.learning_rate
+        return self.learning_rate * (step + 1) / self.warmup_steps
 
 
 @dataclass(frozen=True)
@@ -170,6 +183,10 @@ def _train(
         loss = outcome_loss(logits, mask, y, config.aggregate, config.temperature)
         optimizer.zero_grad()
         loss.backward()
+        if config.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        for group in optimizer.param_groups:
+            group["lr"] = config.learning_rate_at(step)
         optimizer.step()
         step += 1
         with torch.no_grad():
