@@ -217,6 +217,8 @@ def train_on_outcomes(base: Path, examples: Sequence[OutcomeExample], root: Path
         f"  learning_rate: {args.learning_rate}\n"
         f"  weight_decay: {args.weight_decay}\n  warmup_steps: {args.warmup_steps}\n"
         + (f"  max_grad_norm: {args.max_grad_norm}\n" if args.max_grad_norm else "")
+        + f"  curriculum_steps: {args.curriculum_steps}\n"
+        f"  curriculum_max_solution_steps: {args.curriculum_max_solution_steps}\n"
         + f"  batch_size: {args.batch_size}\n  epochs: 1000\n  max_steps: {args.steps}\n  save_steps: {args.steps}\n"
         f"  logging_steps: 50\n  seed: {args.seed}\n"
     )
@@ -292,6 +294,18 @@ def main() -> None:
     )
     ap.add_argument("--warmup-steps", type=int, default=0, help="The PRM trainer's linear learning-rate warmup")
     ap.add_argument("--max-grad-norm", type=float, default=0.0, help="Clip the PRM trainer's gradient norm (0: off)")
+    ap.add_argument(
+        "--curriculum-steps",
+        type=int,
+        default=0,
+        help="The PRM trainer's short-first curriculum: this many steps on short solutions first",
+    )
+    ap.add_argument(
+        "--curriculum-max-solution-steps",
+        type=int,
+        default=1,
+        help="What the curriculum counts as short: solutions of at most this many steps",
+    )
     ap.add_argument("--aggregate", default="geomean", choices=AGGREGATES)
     ap.add_argument(
         "--supervision",
@@ -408,6 +422,8 @@ def main() -> None:
             "weight_decay": args.weight_decay,
             "warmup_steps": args.warmup_steps,
             "max_grad_norm": args.max_grad_norm,
+            "curriculum_steps": args.curriculum_steps,
+            "curriculum_max_solution_steps": args.curriculum_max_solution_steps,
             "learning_rate": args.learning_rate,
         }
     )

@@ -16,7 +16,14 @@ from stepq.models import Database
 from stepq.models import training_queries as tq
 from stepq.models.errors import ConfigError
 from stepq.trainer.prm.model import StepScorer, encode
-from stepq.trainer.prm.train import OutcomeExample, PRMConfig, load_outcomes, set_outcomes, train_prm
+from stepq.trainer.prm.train import (
+    OutcomeExample,
+    PRMConfig,
+    batch_at,
+    load_outcomes,
+    set_outcomes,
+    train_prm,
+)
 from stepq.trainer.training.recipe import Recipe
 from stepq.trainer.training.runs import TrainOptions
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
@@ -92,8 +99,12 @@ def test_a_failed_prm_run_resumes_to_the_uninterrupted_result(sqlite: Database, 
     _set(sqlite)
     examples = set_outcomes(sqlite, "o")
     model = build_tiny_model(tmp_path / "base", n_positions=512)
-    # a warmup longer than the crash point: the resumed run must pick the schedule up by step
-    scheduled = "  warmup_steps: 5\n  max_grad_norm: 0.5\n"
+    # a warmup and a short-first curriculum longer than the crash point: the resumed run must
+    # pick the schedule and the batch order up by step
+    shortest = sorted(len(e.steps) for e in examples)[len(examples) // 2]
+    scheduled = (
+        f"  warmup_steps: 5\n  max_grad_norm: 0.5\n  curriculum_steps: 4\n  curriculum_max_solution_steps: {shortest}\n"
+    )
     straight = train_prm(sqlite, examples, "outcomes:o", _recipe(model, 6, 2, extra=scheduled), tmp_path / "straight")
 
     def crash(step: int) -> None:
@@ -138,6 +149,22 @@ def test_prm_learning_rate_warms_up_linearly_then_holds() -> None:
     config = PRMConfig(learning_rate=1e-3, warmup_steps=4)
     assert [config.learning_rate_at(s) for s in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
     assert PRMConfig(learning_rate=1e-3).learning_rate_at(0) == 1e-3
+
+
+def test_short_first_curriculum_draws_short_solutions_then_every_solution() -> None:
+    lengths = [1, 3, 2, 1, 4, 1, 2, 5, 1, 3]
+    config = PRMConfig(batch_size=2, curriculum_steps=5, curriculum_max_solution_steps=1, seed=3)
+    during = [batch_at(s, lengths, config) for s in range(5)]
+    assert all(lengths[i] == 1 for b in during for i in b)
+    # two batches cover the four one-step solutions, then the next epoch reshuffles them
+    assert sorted(during[0] + during[1]) == [0, 3, 5, 8] == sorted(during[2] + during[3])
+    after = [i for s in range(5, 10) for i in batch_at(s, lengths, config)]
+    assert sorted(after) == list(range(10))  # one full epoch, counted from the curriculum's end
+    assert batch_at(5, lengths, config) == batch_at(0, lengths, PRMConfig(batch_size=2, seed=3))
+    with pytest.raises(ConfigError, match="curriculum_max_solution_steps positive"):
+        PRMConfig(curriculum_steps=1, curriculum_max_solution_steps=0)
+    with pytest.raises(ConfigError, match="no solution has at most 1 steps"):
+        batch_at(0, [2, 3], PRMConfig(curriculum_steps=1))
 
 
 @pytest.mark.integration

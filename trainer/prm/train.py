@@ -46,6 +46,11 @@ class PRMConfig:
     """Linear learning-rate warmup from ~0 over this many steps (then constant)."""
     max_grad_norm: float | None = None
     """Clip the gradient's global norm to this (None: no clipping)."""
+    curriculum_steps: int = 0
+    """Short solutions first: the first this many optimizer steps draw only solutions of at
+    most ``curriculum_max_solution_steps`` steps, whose outcome says more about each step
+    (a one-step solution's outcome is its step's label).  Then the whole set, as usual."""
+    curriculum_max_solution_steps: int = 1
     batch_size: int = 16
     epochs: int = 1
     max_steps: int | None = None
@@ -63,6 +68,8 @@ class PRMConfig:
             raise ConfigError("PRM batch_size, epochs, save_steps and logging_steps must be positive")
         if self.warmup_steps < 0 or (self.max_grad_norm is not None and self.max_grad_norm <= 0):
             raise ConfigError("PRM warmup_steps must be >= 0 and max_grad_norm positive")
+        if self.curriculum_steps < 0 or self.curriculum_max_solution_steps < 1:
+            raise ConfigError("PRM curriculum_steps must be >= 0 and curriculum_max_solution_steps positive")
 
     def learning_rate_at(self, step: int) -> float:
         """The rate for (0-based) ``step``: a pure function of the step, so a resumed run
@@ -116,6 +123,21 @@ def batches(n: int, batch_size: int, seed: int, epoch_no: int) -> list[list[int]
     return [order[i : i + batch_size] for i in range(0, n, batch_size)]
 
 
+def batch_at(step: int, solution_steps: Sequence[int], config: PRMConfig) -> list[int]:
+    """The examples of (0-based) optimizer ``step``: a pure function of the step, so a resumed
+    run draws what the killed one would have.  During the curriculum, epochs over the short
+    solutions alone; after it, epochs over all of them, counted from the curriculum's end."""
+    size = config.batch_size
+    if step < config.curriculum_steps:
+        short = [i for i, n in enumerate(solution_steps) if n <= config.curriculum_max_solution_steps]
+        if not short:
+            raise ConfigError(f"PRM curriculum: no solution has at most {config.curriculum_max_solution_steps} steps")
+        epoch_no, offset = divmod(step, -(-len(short) // size))
+        return [short[i] for i in batches(len(short), size, config.seed, epoch_no)[offset]]
+    epoch_no, offset = divmod(step - config.curriculum_steps, -(-len(solution_steps) // size))
+    return batches(len(solution_steps), size, config.seed, epoch_no)[offset]
+
+
 def last_checkpoint(output_dir: Path) -> Path | None:
     found = [p for p in output_dir.glob("checkpoint-*") if (p / STATE).exists() and p.name.split("-")[-1].isdigit()]
     return max(found, key=lambda p: int(p.name.split("-")[-1])) if found else None
@@ -161,7 +183,9 @@ def _train(
     model.to(device)
     encoded, outcomes = _encode(model, examples)
     per_epoch = -(-len(encoded) // config.batch_size)
-    total = min(config.max_steps or per_epoch * config.epochs, per_epoch * config.epochs)
+    full = config.curriculum_steps + per_epoch * config.epochs
+    total = min(config.max_steps or full, full)
+    solution_steps = [len(e.ends) for e in encoded]
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     step = 0
     if resume:
@@ -174,8 +198,7 @@ def _train(
     model.train(True)
     window: list[tuple[float, list[bool], list[bool]]] = []
     while step < total:
-        epoch_no, offset = divmod(step, per_epoch)
-        index = batches(len(encoded), config.batch_size, config.seed, epoch_no)[offset]
+        index = batch_at(step, solution_steps, config)
         ids, attention, ends, mask = (t.to(device) for t in collate([encoded[i] for i in index], model.pad_id))
         y = torch.tensor([outcomes[i] for i in index], device=device)
         torch.manual_seed(config.seed * 1_000_003 + step)  # dropout: a resumed run draws what it would have
