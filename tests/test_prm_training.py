@@ -17,9 +17,9 @@ from stepq.models import training_queries as tq
 from stepq.models.errors import ConfigError
 from stepq.trainer.prm.model import StepScorer, encode
 from stepq.trainer.prm.train import (
+    BatchOrder,
     OutcomeExample,
     PRMConfig,
-    batch_at,
     load_outcomes,
     set_outcomes,
     train_prm,
@@ -101,10 +101,9 @@ def test_a_failed_prm_run_resumes_to_the_uninterrupted_result(sqlite: Database, 
     model = build_tiny_model(tmp_path / "base", n_positions=512)
     # a warmup and a short-first curriculum longer than the crash point: the resumed run must
     # pick the schedule and the batch order up by step
-    shortest = sorted(len(e.steps) for e in examples)[len(examples) // 2]
-    scheduled = (
-        f"  warmup_steps: 5\n  max_grad_norm: 0.5\n  curriculum_steps: 4\n  curriculum_max_solution_steps: {shortest}\n"
-    )
+    median_length = sorted(len(e.steps) for e in examples)[len(examples) // 2]
+    scheduled = "  warmup_steps: 5\n  max_grad_norm: 0.5\n  curriculum_steps: 4\n"
+    scheduled += f"  curriculum_max_solution_steps: {median_length}\n"
     straight = train_prm(sqlite, examples, "outcomes:o", _recipe(model, 6, 2, extra=scheduled), tmp_path / "straight")
 
     def crash(step: int) -> None:
@@ -154,17 +153,19 @@ def test_prm_learning_rate_warms_up_linearly_then_holds() -> None:
 def test_short_first_curriculum_draws_short_solutions_then_every_solution() -> None:
     lengths = [1, 3, 2, 1, 4, 1, 2, 5, 1, 3]
     config = PRMConfig(batch_size=2, curriculum_steps=5, curriculum_max_solution_steps=1, seed=3)
-    during = [batch_at(s, lengths, config) for s in range(5)]
+    order = BatchOrder(lengths, config)
+    during = [order.at(s) for s in range(5)]
     assert all(lengths[i] == 1 for b in during for i in b)
     # two batches cover the four one-step solutions, then the next epoch reshuffles them
     assert sorted(during[0] + during[1]) == [0, 3, 5, 8] == sorted(during[2] + during[3])
-    after = [i for s in range(5, 10) for i in batch_at(s, lengths, config)]
+    after = [i for s in range(5, 10) for i in order.at(s)]
     assert sorted(after) == list(range(10))  # one full epoch, counted from the curriculum's end
-    assert batch_at(5, lengths, config) == batch_at(0, lengths, PRMConfig(batch_size=2, seed=3))
+    assert order.at(5) == BatchOrder(lengths, PRMConfig(batch_size=2, seed=3)).at(0)
+    assert BatchOrder(lengths, config).at(7) == order.at(7)  # a fresh order (a resumed run) agrees
     with pytest.raises(ConfigError, match="curriculum_max_solution_steps positive"):
         PRMConfig(curriculum_steps=1, curriculum_max_solution_steps=0)
     with pytest.raises(ConfigError, match="no solution has at most 1 steps"):
-        batch_at(0, [2, 3], PRMConfig(curriculum_steps=1))
+        BatchOrder([2, 3], PRMConfig(curriculum_steps=1))
 
 
 @pytest.mark.integration

@@ -5,7 +5,7 @@ minimise ``outcome_loss`` (BCE of the outcome on the aggregated step probabiliti
 AdamW.  Checkpoints (``OUTPUT/checkpoint-N``: the model, the optimizer, the step) are written
 whole and then renamed into place, so a killed trainer resumes from the last complete one
 and continues exactly as the uninterrupted run would have (the batch order is a function of
-the seed and epoch, the dropout of the seed and step).
+the seed and step, the dropout of the seed and step).
 """
 
 from __future__ import annotations
@@ -123,19 +123,29 @@ def batches(n: int, batch_size: int, seed: int, epoch_no: int) -> list[list[int]
     return [order[i : i + batch_size] for i in range(0, n, batch_size)]
 
 
-def batch_at(step: int, solution_steps: Sequence[int], config: PRMConfig) -> list[int]:
-    """The examples of (0-based) optimizer ``step``: a pure function of the step, so a resumed
+class BatchOrder:
+    """Which examples each optimizer step trains on: a pure function of the step, so a resumed
     run draws what the killed one would have.  During the curriculum, epochs over the short
-    solutions alone; after it, epochs over all of them, counted from the curriculum's end."""
-    size = config.batch_size
-    if step < config.curriculum_steps:
+    solutions alone; after it, epochs over all of them, counted from the curriculum's end.
+    Each epoch's permutation is drawn once, not on every step."""
+
+    def __init__(self, solution_steps: Sequence[int], config: PRMConfig) -> None:
+        self._size, self._seed, self._curriculum = config.batch_size, config.seed, config.curriculum_steps
         short = [i for i, n in enumerate(solution_steps) if n <= config.curriculum_max_solution_steps]
-        if not short:
+        if self._curriculum and not short:
             raise ConfigError(f"PRM curriculum: no solution has at most {config.curriculum_max_solution_steps} steps")
-        epoch_no, offset = divmod(step, -(-len(short) // size))
-        return [short[i] for i in batches(len(short), size, config.seed, epoch_no)[offset]]
-    epoch_no, offset = divmod(step - config.curriculum_steps, -(-len(solution_steps) // size))
-    return batches(len(solution_steps), size, config.seed, epoch_no)[offset]
+        self._pools = (short, list(range(len(solution_steps))))
+        self._epoch: tuple[tuple[int, int], list[list[int]]] | None = None
+
+    def at(self, step: int) -> list[int]:
+        """The examples of (0-based) optimizer ``step``."""
+        phase, local = (0, step) if step < self._curriculum else (1, step - self._curriculum)
+        pool = self._pools[phase]
+        epoch_no, offset = divmod(local, -(-len(pool) // self._size))
+        if self._epoch is None or self._epoch[0] != (phase, epoch_no):
+            order = batches(len(pool), self._size, self._seed, epoch_no)
+            self._epoch = ((phase, epoch_no), [[pool[i] for i in b] for b in order])
+        return self._epoch[1][offset]
 
 
 def last_checkpoint(output_dir: Path) -> Path | None:
@@ -185,7 +195,7 @@ def _train(
     per_epoch = -(-len(encoded) // config.batch_size)
     full = config.curriculum_steps + per_epoch * config.epochs
     total = min(config.max_steps or full, full)
-    solution_steps = [len(e.ends) for e in encoded]
+    order = BatchOrder([len(e.ends) for e in encoded], config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     step = 0
     if resume:
@@ -198,7 +208,7 @@ def _train(
     model.train(True)
     window: list[tuple[float, list[bool], list[bool]]] = []
     while step < total:
-        index = batch_at(step, solution_steps, config)
+        index = order.at(step)
         ids, attention, ends, mask = (t.to(device) for t in collate([encoded[i] for i in index], model.pad_id))
         y = torch.tensor([outcomes[i] for i in index], device=device)
         torch.manual_seed(config.seed * 1_000_003 + step)  # dropout: a resumed run draws what it would have
