@@ -18,7 +18,7 @@ def annotated_set(db: Database, name: str = "s", problems: int = 40, m: int = 8,
     run_in_process(db, WorkerRuntime(db, WorkerOptions(batch_rollouts=64, name="test")))
 
 
-def tiny_recipe(path: Path, model: Path, max_steps: int = 3, save_steps: int = 2) -> Path:
+def tiny_recipe(path: Path, model: Path, max_steps: int = 3, save_steps: int = 2, completion_length: int = 12) -> Path:
     """The shipped recipe's method (GRPO, 4 generations, clip-higher, no KL) at toy size."""
     path.write_text(
         f"""model: {model}
@@ -27,7 +27,7 @@ conversational: false
 trainer:
   num_generations: 4
   per_device_train_batch_size: 4
-  max_completion_length: 12
+  max_completion_length: {completion_length}
   max_steps: {max_steps}
   learning_rate: 1.0e-4
   loss_type: grpo

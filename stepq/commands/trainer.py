@@ -178,24 +178,39 @@ def snapshot_export(ref: str, fmt: str, out_dir: Path) -> None:
 )
 @click.option("--margin", type=click.FloatRange(0, 1, min_open=True), default=0.3, show_default=True, help="dpo --set.")
 @click.option("--recipe", default=None, help="Recipe YAML (path or shipped name); default: the method's shipped one.")
+@click.option("--model", default=None, help="The base model (a folder or hub id), instead of the recipe's.")
+@click.option(
+    "--recipe-option",
+    "recipe_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a recipe key: trainer.FIELD=VALUE for the method's config (e.g. trainer.bf16=false), or a "
+    "top-level key (judge_template=FILE).  Repeatable; values are YAML.",
+)
 @click.option("--output", type=click.Path(path_type=Path), default=None, help="Default: runs/<method>-<data>.")
+@click.option("--lineage", default=None, help="Record the run under this lineage (the trainer service sets it).")
 @click.option("--wait", type=float, default=0.0, help="Seconds to wait for another trainer's lease on this run.")
 @click.pass_context
 @friendly
 def train(ctx: click.Context, method: str | None, snapshot_ref: str | None, **kw: Any) -> None:
     """Train on the database's rows: started again with the same --output, it resumes its
-    last checkpoint; a finished run is reported, not redone."""
+    last checkpoint; a finished run is reported, not redone.
+
+    Runs under 'torchrun' and 'accelerate launch' as well (DDP, DeepSpeed): every rank
+    trains, rank 0 alone records the run."""
     if ctx.invoked_subcommand is not None:
         return
+    from stepq.trainer.training.ranks import current_rank
     from stepq.trainer.training.recipe import Recipe
     from stepq.trainer.training.runs import TrainOptions
 
     recipe = Recipe.load(kw["recipe"] or DEFAULT_RECIPES[method or "grpo"])
+    recipe = recipe.with_options(kw["recipe_options"], model=kw["model"])
     method = method or recipe.method
     recipe.expect(method)
     settings = load_settings()
     db = open_db(settings)
-    options = TrainOptions(lease_ttl_s=settings.trainer_lease_ttl_s, wait_s=kw["wait"])
+    options = TrainOptions(lease_ttl_s=settings.trainer_lease_ttl_s, wait_s=kw["wait"], lineage=kw["lineage"])
     if method == "grpo":
         if snapshot_ref is None:
             raise click.UsageError("--method grpo needs --snapshot (or a subcommand: list)")
@@ -214,6 +229,8 @@ def train(ctx: click.Context, method: str | None, snapshot_ref: str | None, **kw
             from stepq.trainer.prm.train import train_prm
 
             result = train_prm(db, data, dataset, recipe, out, options)
+    if not current_rank().is_main:
+        return
     how = f"resumed from {result.resumed_from}" if result.resumed_from else "from the start"
     click.echo(
         f"training run {result.run_id} {result.status} at step {result.global_step} ({how}): {result.final_model}"

@@ -62,12 +62,15 @@ def train_dpo(
     output_dir = output_dir.resolve()
     base_model = options.base_model or recipe.model
     spec = RunSpec("dpo", recipe.text, base_model, output_dir, dataset=dataset)
+    from trl import DPOConfig
+
+    # built before the run row: a setting this machine cannot honour leaves no row behind
+    config = recipe.config(DPOConfig, output_dir, **(options.trainer_overrides or {}))
 
     def body(handle: RunHandle) -> tuple[str | None, int]:
         from datasets import Dataset
-        from trl import DPOConfig, DPOTrainer
+        from trl import DPOTrainer
 
-        config = recipe.config(DPOConfig, output_dir, **(options.trainer_overrides or {}))
         data = Dataset.from_list(list(pairs))
         return run_trl(
             db,

@@ -25,6 +25,7 @@ from stepq.models import training_queries as tq
 from stepq.models.errors import ConfigError, LeaseLost
 from stepq.trainer.prm.aggregate import AGGREGATES, outcome_loss, solution_log_prob
 from stepq.trainer.prm.model import Encoded, StepScorer, collate
+from stepq.trainer.training.ranks import current_rank
 from stepq.trainer.training.recipe import Recipe
 from stepq.trainer.training.records import metric_row
 from stepq.trainer.training.runs import FINAL, RunHandle, RunSpec, TrainOptions, TrainResult, recorded_run
@@ -165,6 +166,11 @@ def train_prm(
     """Train (or resume, or report as done) the PRM run writing to ``output_dir``."""
     options = options or TrainOptions()
     recipe.expect("prm")
+    if current_rank().distributed:
+        raise ConfigError(
+            "the PRM trainer runs in one process (its model is small); start 'stepq train --method prm' "
+            "without torchrun or accelerate launch"
+        )
     config = recipe.config(PRMConfig, **(options.trainer_overrides or {}))
     if not examples:
         raise ConfigError(f"{dataset} has no outcome-labelled solutions to train on")
@@ -271,6 +277,7 @@ def _log(db: Database, handle: RunHandle, step: int, window: list[tuple[float, l
         "accuracy_positive": hits[True] / seen[True] if seen[True] else None,
         "accuracy_negative": hits[False] / seen[False] if seen[False] else None,
     }
+    assert handle.run_id is not None  # one process: it owns the row
     row = metric_row(handle.run_id, step, {"loss": loss, "examples": sum(seen.values())}, accuracy)
     with db.session() as session:
         tq.upsert_metrics(session, [row])
@@ -290,6 +297,7 @@ def _checkpoint(
     torch.save({"optimizer": optimizer.state_dict(), "step": step, "saved_at": time.time()}, partial / STATE)
     shutil.rmtree(final, ignore_errors=True)
     partial.rename(final)
+    assert handle.run_id is not None
     with db.session() as session:
         if not tq.record_checkpoint(session, handle.run_id, handle.owner, handle.ttl, str(final), step):
             raise LeaseLost(f"training run {handle.run_id} was taken over by another trainer")

@@ -37,7 +37,9 @@ def judge_dataset(db: Database, snapshot: str | int, recipe: Recipe) -> Any:
     def prompt(text: str) -> Any:
         return [{"role": "user", "content": text}] if recipe.conversational else text
 
-    return Dataset.from_list([{"prompt": prompt(r["prompt"]), "label": r["label"]} for r in rows])
+    return Dataset.from_list(
+        [{"prompt": prompt(r["prompt"]), "label": r["label"], "chunk_id": r["chunk_id"]} for r in rows]
+    )
 
 
 def train_judge(
@@ -55,6 +57,8 @@ def train_judge(
     with db.session() as session:
         snapshot_id = tq.get_snapshot(session, snapshot).id
     spec = RunSpec("grpo", recipe.text, base_model, output_dir, snapshot_id=snapshot_id)
+    # built before the run row: a setting this machine cannot honour leaves no row behind
+    config = recipe.grpo_config(output_dir, **(options.trainer_overrides or {}))
 
     def body(handle: RunHandle) -> tuple[str | None, int]:
         from trl import GRPOTrainer
@@ -62,7 +66,6 @@ def train_judge(
         dataset = judge_dataset(db, snapshot, recipe)
         accuracy = ClassAccuracy()
         rewards: list[Any] = [accuracy.wrap(fn) if i == 0 else fn for i, fn in enumerate(get_rewards(recipe.rewards))]
-        config = recipe.grpo_config(output_dir, **(options.trainer_overrides or {}))
         return run_trl(
             db,
             handle,

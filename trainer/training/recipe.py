@@ -5,11 +5,70 @@ the base model, reward names, the judge template)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stepq.models.errors import ConfigError
+
+
+def _check_precision(values: dict[str, Any]) -> None:
+    """bf16/fp16 need an accelerator here (transformers' own error names no recipe key)."""
+    wanted = [k for k in ("bf16", "fp16") if values.get(k)]
+    if not wanted:
+        return
+    import torch
+
+    if values.get("use_cpu") or not torch.cuda.is_available():
+        key = wanted[0]
+        raise ConfigError(
+            f"recipe: trainer.{key}=true needs a CUDA GPU and this process has none; "
+            f"pass --recipe-option trainer.{key}=false (or set '{key}: false' in the recipe)"
+        )
+    if values.get("bf16") and not torch.cuda.is_bf16_supported():
+        raise ConfigError("recipe: trainer.bf16=true but this GPU has no bf16; pass --recipe-option trainer.bf16=false")
+
+
+def _option_value(option: str, raw: str) -> Any:
+    """A command-line value read as YAML, with the numbers YAML 1.1 leaves as strings
+    (``5e-5``) read as numbers."""
+    import yaml
+
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--recipe-option {option!r}: the value is not valid YAML ({exc})") from None
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def check_base_model(model: str) -> None:
+    """Fail early, naming the model, when the base model cannot be loaded: a missing local
+    folder, or a hub id this machine cannot reach (no network, no cache)."""
+    local = Path(model).expanduser()
+    if local.exists():
+        if not (local / "config.json").exists():
+            raise ConfigError(f"base model {model}: the folder has no config.json (not a saved model)")
+        return
+    looks_like_path = model.startswith((".", "/", "~")) or model.count("/") > 1 or model.endswith("/")
+    if looks_like_path:
+        raise ConfigError(f"base model {model}: no such folder (pass --model DIR with a saved model)")
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(model)
+    except (OSError, ValueError) as exc:
+        reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"base model {model}: cannot be loaded (not a local folder, and the hub is unreachable or has no "
+            f"such model: {reason}); pass --model DIR"
+        ) from None
+
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 METHODS = ("grpo", "dpo", "prm")
@@ -45,6 +104,10 @@ class Recipe:
             data = yaml.safe_load(text) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"recipe {source} is not valid YAML: {exc}") from None
+        return cls._from_mapping(data, text, source)
+
+    @classmethod
+    def _from_mapping(cls, data: Any, text: str, source: str) -> Recipe:
         if not isinstance(data, dict):
             raise ConfigError(f"recipe {source} must be a mapping")
         unknown = set(data) - STEPQ_KEYS
@@ -69,6 +132,38 @@ class Recipe:
             trainer=dict(trainer),
         )
 
+    def with_options(self, options: Sequence[str] = (), model: str | None = None) -> Recipe:
+        """This recipe with command-line overrides: ``KEY=VALUE`` for a top-level key
+        (``judge_template=FILE``, ``conversational=false``) or ``trainer.FIELD=VALUE`` for
+        the method's config (the value is read as YAML: ``false``, ``1e-5``, ``[a, b]``), and
+        ``model`` for the base model.  The result's text is the effective recipe, so the run
+        row records what really trained."""
+        if not options and model is None:
+            return self
+        import yaml
+
+        data = yaml.safe_load(self.text) or {}
+        for option in options:
+            key, sep, raw = option.partition("=")
+            key = key.strip()
+            if not sep or not key:
+                raise ConfigError(f"--recipe-option {option!r}: expected KEY=VALUE (e.g. trainer.bf16=false)")
+            value = _option_value(option, raw)
+            section, dot, field_name = key.partition(".")
+            if dot:
+                if section != "trainer" or not field_name:
+                    raise ConfigError(f"--recipe-option {option!r}: nested keys live under 'trainer.' only")
+                data.setdefault("trainer", {})
+                data["trainer"][field_name] = value
+            elif key == "trainer":
+                raise ConfigError("--recipe-option: set trainer fields one at a time (trainer.FIELD=VALUE)")
+            else:
+                data[key] = value
+        if model is not None:
+            data["model"] = model
+        text = yaml.safe_dump(data, sort_keys=False)
+        return self._from_mapping(data, text, "--recipe-option")
+
     def config(self, config_cls: Any, output_dir: Path | None = None, **overrides: Any) -> Any:
         """The method's config dataclass with this recipe's fields; an unknown field is an
         error, not a silently ignored setting."""
@@ -79,10 +174,17 @@ class Recipe:
             raise ConfigError(
                 f"recipe: {config_cls.__name__} has no field(s) {', '.join(unknown)} (see its docs; TRL renames them)"
             )
-        if output_dir is None:
+        _check_precision(values)
+        if output_dir is not None:
+            values.setdefault("report_to", "none")
+            values["output_dir"] = str(output_dir)
+        try:
             return config_cls(**values)
-        values.setdefault("report_to", "none")
-        return config_cls(output_dir=str(output_dir), **values)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(
+                f"recipe: {config_cls.__name__} refuses these settings: {exc} "
+                "(change the recipe, or override a field with --recipe-option trainer.FIELD=VALUE)"
+            ) from None
 
     def grpo_config(self, output_dir: Path, **overrides: Any) -> Any:
         from trl import GRPOConfig

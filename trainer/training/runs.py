@@ -21,6 +21,8 @@ from stepq.models import Database
 from stepq.models import training_queries as tq
 from stepq.models.errors import ConfigError, TrainingBusy
 from stepq.models.training import RUN_DONE
+from stepq.trainer.training.ranks import current_rank
+from stepq.trainer.training.recipe import check_base_model
 from stepq.trainer.training.records import ClassAccuracy, make_recorder, process_owner
 
 FINAL = "final"
@@ -61,16 +63,28 @@ class RunSpec:
 
 @dataclass(frozen=True)
 class RunHandle:
-    run_id: int
+    """The run as one process of its launch sees it: the main rank holds the row's lease
+    (``run_id`` set); the other ranks of a multi-process launch follow (``run_id`` None) and
+    every database write of theirs is a no-op."""
+
+    run_id: int | None
     owner: str
     ttl: float
 
+    @property
+    def owns_row(self) -> bool:
+        return self.run_id is not None
+
     def count_resume(self, db: Database) -> None:
+        if self.run_id is None:
+            return
         with db.session() as session:
             run = tq.get_run(session, self.run_id)
             tq.renew_run(session, self.run_id, self.owner, self.ttl, resumes=run.resumes + 1)
 
     def renew(self, db: Database, **values: Any) -> bool:
+        if self.run_id is None:
+            return True
         with db.session() as session:
             return tq.renew_run(session, self.run_id, self.owner, self.ttl, **values)
 
@@ -81,8 +95,15 @@ Body = Callable[[RunHandle], tuple[str | None, int]]
 
 def recorded_run(db: Database, spec: RunSpec, options: TrainOptions, body: Body) -> TrainResult:
     """Create or take over the run writing to ``spec.output_dir``, run ``body`` under its
-    lease, and record how it ended (a failure keeps its error on the row)."""
+    lease, and record how it ended (a failure keeps its error on the row).
+
+    Under a multi-process launch only rank 0 does this; the other ranks run ``body`` as
+    followers (see ``ranks``), after the same "already done" check.
+    """
     output_dir = spec.output_dir.resolve()
+    check_base_model(spec.base_model)
+    if not current_rank().is_main:
+        return _follow(db, spec, body)
     with db.session() as session:
         existing = tq.run_by_output(session, str(output_dir))
         if existing is not None and (existing.snapshot_id, existing.dataset) != (spec.snapshot_id, spec.dataset):
@@ -120,6 +141,20 @@ def recorded_run(db: Database, spec: RunSpec, options: TrainOptions, body: Body)
     return TrainResult(run_id, RUN_DONE, resumed, output_dir / FINAL, step)
 
 
+def _follow(db: Database, spec: RunSpec, body: Body) -> TrainResult:
+    """A non-main rank: train beside rank 0 and write nothing.  A finished run is done for
+    every rank (rank 0 returns without training, so the others must too)."""
+    output_dir = spec.output_dir.resolve()
+    with db.session() as session:
+        existing = tq.run_by_output(session, str(output_dir))
+    if existing is not None and existing.status == RUN_DONE and existing.method == spec.method:
+        return TrainResult(existing.id, RUN_DONE, None, output_dir / FINAL, existing.global_step)
+    resumed, step = body(RunHandle(None, process_owner(), 0.0))
+    with db.session() as session:
+        row = tq.run_by_output(session, str(output_dir))
+    return TrainResult(row.id if row else 0, RUN_DONE, resumed, output_dir / FINAL, step)
+
+
 def run_trl(
     db: Database,
     handle: RunHandle,
@@ -139,15 +174,34 @@ def run_trl(
         log.info("training run %s resumes from %s", handle.run_id, resume)
     recorder = make_recorder(db, handle.run_id, handle.owner, handle.ttl, accuracy or ClassAccuracy(), on_step)
     trainer = build(recorder)
-    trainer.train(resume_from_checkpoint=resume)
+    planned = int(getattr(trainer.args, "max_steps", 0) or 0)
+    reached = _checkpoint_step(resume) if resume else 0
+    if planned > 0 and reached >= planned:
+        # killed after its last checkpoint: transformers would train one step past the plan
+        log.info("training run %s: %s already holds all %s steps", handle.run_id, resume, planned)
+        trainer.state.global_step = reached
+        trainer._load_from_checkpoint(resume)
+    else:
+        trainer.train(resume_from_checkpoint=resume)
     final = output_dir / FINAL
-    trainer.save_model(str(final))
-    if trainer.processing_class is not None:
+    trainer.save_model(str(final))  # every rank calls it (ZeRO-3 gathers); the main one writes
+    if trainer.processing_class is not None and handle.owns_row:
         trainer.processing_class.save_pretrained(str(final))
     return resume, int(trainer.state.global_step)
 
 
+def _checkpoint_step(checkpoint: str) -> int:
+    import json
+
+    try:
+        state = json.loads((Path(checkpoint) / "trainer_state.json").read_text(encoding="utf-8"))
+        return int(state.get("global_step", 0))
+    except (OSError, ValueError):
+        return 0
+
+
 def _claim(db: Database, handle: RunHandle, wait_s: float) -> None:
+    assert handle.run_id is not None  # only the main rank claims
     deadline = time.monotonic() + wait_s
     while True:
         with db.session() as session:
