@@ -76,3 +76,10 @@ def test_weights_are_mounted_apart_from_the_source_and_kept_out_of_the_image() -
     # everything is ignored but the package sources: weights, data and databases never enter
     assert ignore[ignore.index("*") :][:1] == ["*"]
     assert not any(line.startswith("!") and ("weights" in line or "data" in line) for line in ignore)
+
+
+def test_the_trainer_launches_one_process_per_reserved_gpu() -> None:
+    trainer = _compose()["services"]["trainer"]
+    gpus = trainer["deploy"]["resources"]["reservations"]["devices"][0]["count"]
+    command = trainer["command"]
+    assert int(command[command.index("--processes") + 1]) == gpus

@@ -257,6 +257,30 @@ def _signal_data(db: Any, method: str, set_name: str | None, data_dir: Path | No
     return set_outcomes(db, set_name), f"outcomes:{set_name}"
 
 
+@train.command("plan")
+@click.option("--recipe", default=DEFAULT_RECIPES["grpo"], show_default=True)
+@click.option("--gpus", type=click.IntRange(min=1), required=True, help="GPUs of the node.")
+@click.option(
+    "--server-gpus",
+    type=click.IntRange(min=0),
+    default=0,
+    help="vLLM server mode: GPUs for 'trl vllm-serve' (default: the recipe's vllm_tensor_parallel_size).",
+)
+@click.option("--snapshot", "snapshot_ref", default="1", show_default=True)
+@click.option("--output", default=None, help="The run's output folder (default: runs/snapshot-N).")
+@friendly
+def train_plan(recipe: str, gpus: int, server_gpus: int, snapshot_ref: str, output: str | None) -> None:
+    """Print the commands that train a recipe on one node of GPUS: the torchrun launch and,
+    for a recipe in TRL's vLLM server mode, the generation server on its own GPUs."""
+    from stepq.trainer.training.launch import launch_plan
+    from stepq.trainer.training.recipe import Recipe
+
+    args = ["--snapshot", snapshot_ref, "--recipe", recipe, "--output", output or f"runs/snapshot-{snapshot_ref}"]
+    plan = launch_plan(Recipe.load(recipe), gpus, args, server_gpus)
+    for line in plan.shell():
+        click.echo(line)
+
+
 @train.command("list")
 @click.option("--json", "as_json", is_flag=True)
 @friendly
@@ -302,6 +326,13 @@ def trainer() -> None:
 @click.option("--poll", "poll_s", type=click.FloatRange(min=0.1), default=30.0, show_default=True)
 @click.option("--max-trainings", type=click.IntRange(min=1), default=None, help="Exit after this many trainings.")
 @click.option("--max-idle", "max_idle_s", type=float, default=None, help="Exit after this long with nothing to do.")
+@click.option(
+    "--processes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Training processes (GPUs) per run; above 1 each training is a torchrun launch of 'stepq train'.",
+)
 @friendly
 def trainer_serve(
     lineage: str,
@@ -314,6 +345,7 @@ def trainer_serve(
     poll_s: float,
     max_trainings: int | None,
     max_idle_s: float | None,
+    processes: int,
 ) -> None:
     """Wait for labelled chunks, snapshot them and train, continuing the lineage."""
     import logging
@@ -344,6 +376,7 @@ def trainer_serve(
         lease_ttl_s=settings.trainer_lease_ttl_s,
         max_trainings=max_trainings,
         max_idle_s=max_idle_s,
+        processes=processes,
     )
     n = serve(db, options, say=lambda m: click.echo(f"stepq trainer: {m}", err=True))
     click.echo(f"trainer served lineage '{lineage}': {n} training(s)")

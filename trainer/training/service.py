@@ -10,9 +10,11 @@ latest trained model (the recipe's base model for the first).
 from __future__ import annotations
 
 import logging
+import shlex
+import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from stepq.models import Database, queries
@@ -20,6 +22,7 @@ from stepq.models import training_queries as tq
 from stepq.models.training import RUN_DONE
 from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
 from stepq.trainer.training.grpo import FINAL, TrainOptions, train_judge
+from stepq.trainer.training.launch import train_command
 from stepq.trainer.training.recipe import Recipe
 from stepq.trainer.training.records import process_owner
 from stepq.workers.labels import parse_rule
@@ -43,6 +46,9 @@ class ServiceOptions:
     """Exit after this many trainings (tests, one-shot jobs); None: run forever."""
     max_idle_s: float | None = None
     """Exit after this long without anything to train; None: wait forever."""
+    processes: int = 1
+    """Training processes (GPUs) per run: above 1, each training is a ``torchrun`` launch of
+    ``stepq train`` (DDP, or DeepSpeed through the recipe), watched by the service."""
 
 
 def serve(db: Database, options: ServiceOptions, say: Callable[[str], None] = log.info) -> int:
@@ -93,20 +99,14 @@ def _step(
     say: Callable[[str], None],
 ) -> bool:
     """Resume or start one training; False when there is nothing to do yet."""
-    train_options = TrainOptions(
-        lease_ttl_s=options.lease_ttl_s, wait_s=2 * options.lease_ttl_s, lineage=options.lineage
-    )
     with db.session() as session:
         runs = tq.lineage_runs(session, options.lineage)
     unfinished = [r for r in runs if r.status != RUN_DONE]
     if unfinished:
         run = unfinished[0]
         say(f"resuming training run {run.id} (snapshot {run.snapshot_id}) from {run.last_checkpoint or 'its start'}")
-        opts = replace(train_options, base_model=run.base_model)
         assert run.snapshot_id is not None  # a lineage trains GRPO judges on snapshots
-        result = train_judge(db, run.snapshot_id, recipe, Path(run.output_dir), opts, on_step=renew)
-        say(f"training run {result.run_id} done at step {result.global_step}: {result.final_model}")
-        return True
+        return _train(db, options, recipe, run.snapshot_id, Path(run.output_dir), run.base_model, renew, say)
     with db.session() as session:
         set_ids = tq.set_ids_by_name(session, list(options.sets))
         labelled = tq.count_labelled(session, set_ids, rule)
@@ -123,7 +123,45 @@ def _step(
     done = [r for r in runs if r.status == RUN_DONE]
     base = str(Path(done[-1].output_dir) / FINAL) if done else recipe.model
     say(f"snapshot {snapshot} ({labelled - seen} new labelled chunks); training from {base}")
-    opts = replace(train_options, base_model=base)
-    result = train_judge(db, snapshot, recipe, options.output_root / name, opts, on_step=renew)
-    say(f"training run {result.run_id} done at step {result.global_step}: {result.final_model}")
+    return _train(db, options, recipe, snapshot, options.output_root / name, base, renew, say)
+
+
+def _train(
+    db: Database,
+    options: ServiceOptions,
+    recipe: Recipe,
+    snapshot: int,
+    output_dir: Path,
+    base: str,
+    renew: Callable[[], None],
+    say: Callable[[str], None],
+) -> bool:
+    """One training of the lineage, in this process or as a multi-process launch; False
+    when a launch failed (a rank died): its run stays unfinished, and the next cycle
+    resumes it from its last checkpoint rather than starting a second run."""
+    wait_s = 2 * options.lease_ttl_s
+    if options.processes == 1:
+        train_options = TrainOptions(
+            lease_ttl_s=options.lease_ttl_s, wait_s=wait_s, lineage=options.lineage, base_model=base
+        )
+        result = train_judge(db, snapshot, recipe, output_dir, train_options, on_step=renew)
+        say(f"training run {result.run_id} done at step {result.global_step}: {result.final_model}")
+        return True
+    args = ["--snapshot", str(snapshot), "--recipe", options.recipe, "--model", base]
+    args += ["--output", str(output_dir), "--lineage", options.lineage, "--wait", str(wait_s)]
+    command = train_command(options.processes, args)
+    say(f"launching {options.processes} training processes: {shlex.join(command)}")
+    process = subprocess.Popen(command)
+    try:
+        while process.poll() is None:
+            renew()
+            time.sleep(min(5.0, options.lease_ttl_s / 4))
+    finally:
+        if process.poll() is None:  # the service is stopping: take the launch down with it
+            process.terminate()
+            process.wait()
+    if process.returncode != 0:
+        say(f"the training launch exited with code {process.returncode}; the next cycle resumes its run")
+        return False
+    say(f"training on snapshot {snapshot} done: {output_dir / FINAL}")
     return True
