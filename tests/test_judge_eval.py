@@ -33,11 +33,20 @@ SAMPLE = DATA / "processbench_gsm8k_sample.json"
         ("\\boxed {Negative}", False),
         ("I quote \\boxed{Positive} but conclude \\boxed{Negative}", False),
         ("\\boxed{Positive or Negative}", None),
+        ("2. Final Judgment: \\boxed{\\text{Positive}}", True),
+        ("\\boxed{\\textbf{ Negative }}", False),
+        ("\\boxed{\\text{\\textbf{Positive}}}", True),
+        ("\\boxed{Negative.}", False),
+        ("\\boxed{\\text{Positive}.}", True),
+        ("\\boxed{\\text{Positive}} then \\boxed{\\text{Negative}}", False),
+        ("\\boxed{\\text{Positive} \\text{Negative}}", None),
+        ("\\boxed{Positive", None),
         ("\\boxed{42}", None),
         ("Positive", None),
         ("", None),
     ],
 )
+@pytest.mark.unit
 def test_verdict_parser(text: str, verdict: bool | None) -> None:
     assert parse_verdict(text) is verdict
 

@@ -188,7 +188,7 @@ def test_eval_commands_use_a_trained_prm(sqlite: Database, tmp_path: Path) -> No
     assert report["subsets"][0]["samples"] == len(json.loads(SAMPLE.read_text()))
     bon = stepq("eval", "best-of-n", "--set", "o", "--n", "1,2", "--aggregate", "geomean", *prm, "--json")
     assert bon.returncode == 0, bon.stderr
-    rows = json.loads(bon.stdout)
+    rows = json.loads(bon.stdout)["rows"]
     assert [r["n"] for r in rows] == [1, 2] and rows[0]["judge"] == rows[0]["random"]
     missing = stepq("eval", "processbench", "--data", str(SAMPLE), "--judge", "prm", "--model", str(tmp_path))
     assert missing.returncode != 0 and "not a stepq PRM" in missing.stderr

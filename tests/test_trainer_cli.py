@@ -47,9 +47,11 @@ def test_eval_commands_with_the_oracle(sqlite: Database, monkeypatch: pytest.Mon
     # Abs-Q labels at M = 8 agree with the truth on nearly every chunk; the oracle is the truth
     assert report["rows"] > 0 and report["balanced_accuracy"] >= 80
     synth_set(sqlite, "bon", problems=30, seed=4, trajectories_per_problem=4, error_rate=0.3, recovery_rate=0.0)
-    rows = json.loads(
+    report = json.loads(
         _run(monkeypatch, sqlite, "eval", "best-of-n", "--set", "bon", "--n", "1,4", "--judge", "oracle", "--json")
     )
+    rows = report["rows"]
+    assert report["judge"] == "oracle" and report["judge_outputs"] == 0  # an oracle writes no text
     by_n = {r["n"]: r for r in rows}
     assert by_n[1]["judge"] == by_n[1]["random"]
     assert by_n[4]["judge"] > by_n[4]["random"]

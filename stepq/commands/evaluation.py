@@ -8,38 +8,74 @@ import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from stepq.commands.base import backend_config, friendly, load_settings, main, open_db
-from stepq.models.errors import ConfigError
 from stepq.workers.backends import BACKENDS as BACKEND_NAMES
+
+if TYPE_CHECKING:
+    from stepq.trainer.evaluation.judge_spec import BuiltJudge
 
 JUDGES = ("model", "prm", "oracle", "label-oracle", "accept-all", "scores")
 
 
 @contextmanager
-def progress(total: int, what: str) -> Iterator[Callable[[int], None]]:
-    """A progress bar with ETA on a terminal (plain when not a terminal)."""
+def progress_bars() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
+    """Progress bars with ETA on a terminal, one per subset: yields ``add(what, total)``,
+    which returns the bar's ``advance(n)``."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    with Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), transient=True) as bar:
-        task = bar.add_task(what, total=total)
-        yield lambda n: bar.advance(task, n)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, transient=True) as bars:
+
+        def add(what: str, total: int) -> Callable[[int], None]:
+            task = bars.add_task(what, total=total)
+            return lambda n: bars.advance(task, n)
+
+        yield add
 
 
 def judge_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The options that pick and configure a judge, shared by every eval command."""
+    from stepq.trainer.evaluation.judge_spec import KINDS, SCORE_BY
+
     options = [
-        click.option("--judge", type=click.Choice(JUDGES), default="model", show_default=True),
+        click.option("--judge", type=click.Choice(KINDS), default="model", show_default=True),
         click.option("--backend", type=click.Choice(BACKEND_NAMES), default="hf", show_default=True),
         click.option("--model", default=None, help="The judge model (a directory for hf/vllm)."),
         click.option("--base-url", default=None),
         click.option("--backend-option", "backend_options", multiple=True, metavar="KEY=VALUE"),
         click.option("--votes", type=click.IntRange(min=1), default=1, show_default=True, help="Majority of K."),
         click.option("--temperature", type=float, default=None, help="Default: 0 with one vote, 1 with several."),
-        click.option("--max-tokens", type=int, default=1024, show_default=True),
+        click.option(
+            "--max-tokens",
+            type=click.IntRange(min=1),
+            default=None,
+            help="Longest analysis.  Default: the judge's training max_completion_length (stepq-judge.json beside "
+            "the model), else 3072 (the shipped recipe's).",
+        ),
+        click.option(
+            "--judge-template",
+            type=click.Path(exists=True, dir_okay=False, path_type=Path),
+            default=None,
+            help="Judge prompt template (default: the one the judge was trained with, else the shipped one).",
+        ),
+        click.option(
+            "--chat-template/--raw-prompt",
+            default=None,
+            help="Send the judge prompt through the model's chat template or raw.  Default: as the judge was "
+            "trained (its recipe's conversational), else the chat template.",
+        ),
+        click.option(
+            "--score-by",
+            type=click.Choice(SCORE_BY),
+            default="verdict",
+            show_default=True,
+            help="--judge model: accept by verdict, or score each step by P(Positive): the share of Positive over "
+            "--votes K (votes), or the model's probability at the verdict (logprob, hf backend).",
+        ),
         click.option(
             "--scores",
             "scores_file",
@@ -48,13 +84,11 @@ def judge_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="--judge scores: JSONL of {id, scores: [per step]}.",
         ),
         click.option(
-            "--threshold", type=float, default=0.5, show_default=True, help="--judge prm|scores: accept a step at this."
-        ),
-        click.option(
-            "--chat-template/--raw-prompt",
-            default=True,
+            "--threshold",
+            type=float,
+            default=0.5,
             show_default=True,
-            help="Send the judge prompt through the model's chat template (as a recipe with conversational: true).",
+            help="Scoring judges (prm, scores, --score-by): accept a step at this score.",
         ),
     ]
     for option in reversed(options):
@@ -62,46 +96,35 @@ def judge_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def build_judge(kw: dict[str, Any]) -> Any:
-    from stepq.trainer.evaluation import judges
+def build_judge(kw: dict[str, Any]) -> BuiltJudge:
+    """The judge the options describe; a generative judge's backend is closed when the
+    command ends, whether it returns or fails (an engine's processes must stop)."""
+    from stepq.trainer.evaluation.judge_spec import JudgeSpec
+    from stepq.trainer.evaluation.judge_spec import build_judge as build
 
-    kind = kw["judge"]
-    if kind == "oracle":
-        return judges.SyntheticOracle()
-    if kind == "label-oracle":
-        return judges.LabelOracle()
-    if kind == "accept-all":
-        return judges.AcceptAll()
-    if kind == "prm":
-        if not kw["model"]:
-            raise ConfigError("--judge prm needs --model DIR (a PRM from 'stepq train --method prm')")
-        from stepq.trainer.prm.model import StepScorer
-
-        return judges.PRMJudge(StepScorer.load(kw["model"]), kw["threshold"])
-    if kind == "scores":
-        if kw["scores_file"] is None:
-            raise ConfigError("--judge scores needs --scores FILE")
-        table = {}
-        for line in kw["scores_file"].read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                table[str(row["id"])] = [float(x) for x in row["scores"]]
-        return judges.ScoreJudge(lambda sid, step: table[sid][step], kw["threshold"])
-    if not kw["model"] and kw["backend"] != "synthetic":
-        raise ConfigError(f"--judge model with --backend {kw['backend']} needs --model")
-    from stepq.workers.backends import SamplingParams, make_backend
-
-    backend = make_backend(kw["backend"], backend_config(kw["model"], kw["base_url"], kw["backend_options"]))
-    # An engine's processes must stop for the command to exit: close it when the command ends,
-    # whether it returns or fails.
-    click.get_current_context().call_on_close(backend.close)
-    temperature = kw["temperature"] if kw["temperature"] is not None else (0.0 if kw["votes"] == 1 else 1.0)
-    return judges.ModelJudge(
-        backend,
-        SamplingParams(temperature=temperature, max_tokens=kw["max_tokens"]),
+    spec = JudgeSpec(
+        kind=kw["judge"],
+        backend=kw["backend"],
+        model=kw["model"],
+        backend_config=backend_config(None, kw["base_url"], kw["backend_options"]),
         votes=kw["votes"],
+        temperature=kw["temperature"],
+        max_tokens=kw["max_tokens"],
         chat_template=kw["chat_template"],
+        judge_template=kw["judge_template"],
+        score_by=kw["score_by"],
+        scores_file=kw["scores_file"],
+        threshold=kw["threshold"],
     )
+    built = build(spec)
+    click.get_current_context().call_on_close(built.close)
+    return built
+
+
+def _judge_counts(row: dict[str, Any]) -> str:
+    if "judge_outputs" not in row or not row["judge_outputs"]:
+        return ""
+    return f"  [{row['judge_outputs']} outputs: {row['no_verdict']} no verdict, {row['truncated']} cut at the limit]"
 
 
 @main.group("eval")
@@ -110,13 +133,21 @@ def eval_group() -> None:
 
 
 @eval_group.command("processbench")
-@click.option("--data", "files", type=click.Path(exists=True, path_type=Path), multiple=True, required=True)
+@click.option(
+    "--data",
+    "files",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    multiple=True,
+    required=True,
+    help="ProcessBench files (JSON arrays); several after one --data, or --data repeated.",
+)
+@click.argument("more_files", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option(
     "--predictions",
     "predictions_file",
     type=click.Path(exists=True, path_type=Path),
     default=None,
-    help="Score this JSONL of {id, prediction} instead of running a judge.",
+    help="Score this JSONL of {id, prediction} instead of running a judge (every sample must have one).",
 )
 @click.option(
     "--out", "out_dir", type=click.Path(path_type=Path), default=None, help="Write predictions + scores here."
@@ -126,13 +157,14 @@ def eval_group() -> None:
     "tune_file",
     type=click.Path(exists=True, path_type=Path),
     default=None,
-    help="--judge prm: choose the threshold with the best F1 on this ProcessBench file, then score --data with it.",
+    help="Scoring judges: choose the threshold with the best F1 on this ProcessBench file, then score --data with it.",
 )
 @click.option("--json", "as_json", is_flag=True)
 @judge_options
 @friendly
 def eval_processbench(
     files: tuple[Path, ...],
+    more_files: tuple[Path, ...],
     predictions_file: Path | None,
     out_dir: Path | None,
     tune_file: Path | None,
@@ -143,37 +175,19 @@ def eval_processbench(
     from stepq.trainer.evaluation import processbench as pb
 
     given = pb.load_predictions(predictions_file) if predictions_file else None
-    judge = None if given is not None else build_judge(kw)
-    scoring = judge is not None and hasattr(judge, "score_solutions")
-    if tune_file is not None and not scoring:
-        raise ConfigError("--tune-threshold-on needs a scoring judge (--judge prm)")
-    threshold = kw["threshold"]
-    if tune_file is not None:
-        tune = pb.load_samples(tune_file)
-        threshold = pb.choose_threshold(pb.sample_scores(judge, tune), {s["id"]: s["label"] for s in tune})
-    scores, all_predictions = [], {}
-    predictions: dict[str, Any]
-    for path in files:
-        samples = pb.load_samples(path)
-        if given is not None:
-            predictions = {s["id"]: given.get(s["id"]) for s in samples}
-        elif scoring:
-            predictions = dict(pb.predictions_at(pb.sample_scores(judge, samples), threshold))
-        else:
-            assert judge is not None
-            with progress(len(samples), f"{path.stem}") as advance:
-                predictions = dict(pb.predict(judge, samples, advance))
-        all_predictions.update(predictions)
-        scores.append(pb.score(pb.subset_name(path), {s["id"]: s["label"] for s in samples}, predictions))
-    report: dict[str, Any] = {
-        "judge": kw["judge"] if given is None else "predictions",
-        "subsets": [s.as_dict() for s in scores],
-    }
-    if scoring:
-        report["threshold"] = threshold
-        report["threshold_tuned_on"] = pb.subset_name(tune_file) if tune_file else None
-    if len(scores) > 1:
-        report["average_f1"] = sum(s.f1 for s in scores) / len(scores)
+    built = None if given is not None else build_judge(kw)
+    with progress_bars() as bar:
+        report = pb.evaluate(
+            [*files, *more_files],
+            None if built is None else built.judge,
+            scoring=built is not None and built.scoring,
+            predictions=given,
+            threshold=kw["threshold"],
+            tune_file=tune_file,
+            on_subset=bar,
+        )
+    all_predictions = report.pop("predictions")
+    report = {**(built.describe() if built else {"judge": "predictions"}), **report}
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         with (out_dir / "predictions.jsonl").open("w") as fh:
@@ -183,14 +197,22 @@ def eval_processbench(
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
-    if scoring:
-        tuned = f"chosen on {report['threshold_tuned_on']}" if tune_file else "given"
-        click.echo(f"threshold {threshold:.4f} ({tuned})")
-    click.echo(f"{'subset':<12} {'samples':>7} {'acc_error':>9} {'acc_correct':>11} {'F1':>6}")
-    for s in scores:
-        click.echo(f"{s.subset:<12} {s.samples:>7} {s.acc_error:>9.1f} {s.acc_correct:>11.1f} {s.f1:>6.1f}")
+    if "threshold" in report:
+        tuned = f"chosen on {report['threshold_tuned_on']}" if report["threshold_tuned_on"] else "given"
+        click.echo(f"threshold {report['threshold']:.4f} ({tuned})")
+    writes = built is not None and built.settings is not None
+    extra = f" {'outputs':>8} {'no verdict':>10} {'cut':>5}" if writes else ""
+    click.echo(f"{'subset':<12} {'samples':>7} {'acc_error':>9} {'acc_correct':>11} {'F1':>6}{extra}")
+    for r in report["subsets"]:
+        counts = f" {r['judge_outputs']:>8} {r['no_verdict']:>10} {r['truncated']:>5}" if writes else ""
+        click.echo(
+            f"{r['subset']:<12} {r['samples']:>7} {r['acc_error']:>9.1f} {r['acc_correct']:>11.1f} {r['f1']:>6.1f}"
+            f"{counts}"
+        )
     if "average_f1" in report:
         click.echo(f"{'average':<12} {'':>7} {'':>9} {'':>11} {report['average_f1']:>6.1f}")
+    if writes:
+        click.echo("no verdict counts as a rejection: that step is predicted as the first error")
 
 
 @eval_group.command("snapshot")
@@ -203,13 +225,14 @@ def eval_snapshot(ref: str, as_json: bool, **kw: Any) -> None:
     from stepq.trainer.evaluation.validation import validation_accuracy
 
     db = open_db(load_settings())
-    report = validation_accuracy(db, ref, build_judge(kw))
+    built = build_judge(kw)
+    report = {**built.describe(), **validation_accuracy(db, ref, built.judge)}
     click.echo(
         json.dumps(report, indent=2)
         if as_json
         else f"validation of snapshot {ref}: positive {report['accuracy_positive']:.1f}%, "
         f"negative {report['accuracy_negative']:.1f}%, balanced {report['balanced_accuracy']:.1f}% "
-        f"({report['rows']} chunks)"
+        f"({report['rows']} chunks){_judge_counts(report)}"
     )
 
 
@@ -229,15 +252,21 @@ def eval_snapshot(ref: str, as_json: bool, **kw: Any) -> None:
 def eval_best_of_n(set_name: str, ns: str, how: str, as_json: bool, **kw: Any) -> None:
     """Pick one of N trajectories per problem by its aggregated step scores (a PRM's
     probabilities, or a generative judge's verdicts as 1/0)."""
+    from stepq.trainer.evaluation.judges import judge_stats
     from stepq.trainer.evaluation.validation import set_best_of_n
 
-    rows = set_best_of_n(open_db(load_settings()), set_name, build_judge(kw), [int(n) for n in ns.split(",")], how)
+    built = build_judge(kw)
+    rows = set_best_of_n(open_db(load_settings()), set_name, built.judge, [int(n) for n in ns.split(",")], how)
+    counts = judge_stats(built.judge).as_dict()
     if as_json:
-        click.echo(json.dumps([r.__dict__ for r in rows], indent=2))
+        report = {**built.describe(), **counts, "rows": [r.__dict__ for r in rows]}
+        click.echo(json.dumps(report, indent=2))
         return
     click.echo(f"{'N':>4} {'judge':>7} {'random':>7} {'majority':>8}")
     for r in rows:
         click.echo(f"{r.n:>4} {r.judge:>7.1f} {r.random:>7.1f} {r.majority:>8.1f}")
+    if line := _judge_counts(counts):
+        click.echo(line.strip() + " (no verdict scores the step 0)")
 
 
 @eval_group.command("chunk-reset")
@@ -249,9 +278,12 @@ def eval_best_of_n(set_name: str, ns: str, how: str, as_json: bool, **kw: Any) -
 @friendly
 def eval_chunk_reset(set_name: str, attempts: int, seed: int, as_json: bool, **kw: Any) -> None:
     """Chunk-reset inference with a judge, against plain sampling on the same seeds."""
+    from stepq.trainer.evaluation.judges import judge_stats
     from stepq.trainer.evaluation.validation import set_chunk_reset
 
-    report = set_chunk_reset(open_db(load_settings()), set_name, build_judge(kw), attempts, seed)
+    built = build_judge(kw)
+    report = set_chunk_reset(open_db(load_settings()), set_name, built.judge, attempts, seed)
+    report = {**built.describe(), **judge_stats(built.judge).as_dict(), **report}
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
@@ -261,3 +293,5 @@ def eval_chunk_reset(set_name: str, attempts: int, seed: int, as_json: bool, **k
             f"{name:<12} accuracy {r['accuracy']:6.1f}%  chunks {r['accepted_chunks']} accepted, "
             f"{r['rejected_chunks']} rejected  tokens {r['tokens']}"
         )
+    if line := _judge_counts(report):
+        click.echo(line.strip() + " (no verdict rejects the chunk)")

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from stepq.models.errors import InputError
-from stepq.trainer.evaluation.judges import StepItem, StepJudge
+from stepq.models.errors import ConfigError, InputError
+from stepq.trainer.evaluation.judges import StepItem, StepJudge, judge_stats
 
 
 @dataclass(frozen=True)
@@ -169,3 +169,69 @@ def sample_scores(judge: Any, samples: Sequence[dict[str, Any]]) -> dict[str, li
     """Every step's score of every sample, from a judge with ``score_solutions``."""
     rows = judge.score_solutions([(s["problem"], s["steps"]) for s in samples])
     return {s["id"]: row for s, row in zip(samples, rows, strict=True)}
+
+
+# --- the whole evaluation, as ``stepq eval processbench`` runs it --------------------------
+
+NO_VERDICT_RULE = "a rejection: that step is predicted as the first error"
+
+
+def evaluate(
+    files: Sequence[Path],
+    judge: Any = None,
+    *,
+    scoring: bool = False,
+    predictions: Mapping[str, Any] | None = None,
+    threshold: float = 0.5,
+    tune_file: Path | None = None,
+    on_subset: Callable[[str, int], Callable[[int], None] | None] | None = None,
+) -> dict[str, Any]:
+    """Score ``judge`` (or given ``predictions``) on each ProcessBench file.
+
+    The report holds, per subset, the official metric and what the judge wrote (outputs with
+    no verdict, outputs cut by the length limit); with a scoring judge, the threshold and
+    the file it was tuned on (never the file being scored, unless the user says so).
+    """
+    if (judge is None) == (predictions is None):
+        raise ValueError("give a judge or predictions")
+    if tune_file is not None and not scoring:
+        raise ConfigError("--tune-threshold-on needs a scoring judge (--judge prm, or --score-by votes|logprob)")
+    if tune_file is not None:
+        tune = load_samples(tune_file)
+        threshold = choose_threshold(sample_scores(judge, tune), {s["id"]: s["label"] for s in tune})
+    subsets, all_predictions = [], {}
+    for path in files:
+        samples = load_samples(path)
+        labels = {s["id"]: s["label"] for s in samples}
+        before = judge_stats(judge)
+        if predictions is not None:
+            missing = [sid for sid in labels if sid not in predictions]
+            if missing:
+                raise InputError(
+                    str(path),
+                    None,
+                    "id",
+                    f"{len(missing)} of {len(labels)} samples have no prediction (first: {', '.join(missing[:3])})",
+                )
+            found = {sid: predictions[sid] for sid in labels}
+        elif scoring:
+            found = dict(predictions_at(sample_scores(judge, samples), threshold))
+        else:
+            advance = on_subset(subset_name(path), len(samples)) if on_subset else None
+            found = dict(predict(judge, samples, advance))
+        all_predictions.update(found)
+        row = score(subset_name(path), labels, found).as_dict()
+        if predictions is None:
+            row.update(judge_stats(judge).since(before).as_dict())
+        subsets.append(row)
+    report: dict[str, Any] = {
+        "subsets": subsets,
+        "no_verdict_is": "a rejection (that step is predicted as the first error)",
+    }
+    if scoring:
+        report["threshold"] = threshold
+        report["threshold_tuned_on"] = subset_name(tune_file) if tune_file else None
+    if len(subsets) > 1:
+        report["average_f1"] = sum(s["f1"] for s in subsets) / len(subsets)
+    report["predictions"] = all_predictions
+    return report

@@ -12,7 +12,7 @@ from stepq.models.errors import ConfigError
 from stepq.models.snapshots import VALIDATION
 from stepq.trainer.evaluation.best_of_n import BestOfNRow, Candidate, best_of_n
 from stepq.trainer.evaluation.chunk_reset import PolicyProblem, chunk_reset
-from stepq.trainer.evaluation.judges import AcceptAll, StepItem, StepJudge
+from stepq.trainer.evaluation.judges import AcceptAll, StepItem, StepJudge, judge_stats
 from stepq.trainer.snapshots.export import snapshot_records
 from stepq.workers.backends import SamplingParams, make_backend
 
@@ -25,6 +25,7 @@ def validation_accuracy(db: Database, ref: str | int, judge: StepJudge, batch: i
         raise ConfigError(f"snapshot {ref} has no validation rows (made with --val-fraction 0?)")
     hits = {"Positive": 0, "Negative": 0}
     seen = {"Positive": 0, "Negative": 0}
+    before = judge_stats(judge)
     for start in range(0, len(rows), batch):
         part = rows[start : start + batch]
         items = [StepItem(r["problem"], tuple(r["history"]), r["chunk"], {"id": r["trajectory_id"]}) for r in part]
@@ -33,7 +34,14 @@ def validation_accuracy(db: Database, ref: str | int, judge: StepJudge, batch: i
             hits[r["label"]] += verdict is not None and verdict == (r["label"] == "Positive")
     pos = 100.0 * hits["Positive"] / seen["Positive"] if seen["Positive"] else 0.0
     neg = 100.0 * hits["Negative"] / seen["Negative"] if seen["Negative"] else 0.0
-    return {"rows": len(rows), "accuracy_positive": pos, "accuracy_negative": neg, "balanced_accuracy": (pos + neg) / 2}
+    return {
+        "rows": len(rows),
+        "accuracy_positive": pos,
+        "accuracy_negative": neg,
+        "balanced_accuracy": (pos + neg) / 2,
+        **judge_stats(judge).since(before).as_dict(),
+        "no_verdict_is": "wrong, whatever the label",
+    }
 
 
 def _set(db: Database, name: str) -> tuple[Any, dict[int, list[dict[str, Any]]]]:

@@ -18,8 +18,10 @@ DEFAULT_TEMPLATE = TEMPLATES / "stepwiser.txt"
 NO_HISTORY = "(none: this is the first chunk)"
 POSITIVE, NEGATIVE = "Positive", "Negative"
 
-# The last \boxed{...} of the answer is the verdict; case and inner white space do not matter.
-_BOXED = re.compile(r"\\boxed\s*\{\s*([^{}]*?)\s*\}", re.IGNORECASE)
+# A verdict box: "\boxed" then a brace group (read with its nesting by ``_boxed_contents``).
+_BOXED_OPEN = re.compile(r"\\boxed\s*\{", re.IGNORECASE)
+# LaTeX wrappers a model puts around the word: \text{Positive}, \textbf{...}, \mathrm{...}
+_WRAPPER = re.compile(r"^\\(?:text|textbf|textit|mathrm|mathbf|mbox|emph)\s*\{(.*)\}$", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -60,17 +62,37 @@ def _default() -> JudgePrompt:
     return _CACHE["default"]
 
 
+def _boxed_contents(text: str) -> list[str]:
+    """The contents of every complete ``\\boxed{...}``, nested braces included, in order."""
+    out = []
+    for match in _BOXED_OPEN.finditer(text):
+        depth, start = 1, match.end()
+        for i in range(start, len(text)):
+            if text[i] == "{":
+                depth += 1
+            elif text[i] == "}":
+                depth -= 1
+                if depth == 0:
+                    out.append(text[start:i])
+                    break
+    return out
+
+
 def parse_verdict(text: str) -> bool | None:
     """True for Positive, False for Negative, None when the answer holds no verdict.
 
-    Only the last ``\\boxed{}`` counts (a judge may quote the format in its analysis); its
-    content must be exactly one of the two words, so "\\boxed{Positive or Negative}" is no
-    verdict rather than a guess.
+    Only the last ``\\boxed{}`` counts (a judge may quote the format in its analysis).  Its
+    content, once LaTeX text wrappers (``\\text{Positive}``), white space and trailing
+    punctuation are taken off, must be exactly one of the two words, so
+    "\\boxed{Positive or Negative}" is no verdict rather than a guess.
     """
-    found = _BOXED.findall(text)
+    found = _boxed_contents(text)
     if not found:
         return None
-    word = found[-1].strip().lower()
+    word = found[-1].strip().rstrip(".!;:, ")
+    while (inner := _WRAPPER.match(word)) is not None:
+        word = inner.group(1).strip().rstrip(".!;:, ")
+    word = word.lower()
     if word == "positive":
         return True
     if word == "negative":

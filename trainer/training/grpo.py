@@ -7,6 +7,7 @@ final model is saved to ``OUTPUT/final``.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,10 @@ from stepq.models.errors import ConfigError
 from stepq.models.snapshots import TRAIN
 from stepq.trainer.judge.prompt import JudgePrompt
 from stepq.trainer.judge.rewards import get_rewards
+from stepq.trainer.judge.settings import FILE as JUDGE_SETTINGS
+from stepq.trainer.judge.settings import settings_for_training
 from stepq.trainer.snapshots.export import snapshot_records
+from stepq.trainer.training.ranks import current_rank
 from stepq.trainer.training.recipe import Recipe
 from stepq.trainer.training.records import ClassAccuracy
 from stepq.trainer.training.runs import FINAL, RunHandle, RunSpec, TrainOptions, TrainResult, recorded_run, run_trl
@@ -64,6 +68,11 @@ def train_judge(
         from trl import GRPOTrainer
 
         dataset = judge_dataset(db, snapshot, recipe)
+        if handle.run_id is not None:  # the main rank: how this judge is prompted, for its evaluation
+            settings = settings_for_training(
+                recipe.judge_template, recipe.conversational, int(config.max_completion_length), handle.run_id
+            )
+            settings.save(output_dir)
         accuracy = ClassAccuracy()
         rewards: list[Any] = [accuracy.wrap(fn) if i == 0 else fn for i, fn in enumerate(get_rewards(recipe.rewards))]
         return run_trl(
@@ -77,4 +86,8 @@ def train_judge(
             on_step,
         )
 
-    return recorded_run(db, spec, options, body)
+    result = recorded_run(db, spec, options, body)
+    saved = output_dir / JUDGE_SETTINGS
+    if current_rank().is_main and saved.is_file() and result.final_model.is_dir():
+        shutil.copyfile(saved, result.final_model / JUDGE_SETTINGS)
+    return result

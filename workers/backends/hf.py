@@ -108,6 +108,22 @@ class HFBackend:
             completions.append(Completion(text, length, reason))
         return completions
 
+    def continuation_logprobs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+        """log P(continuation | context) for each (context, continuation): how a generative
+        judge's probability of one verdict word is read at the point it writes it."""
+        import torch
+
+        out: list[float] = []
+        for context, continuation in pairs:
+            ctx = self.tokenizer.encode(context, add_special_tokens=False)
+            cont = self.tokenizer.encode(continuation, add_special_tokens=False)
+            ids = torch.tensor([ctx + cont], device=self.device)
+            with torch.no_grad():
+                logits = self.model(ids).logits[0, len(ctx) - 1 : -1].float()
+            picked = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(cont, device=self.device)[:, None])
+            out.append(float(picked.sum()))
+        return out
+
     def format_prompt(self, user_text: str) -> str:
         if getattr(self.tokenizer, "chat_template", None):
             return str(
