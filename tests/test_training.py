@@ -15,6 +15,7 @@ import pytest
 
 from stepq.models import Database
 from stepq.models import training_queries as tq
+from stepq.trainer.evaluation.judge_spec import JudgeSpec, build_judge
 from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
 from stepq.trainer.training.grpo import TrainOptions, train_judge
 from stepq.trainer.training.recipe import Recipe
@@ -42,7 +43,11 @@ def test_grpo_run_is_recorded_and_its_checkpoint_scores_processbench(pg: Databas
     annotated_set(pg, problems=30)
     snapshot = create_snapshot(pg, SnapshotSpec(("s",), "abs-q", val_fraction=0.2, seed=0))
     model = build_tiny_model(tmp_path / "model", n_positions=4096)
-    recipe = Recipe.load(tiny_recipe(tmp_path / "tiny.yaml", model, max_steps=4, save_steps=2))
+    template = tmp_path / "judge.txt"
+    template.write_text("P: {problem}\nH: {history}\nC: {chunk}\nVerdict in \\boxed{{}}:")
+    recipe_file = tiny_recipe(tmp_path / "tiny.yaml", model, max_steps=4, save_steps=2)
+    recipe_file.write_text(recipe_file.read_text() + f"judge_template: {template}\n")
+    recipe = Recipe.load(recipe_file)
     result = train_judge(pg, snapshot, recipe, tmp_path / "run")
     assert result.status == "done" and result.global_step == 4 and result.resumed_from is None
     with pg.session() as s:
@@ -64,6 +69,16 @@ def test_grpo_run_is_recorded_and_its_checkpoint_scores_processbench(pg: Databas
     assert (checkpoint / "model.safetensors").exists() and (result.final_model / "config.json").exists()
     # started again, a finished run is reported, not retrained
     assert train_judge(pg, snapshot, recipe, tmp_path / "run").run_id == result.run_id
+
+    # evaluation asks the judge as it was trained: its template, raw prompt, its length limit
+    template.unlink()  # read at training time: the judge does not depend on the file staying
+    for model_dir in (result.final_model, checkpoint):
+        built = build_judge(JudgeSpec(model=str(model_dir)))
+        assert built.settings is not None and built.settings.source == f"training run {run.id}"
+        assert built.judge.prompt.template.startswith("P: {problem}")
+        assert built.judge.chat_template is False and built.judge.params.max_tokens == 12
+        overridden = build_judge(JudgeSpec(model=str(model_dir), chat_template=True, max_tokens=5))
+        assert overridden.judge.chat_template is True and overridden.judge.params.max_tokens == 5
 
     out = tmp_path / "eval"
     done = _stepq(
@@ -89,6 +104,11 @@ def test_grpo_run_is_recorded_and_its_checkpoint_scores_processbench(pg: Databas
     (subset,) = report["subsets"]
     samples = json.loads(SAMPLE.read_text())
     assert subset["subset"] == SAMPLE.stem and subset["samples"] == len(samples)
+    assert report["judge_settings"]["source"] == f"training run {run.id}"
+    assert report["judge_settings"]["max_tokens"] == 8  # --max-tokens given
+    # what the judge wrote is counted: 8 tokens leave no room for a verdict
+    assert subset["judge_outputs"] >= len(samples)
+    assert subset["no_verdict"] == subset["truncated"] == subset["judge_outputs"]
     predictions = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert {p["id"] for p in predictions} == {s["id"] for s in samples}
     # an untrained judge gives no verdicts: every sample stops at its first step (prediction 0)
@@ -98,7 +118,10 @@ def test_grpo_run_is_recorded_and_its_checkpoint_scores_processbench(pg: Databas
         pg_url, "eval", "processbench", "--data", str(SAMPLE), "--predictions", str(out / "predictions.jsonl"), "--json"
     )
     assert rescored.returncode == 0, rescored.stderr
-    assert json.loads(rescored.stdout)["subsets"] == report["subsets"]
+    metric = ("subset", "samples", "erroneous", "correct", "acc_error", "acc_correct", "f1")
+    assert [{k: r[k] for k in metric} for r in json.loads(rescored.stdout)["subsets"]] == [
+        {k: r[k] for k in metric} for r in report["subsets"]
+    ]
 
 
 def test_a_second_trainer_waits_for_the_run_lease(pg: Database, tmp_path: Path) -> None:
