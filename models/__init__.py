@@ -6,7 +6,7 @@ from stepq.models.db import Database
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.rollouts import ChunkLabel, QValue, Rollout
 from stepq.models.search import SearchTurn, StepSearch
-from stepq.models.snapshots import Snapshot, SnapshotRow
+from stepq.models.snapshots import Snapshot, SnapshotRow, SnapshotText
 from stepq.models.training import TrainingMetric, TrainingRun
 from stepq.models.trajectories import Chunk, Trajectory
 from stepq.models.work import Lock, RolloutWork, Worker
@@ -29,6 +29,7 @@ __all__ = [
     "SetCounters",
     "Snapshot",
     "SnapshotRow",
+    "SnapshotText",
     "StepSearch",
     "TrainingMetric",
     "TrainingRun",

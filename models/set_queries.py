@@ -129,21 +129,7 @@ def delete_trajectories_of(session: Session, problem_ids: Sequence[int]) -> int:
     tids = trajectory_ids_of(session, problem_ids)
     if not tids:
         return 0
-    from stepq.models.snapshots import SnapshotRow
-
-    in_snapshots = session.scalar(
-        select(func.count())
-        .select_from(SnapshotRow)
-        .join(Chunk, Chunk.id == SnapshotRow.chunk_id)
-        .where(Chunk.trajectory_id.in_(tids))
-    )
-    if in_snapshots:
-        from stepq.models.errors import ConfigError
-
-        raise ConfigError(
-            f"{in_snapshots} rows of existing snapshots hold these problems' chunks: a snapshot is immutable, "
-            "so their questions cannot change (ingest the new version under another id)"
-        )
+    # Snapshots holding these chunks keep their own copy of the text (snapshot_texts).
     chunk_ids = select(Chunk.id).where(Chunk.trajectory_id.in_(tids))
     session.execute(delete(ChunkLabel).where(ChunkLabel.chunk_id.in_(chunk_ids)))
     session.execute(delete(QValue).where(QValue.trajectory_id.in_(tids)))

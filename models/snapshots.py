@@ -1,9 +1,12 @@
 """Snapshots: immutable, numbered, balanced sets of labelled chunks for judge training.
 
 A snapshot row stores the label *value* and the Q-values it came from, never a pointer to
-``chunk_labels``: relabelling, more annotation or a new rule never changes a snapshot.  Its
-chunk reference has no ``ON DELETE CASCADE``, so the database refuses to delete or re-segment
-a chunk that a snapshot holds rather than silently shrink the snapshot.
+``chunk_labels``: relabelling, more annotation or a new rule never changes a snapshot.  The
+text it was labelled on is kept too (``SnapshotText``: the question and every chunk of each
+trajectory, as they were when the snapshot was made), so a question updated by ``stepq
+ingest --update`` or a re-segmented trajectory changes nothing a snapshot exports.  Its
+``chunk_id`` and ``trajectory_id`` say where a row came from; they are not foreign keys, so
+the rows outlive what they came from.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, UniqueConstraint, func
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, func
 from sqlalchemy.orm import Mapped, mapped_column
 
 from stepq.models.base import Base
@@ -50,10 +53,21 @@ class SnapshotRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     snapshot_id: Mapped[int] = mapped_column(ForeignKey("snapshots.id", ondelete="CASCADE"))
     split: Mapped[str] = mapped_column(String(20))
-    chunk_id: Mapped[int] = mapped_column(ForeignKey("chunks.id"))
+    chunk_id: Mapped[int] = mapped_column(Integer)
     trajectory_id: Mapped[int] = mapped_column(Integer)
     problem_id: Mapped[int] = mapped_column(Integer)
     chunk_idx: Mapped[int] = mapped_column(Integer)
     positive: Mapped[bool] = mapped_column(Boolean)
     q_before: Mapped[float] = mapped_column(Float)
     q_after: Mapped[float] = mapped_column(Float)
+
+
+class SnapshotText(Base):
+    """The text a snapshot's trajectory was labelled on: its question and chunks, frozen."""
+
+    __tablename__ = "snapshot_texts"
+
+    snapshot_id: Mapped[int] = mapped_column(ForeignKey("snapshots.id", ondelete="CASCADE"), primary_key=True)
+    trajectory_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    question: Mapped[str] = mapped_column(Text)
+    chunks: Mapped[list[str]] = mapped_column(JSON)

@@ -17,7 +17,7 @@ from stepq.models.base import epoch
 from stepq.models.errors import NotFoundError
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.rollouts import ChunkLabel, QValue, Rollout
-from stepq.models.snapshots import Snapshot, SnapshotRow
+from stepq.models.snapshots import Snapshot, SnapshotRow, SnapshotText
 from stepq.models.sql import _insert, upsert
 from stepq.models.training import RUN_DONE, RUN_FAILED, RUN_RUNNING, TrainingMetric, TrainingRun
 from stepq.models.trajectories import Chunk, Trajectory
@@ -74,13 +74,39 @@ def set_ids_by_name(session: Session, names: Sequence[str]) -> list[int]:
 
 
 def insert_snapshot(session: Session, snapshot: dict[str, Any], rows: Sequence[dict[str, Any]]) -> int:
-    """Write a snapshot and its rows in the caller's transaction; returns its id."""
+    """Write a snapshot, its rows and the text they were labelled on (frozen now, in the
+    caller's transaction, so it is the text the labels were read with); returns its id."""
     snap = Snapshot(**snapshot)
     session.add(snap)
     session.flush()
     if rows:
         session.connection().execute(insert(SnapshotRow), [{**r, "snapshot_id": snap.id} for r in rows])
+        texts = _live_texts(session, sorted({r["trajectory_id"] for r in rows}))
+        session.connection().execute(
+            insert(SnapshotText),
+            [
+                {"snapshot_id": snap.id, "trajectory_id": tid, "question": question, "chunks": chunks}
+                for tid, (question, chunks) in texts.items()
+            ],
+        )
     return snap.id
+
+
+def _live_texts(session: Session, trajectory_ids: Sequence[int]) -> dict[int, tuple[str, list[str]]]:
+    """Each trajectory's question and chunk texts as the tables hold them now."""
+    out: dict[int, tuple[str, list[str]]] = {}
+    for start in range(0, len(trajectory_ids), 1000):
+        part = list(trajectory_ids[start : start + 1000])
+        rows = session.execute(
+            select(Trajectory.id, Problem.question, Chunk.text)
+            .join(Problem, Problem.id == Trajectory.problem_id)
+            .join(Chunk, Chunk.trajectory_id == Trajectory.id)
+            .where(Trajectory.id.in_(part))
+            .order_by(Trajectory.id, Chunk.idx)
+        )
+        for tid, question, chunk_text in rows:
+            out.setdefault(tid, (question, []))[1].append(chunk_text)
+    return out
 
 
 def snapshot_name_taken(session: Session, name: str) -> bool:
@@ -118,21 +144,27 @@ def snapshot_rows(session: Session, snapshot_id: int, split: str | None = None) 
 
 
 def snapshot_contexts(session: Session, snapshot_id: int) -> dict[int, dict[str, Any]]:
-    """Per trajectory of a snapshot: problem text and ids, and every chunk's text in order;
-    what rendering a judge prompt needs (the history is the chunks before the judged one)."""
-    trajectories = select(SnapshotRow.trajectory_id).where(SnapshotRow.snapshot_id == snapshot_id).distinct()
-    rows = session.execute(
-        select(Trajectory.id, Problem.external_id, Problem.question, ProblemSet.name, Chunk.idx, Chunk.text)
-        .join(Problem, Problem.id == Trajectory.problem_id)
-        .join(ProblemSet, ProblemSet.id == Problem.problem_set_id)
-        .join(Chunk, Chunk.trajectory_id == Trajectory.id)
-        .where(Trajectory.id.in_(trajectories))
-        .order_by(Trajectory.id, Chunk.idx)
-    )
+    """Per trajectory of a snapshot: the problem's ids and the question and chunks exactly as
+    they were when the snapshot was made; what rendering a judge prompt needs (the history
+    is the chunks before the judged one)."""
+    origin = {
+        tid: (ext, set_name)
+        for tid, ext, set_name in session.execute(
+            select(SnapshotRow.trajectory_id, Problem.external_id, ProblemSet.name)
+            .join(Problem, Problem.id == SnapshotRow.problem_id)
+            .join(ProblemSet, ProblemSet.id == Problem.problem_set_id)
+            .where(SnapshotRow.snapshot_id == snapshot_id)
+            .distinct()
+        )
+    }
     out: dict[int, dict[str, Any]] = {}
-    for tid, ext, question, set_name, _idx, chunk_text in rows:
-        entry = out.setdefault(tid, {"problem_id": ext, "question": question, "set": set_name, "chunks": []})
-        entry["chunks"].append(chunk_text)
+    for tid, question, chunks in session.execute(
+        select(SnapshotText.trajectory_id, SnapshotText.question, SnapshotText.chunks).where(
+            SnapshotText.snapshot_id == snapshot_id
+        )
+    ):
+        ext, set_name = origin.get(tid, (None, None))
+        out[tid] = {"problem_id": ext, "question": question, "set": set_name, "chunks": list(chunks)}
     return out
 
 

@@ -34,6 +34,7 @@ DATA = ROOT / "tests" / "data"
 TABLES = [
     "training_metrics",
     "training_runs",
+    "snapshot_texts",
     "snapshot_rows",
     "snapshots",
     "chunk_labels",

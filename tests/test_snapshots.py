@@ -7,10 +7,13 @@ import random
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from stepq.models import Database
 from stepq.models import training_queries as tq
 from stepq.models.errors import ConfigError
+from stepq.models.problems import Problem
+from stepq.models.trajectories import Trajectory
 from stepq.trainer.snapshots.balance import LabelledChunk, balance, plan_snapshot, validation_problems
 from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
 from stepq.trainer.snapshots.export import export_snapshot
@@ -56,10 +59,31 @@ def test_unbalanced_plan_keeps_every_row() -> None:
 def test_balance_of_one_class_is_empty_and_split_fraction_is_by_problem() -> None:
     only_pos = [r for r in _rows(50, 1) if r.positive]
     assert balance(only_pos, 0) == []
-    assert len(validation_problems(range(100), 0.1, 7)) == 10
+    assert 900 <= len(validation_problems(range(10_000), 0.1, 7)) <= 1100
     assert validation_problems(range(100), 0.1, 7) == validation_problems(range(100), 0.1, 7)
     assert validation_problems(range(100), 0.1, 7) != validation_problems(range(100), 0.1, 8)
     assert validation_problems(range(10), 0.0, 1) == set()
+
+
+def test_a_problem_keeps_its_side_as_the_set_grows() -> None:
+    """The side is the problem's own: a bigger set puts every earlier problem where it was."""
+    small, large = validation_problems(range(50), 0.2, 3), validation_problems(range(500), 0.2, 3)
+    assert small and small == large & set(range(50))
+    assert validation_problems([7, 40, 3], 0.2, 3) == large & {7, 40, 3}
+
+
+def test_splits_stay_put_across_a_lineage_as_the_set_grows(pg: Database) -> None:
+    sides: dict[int, set[str]] = {}
+    for number, problems in enumerate((20, 35, 50), 1):
+        annotated_set(pg, problems=problems)  # the same set, grown: only the new problems are annotated
+        ref = create_snapshot(pg, SnapshotSpec(("s",), "abs-q", 0.25, 0, name=f"L-{number}", lineage="L"))
+        with pg.session() as s:
+            rows = tq.snapshot_rows(s, ref)
+        assert len({r.problem_id for r in rows}) > (problems * 3) // 4  # the grown set is in it
+        for r in rows:
+            sides.setdefault(r.problem_id, set()).add(r.split)
+    assert all(len(split) == 1 for split in sides.values()), "a problem changed sides between snapshots"
+    assert any(split == {"validation"} for split in sides.values())
 
 
 def _snapshot_rows(db: Database, ref: int) -> list[tuple]:
@@ -139,3 +163,37 @@ def test_export_loads_with_datasets_and_carries_the_judge_prompt(sqlite: Databas
         assert all(h.strip() in row["prompt"] for h in row["history"])
         assert {"problem_id", "trajectory_id", "q_before", "q_after"} <= set(row)
     assert any(r["chunk_index"] > 1 for r in train)
+
+
+def test_a_snapshot_keeps_its_text_through_an_ingest_update(any_db: Database, tmp_path: Path) -> None:
+    """A question updated after a snapshot (``stepq ingest --update``) changes the problem, and
+    drops what was sampled for the old question, but not what the snapshot exports."""
+    from click.testing import CliRunner
+
+    from stepq.cli import main
+    from stepq.workers.grading import Grader
+    from stepq.workers.ingest import FieldMap, ingest_file
+    from stepq.workers.regrade import regrade_trajectories
+    from tests.test_ingest import _annotated_by_hand, _records, _write
+
+    source = _write(tmp_path / "v1.jsonl", _records())
+    ingest_file(any_db, source, "u", FieldMap(steps="steps"))
+    tid = _annotated_by_hand(any_db)
+    regrade_trajectories(any_db, "u", [tid], Grader())  # Q-values and labels from the rollouts
+    ref = create_snapshot(any_db, SnapshotSpec(("u",), "abs-q", val_fraction=0.0, balanced=False))
+    export_snapshot(any_db, ref, tmp_path / "before", "jsonl")
+    before = (tmp_path / "before" / "train.jsonl").read_text()
+    assert "What is 2 + 3?" in before and "2 + 3 = 5." in before
+
+    _write(source, _records(question="What is 3 + 2?"))  # the same file, edited
+    result = CliRunner().invoke(
+        main,
+        ["ingest", str(source), "--set", "u", "--steps", "steps", "--update"],
+        env={"STEPQ_DATABASE_URL": any_db.url},
+    )
+    assert result.exit_code == 0, result.output
+    with any_db.session() as s:
+        assert {p.question for p in s.scalars(select(Problem))} == {"What is 3 + 2?", "What is 1 + 1?"}
+        assert s.get(Trajectory, tid) is None  # sampled for the old question: dropped
+    export_snapshot(any_db, ref, tmp_path / "after", "jsonl")
+    assert (tmp_path / "after" / "train.jsonl").read_text() == before

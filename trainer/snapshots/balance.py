@@ -27,17 +27,26 @@ class LabelledChunk:
     q_after: float
 
 
+def validation_side(problem_id: int, val_fraction: float, seed: int) -> bool:
+    """Whether a problem belongs to validation: a seeded hash of its id, below the fraction.
+
+    The side is a function of the problem alone (not of which other problems the snapshot
+    holds), so as sets grow across a lineage's snapshots, a problem never moves from one
+    snapshot's train split into a later one's validation split.
+    """
+    if val_fraction <= 0:
+        return False
+    digest = hashlib.sha256(f"split:{seed}:{problem_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < val_fraction
+
+
 def validation_problems(problem_ids: Iterable[int], val_fraction: float, seed: int) -> set[int]:
-    """Which problems go to validation: a seeded draw of ``round(fraction * n)`` problems.
+    """The problems that go to validation (``validation_side``): about ``val_fraction`` of them.
 
     Splitting problems, not chunks, keeps every chunk of a problem on one side, so a judge is
     never validated on a problem whose other steps it was trained on.
     """
-    ids = sorted(set(problem_ids))
-    if not ids or val_fraction <= 0:
-        return set()
-    k = min(len(ids), max(1, round(val_fraction * len(ids))))
-    return set(random.Random(f"split:{seed}").sample(ids, k))
+    return {p for p in set(problem_ids) if validation_side(p, val_fraction, seed)}
 
 
 def balance(rows: Sequence[LabelledChunk], seed: int) -> list[LabelledChunk]:

@@ -68,7 +68,7 @@ def create_snapshot(db: Database, spec: SnapshotSpec) -> int:
             "seed": spec.seed,
             "val_fraction": spec.val_fraction,
             "balanced": spec.balanced,
-            "split": "by problem",
+            "split": "by problem: a seeded hash of the problem id, so a problem keeps its side as sets grow",
             "counts_before_balancing": plan.counts_before,
             "counts": plan.counts_after,
             "problems": {s: len({r.problem_id for r in part}) for s, part in plan.splits.items()},
