@@ -322,7 +322,7 @@ def lineage_runs(session: Session, lineage: str) -> list[TrainingRun]:
 
 def set_solutions(session: Session, set_id: int) -> dict[int, list[dict[str, Any]]]:
     """Per problem of a set: question, reference, and each trajectory's prompt, chunks,
-    final answer and outcome (ordered by trajectory id, so "the first N" is stable)."""
+    segmentation method, final answer and outcome (ordered by trajectory id, so "the first N" is stable)."""
     rows = session.execute(
         select(
             Problem.id,
@@ -332,6 +332,7 @@ def set_solutions(session: Session, set_id: int) -> dict[int, list[dict[str, Any
             Trajectory.prompt,
             Trajectory.final_answer,
             Trajectory.outcome,
+            Trajectory.segmentation,
             Chunk.text,
         )
         .join(Trajectory, Trajectory.problem_id == Problem.id)
@@ -340,7 +341,7 @@ def set_solutions(session: Session, set_id: int) -> dict[int, list[dict[str, Any
         .order_by(Problem.id, Trajectory.id, Chunk.idx)
     )
     out: dict[int, dict[int, dict[str, Any]]] = {}
-    for pid, question, reference, tid, prompt, answer, outcome, chunk in rows:
+    for pid, question, reference, tid, prompt, answer, outcome, segmentation, chunk in rows:
         entry = out.setdefault(pid, {}).setdefault(
             tid,
             {
@@ -349,6 +350,7 @@ def set_solutions(session: Session, set_id: int) -> dict[int, list[dict[str, Any
                 "prompt": prompt,
                 "answer": answer,
                 "outcome": outcome,
+                "segmentation": segmentation,
                 "chunks": [],
             },
         )

@@ -133,3 +133,51 @@ def test_processbench_takes_several_files_and_checks_predictions(tmp_path: Path)
     partial.write_text("".join(json.dumps({"id": s["id"], "prediction": s["label"]}) + "\n" for s in samples))
     whole = runner.invoke(main, ["eval", "processbench", "--data", str(SAMPLE), "--predictions", str(partial)])
     assert whole.exit_code == 0 and "100.0" in whole.output
+
+
+@dataclass
+class TaggedPolicy:
+    """A stand-in policy (named so) that writes ``<chunk>`` tags with blank lines inside
+    chunks: the rest of its fixed solution from wherever the context stops."""
+
+    solution: str
+    name: str = "tagged"
+    generator: str = "tagged"
+
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
+        out = []
+        for r in requests:
+            done = r.context.split("PROMPT:", 1)[1]
+            rest = self.solution[len(done) :]
+            out.append([Completion(rest, len(rest), "stop") for _ in r.seeds])
+        return out
+
+    def close(self) -> None:
+        return None
+
+
+@dataclass
+class RecordingJudge:
+    seen: list[str]
+    name: str = "recording"
+
+    def judge(self, items: Sequence[StepItem]) -> list[bool | None]:
+        self.seen += [i.chunk for i in items]
+        return [True for _ in items]
+
+
+@pytest.mark.unit
+def test_chunk_reset_cuts_candidates_with_the_sets_segmentation() -> None:
+    from stepq.trainer.evaluation.chunk_reset import PolicyProblem, chunk_reset
+    from stepq.workers.segmentation import segment
+
+    solution = "<chunk>First, 2 + 3.\n\nThat is 5.</chunk>\n<chunk>So the answer is \\boxed{5}.</chunk>"
+    trained_on = list(segment(solution, "chunk-tags").chunks)
+    judge = RecordingJudge([])
+    problem = PolicyProblem("PROMPT:", "What is 2 + 3?", "5", segmentation="chunk-tags")
+    report = chunk_reset(TaggedPolicy(solution), SamplingParams(), judge, [problem])
+    assert judge.seen == trained_on and len(trained_on) == 2  # not cut at the blank line inside chunk 1
+    assert report.correct == 1 and report.solutions == [solution]
+    blank = RecordingJudge([])
+    chunk_reset(TaggedPolicy(solution), SamplingParams(), blank, [PolicyProblem("PROMPT:", "q", "5")])
+    assert blank.seen[0] == "<chunk>First, 2 + 3.\n\n"  # what the old cut gave the judge

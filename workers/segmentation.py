@@ -119,3 +119,17 @@ def first_chunk(text: str, delimiter: str) -> tuple[str, bool]:
         return text, True
     chunk, rest = text[: cut + len(delimiter)], text[cut + len(delimiter) :]
     return chunk, not rest.strip() or "\\boxed" in chunk
+
+
+def next_chunk(text: str, method: str | None) -> tuple[str, bool]:
+    """The first chunk of a continuation as ``method`` segments text (a set's own method:
+    the chunks its judge was trained on), and whether it is the last one.  Methods with no
+    splitter here (given steps, an LLM segmenter) and None cut at the first blank line."""
+    if method not in SPLITTERS or not text:
+        return first_chunk(text, "\n\n")
+    try:
+        chunks = SPLITTERS[method](text)
+    except SegmentationError:  # no tag or marker in what the policy wrote: all of it is one chunk
+        return text, True
+    first = chunks[0]
+    return first, len(chunks) == 1 or "\\boxed" in first

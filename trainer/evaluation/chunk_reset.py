@@ -16,7 +16,7 @@ from stepq.trainer.evaluation.judges import StepItem, StepJudge
 from stepq.workers.backends.base import GenerationBackend, GenerationRequest, SamplingParams
 from stepq.workers.grading import Grader
 from stepq.workers.seeds import derive_seed
-from stepq.workers.segmentation import first_chunk
+from stepq.workers.segmentation import first_chunk, next_chunk
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,9 @@ class PolicyProblem:
     """The policy prompt; the solution so far is appended to it as a raw completion."""
     question: str
     reference: str
+    segmentation: str | None = None
+    """How the policy's text is cut into chunks (the set's own method, so candidates are the
+    chunks its judge was trained on); None: at the first blank line."""
 
 
 @dataclass
@@ -91,7 +94,10 @@ def chunk_reset(
         candidates = []
         for p, out in zip(active, outputs, strict=True):
             completion = out[0]
-            chunk, last = first_chunk(completion.text, delimiter)
+            segmentation = problems[p].segmentation
+            chunk, last = (
+                next_chunk(completion.text, segmentation) if segmentation else first_chunk(completion.text, delimiter)
+            )
             share = len(chunk) / len(completion.text) if completion.text else 0.0
             candidates.append((p, chunk, last, round(completion.tokens * share)))
         verdicts = judge.judge(

@@ -85,7 +85,8 @@ def set_chunk_reset(db: Database, name: str, judge: StepJudge, attempts: int, se
     seeds) on the set's problems, with the set's backend as the policy."""
     pset, solutions = _set(db, name)
     problems = [
-        PolicyProblem(trajs[0]["prompt"], trajs[0]["question"], trajs[0]["reference"]) for trajs in solutions.values()
+        PolicyProblem(trajs[0]["prompt"], trajs[0]["question"], trajs[0]["reference"], trajs[0]["segmentation"])
+        for trajs in solutions.values()
     ]
     if not problems:
         raise ConfigError(f"set '{name}' has no trajectories to take the policy prompt from (stepq generate)")
