@@ -72,6 +72,18 @@ def test_vllm_modes(tmp_path: Path) -> None:
         launch_plan(shipped, 8, [], server_gpus=2)  # not a server-mode recipe
 
 
+def test_the_docs_plan_command_runs_as_written() -> None:
+    """docs/training.md's server-mode example, word for word."""
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text()
+    start = docs.index("stepq train plan --gpus 8")
+    command = docs[start : docs.index("\n#", start)].replace("\\\n", " ").split()
+    result = CliRunner().invoke(main, command[1:])
+    assert result.exit_code == 0, result.output
+    server, trainer = result.output.strip().splitlines()
+    assert server.startswith("CUDA_VISIBLE_DEVICES=6,7 trl vllm-serve --model Qwen/Qwen2.5-1.5B-Instruct")
+    assert "--recipe-option trainer.vllm_mode=server" in trainer and "--nproc_per_node 6" in trainer
+
+
 def test_train_plan_command(tmp_path: Path) -> None:
     recipe = tmp_path / "server.yaml"
     data = yaml.safe_load((RECIPES / "stepwiser-judge.yaml").read_text())

@@ -259,6 +259,7 @@ def _signal_data(db: Any, method: str, set_name: str | None, data_dir: Path | No
 
 @train.command("plan")
 @click.option("--recipe", default=DEFAULT_RECIPES["grpo"], show_default=True)
+@click.option("--recipe-option", "recipe_options", multiple=True, metavar="KEY=VALUE", help="As for 'stepq train'.")
 @click.option("--gpus", type=click.IntRange(min=1), required=True, help="GPUs of the node.")
 @click.option(
     "--server-gpus",
@@ -269,14 +270,17 @@ def _signal_data(db: Any, method: str, set_name: str | None, data_dir: Path | No
 @click.option("--snapshot", "snapshot_ref", default="1", show_default=True)
 @click.option("--output", default=None, help="The run's output folder (default: runs/snapshot-N).")
 @friendly
-def train_plan(recipe: str, gpus: int, server_gpus: int, snapshot_ref: str, output: str | None) -> None:
+def train_plan(
+    recipe: str, recipe_options: tuple[str, ...], gpus: int, server_gpus: int, snapshot_ref: str, output: str | None
+) -> None:
     """Print the commands that train a recipe on one node of GPUS: the torchrun launch and,
     for a recipe in TRL's vLLM server mode, the generation server on its own GPUs."""
     from stepq.trainer.training.launch import launch_plan
     from stepq.trainer.training.recipe import Recipe
 
     args = ["--snapshot", snapshot_ref, "--recipe", recipe, "--output", output or f"runs/snapshot-{snapshot_ref}"]
-    plan = launch_plan(Recipe.load(recipe), gpus, args, server_gpus)
+    args += [a for option in recipe_options for a in ("--recipe-option", option)]
+    plan = launch_plan(Recipe.load(recipe).with_options(recipe_options), gpus, args, server_gpus)
     for line in plan.shell():
         click.echo(line)
 
