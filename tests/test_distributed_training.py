@@ -24,7 +24,7 @@ from tests.trainer_helpers import annotated_set, tiny_recipe
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-STEPS = 16
+STEPS = 24
 
 
 def _launch(pg_url: str, recipe: Path, out: Path, trace: Path, snapshot: int) -> subprocess.Popen[str]:
@@ -69,6 +69,13 @@ def test_two_ranks_train_one_run_and_resume_it_after_sigkill(pg: Database, pg_ur
         killed = tq.run_by_output(s, str(out.resolve()))
         assert killed is not None and killed.status == "running" and killed.resumes == 0
         assert killed.global_step < STEPS
+    # the ranks died with their launcher: nothing trains on, orphaned, beside the rerun
+    checkpoints = sorted(p.name for p in out.glob("checkpoint-*"))
+    time.sleep(4)
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == checkpoints
+    with pg.session() as s:
+        still = tq.get_run(s, killed.id)
+        assert (still.global_step, still.status) == (killed.global_step, "running")
 
     time.sleep(1)  # the dead launch's rendezvous port is free again
     second = _launch(pg_url, recipe, out, trace, snapshot)

@@ -49,6 +49,8 @@ def test_recipe_options_override_and_validate() -> None:
     # the recorded text is the effective recipe
     assert yaml.safe_load(changed.text)["trainer"]["bf16"] is False
     assert base.trainer["bf16"] is True  # the shipped recipe itself is untouched
+    # YAML 1.1 reads 5e-5 (no dot) as text; in a recipe file it is the number meant
+    assert Recipe.parse("model: m\ntrainer:\n  learning_rate: 5e-5\n").trainer["learning_rate"] == 5e-5
     for bad in ("trainer.bf16", "bogus=1", "model.x=1", "trainer={}"):
         with pytest.raises(ConfigError):
             base.with_options([bad])

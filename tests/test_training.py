@@ -70,6 +70,23 @@ def test_grpo_run_is_recorded_and_its_checkpoint_scores_processbench(pg: Databas
     # started again, a finished run is reported, not retrained
     assert train_judge(pg, snapshot, recipe, tmp_path / "run").run_id == result.run_id
 
+    # killed after its last checkpoint but before it was marked done: the rerun trains no
+    # step past the plan and makes that checkpoint the final model
+    import shutil
+
+    from sqlalchemy import update
+
+    from stepq.models.training import TrainingRun
+
+    with pg.session() as s:
+        s.execute(update(TrainingRun).where(TrainingRun.id == run.id).values(status="running", finished_at=None))
+    shutil.rmtree(result.final_model)
+    again = train_judge(pg, snapshot, recipe, tmp_path / "run")
+    assert (again.run_id, again.global_step, again.resumed_from) == (run.id, 4, str(checkpoint))
+    assert (again.final_model / "model.safetensors").exists() and not (again.final_model / "optimizer.pt").exists()
+    with pg.session() as s:
+        assert tq.get_run(s, run.id).status == "done" and tq.get_run(s, run.id).resumes == 1
+
     # evaluation asks the judge as it was trained: its template, raw prompt, its length limit
     template.unlink()  # read at training time: the judge does not depend on the file staying
     for model_dir in (result.final_model, checkpoint):

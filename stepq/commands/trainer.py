@@ -200,10 +200,11 @@ def train(ctx: click.Context, method: str | None, snapshot_ref: str | None, **kw
     trains, rank 0 alone records the run."""
     if ctx.invoked_subcommand is not None:
         return
-    from stepq.trainer.training.ranks import current_rank
+    from stepq.trainer.training.ranks import current_rank, die_with_launcher
     from stepq.trainer.training.recipe import Recipe
     from stepq.trainer.training.runs import TrainOptions
 
+    die_with_launcher()
     recipe = Recipe.load(kw["recipe"] or DEFAULT_RECIPES[method or "grpo"])
     recipe = recipe.with_options(kw["recipe_options"], model=kw["model"])
     method = method or recipe.method

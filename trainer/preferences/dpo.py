@@ -78,6 +78,7 @@ def train_dpo(
             output_dir,
             lambda recorder: DPOTrainer(model=base_model, args=config, train_dataset=data, callbacks=[recorder]),
             on_step=on_step,
+            max_steps=int(config.max_steps or 0),
         )
 
     return recorded_run(db, spec, options, body)

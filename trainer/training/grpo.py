@@ -84,6 +84,7 @@ def train_judge(
             ),
             accuracy,
             on_step,
+            max_steps=int(config.max_steps or 0),
         )
 
     result = recorded_run(db, spec, options, body)

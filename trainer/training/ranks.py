@@ -10,8 +10,12 @@ so a 2-process launch is one run, not two processes fighting over one lease.
 from __future__ import annotations
 
 import os
+import signal
+import sys
 from dataclasses import dataclass
 from typing import Any
+
+PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,28 @@ def current_rank(environ: dict[str, str] | None = None) -> Rank:
         return Rank(int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")))
     except ValueError:
         return Rank()
+
+
+def die_with_launcher() -> None:
+    """Under ``torchrun``/``accelerate launch``, end this rank when its launcher dies.
+
+    The launcher starts the ranks in process groups of their own, so a SIGKILL of the
+    launcher (a node's job killed, an operator's ``kill -9``) would leave them training on,
+    orphaned, beside the rerun that resumes their run.  Linux's parent-death signal ends
+    them with it; elsewhere this does nothing.
+    """
+    if not current_rank().distributed or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    launcher = os.getppid()
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:  # pragma: no cover - no glibc
+        return
+    if os.getppid() != launcher:  # it died before the signal was armed
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def all_reduce_sum(values: list[float]) -> list[float]:

@@ -5,6 +5,7 @@ the base model, reward names, the judge template)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,13 @@ def _check_precision(values: dict[str, Any]) -> None:
         )
     if values.get("bf16") and not torch.cuda.is_bf16_supported():
         raise ConfigError("recipe: trainer.bf16=true but this GPU has no bf16; pass --recipe-option trainer.bf16=false")
+
+
+_EXPONENT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+
+
+def _number_or_text(value: Any) -> Any:
+    return float(value) if isinstance(value, str) and _EXPONENT.match(value.strip()) else value
 
 
 def _option_value(option: str, raw: str) -> Any:
@@ -118,6 +126,8 @@ class Recipe:
         trainer = data.get("trainer") or {}
         if not isinstance(trainer, dict):
             raise ConfigError(f"recipe {source}: 'trainer' must be a mapping of the method's config fields")
+        # YAML 1.1 reads "5e-5" (no dot) as a string; a recipe author means the number
+        trainer = {k: _number_or_text(v) for k, v in trainer.items()}
         method = str(data.get("method", "grpo"))
         if method not in METHODS:
             raise ConfigError(f"recipe {source}: unknown method '{method}' (one of: {', '.join(METHODS)})")

@@ -10,6 +10,7 @@ gets the run's id and lease owner and returns the final global step.
 from __future__ import annotations
 
 import logging
+import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -162,32 +163,47 @@ def run_trl(
     build: Callable[[Any], Any],
     accuracy: ClassAccuracy | None = None,
     on_step: Callable[[], None] | None = None,
+    *,
+    max_steps: int = 0,
 ) -> tuple[str | None, int]:
     """The body of a TRL run: resume from the last checkpoint in ``output_dir`` if any, train
     the trainer ``build(recorder)`` makes (its callbacks must include the recorder), save the
-    final model and its tokenizer to ``OUTPUT/final``."""
+    final model and its tokenizer to ``OUTPUT/final``.  ``max_steps``: the config's plan."""
     from transformers.trainer_utils import get_last_checkpoint
 
     resume = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
     if resume:
         handle.count_resume(db)
         log.info("training run %s resumes from %s", handle.run_id, resume)
+    reached = _checkpoint_step(resume) if resume else 0
+    if resume and max_steps > 0 and reached >= max_steps:
+        # Killed after its last checkpoint: that checkpoint is the final model (transformers,
+        # resumed, would train one step past the plan).  No trainer is built, so the ranks of
+        # a launch meet in no collective here.
+        log.info("training run %s: %s already holds all %s steps", handle.run_id, resume, max_steps)
+        if handle.owns_row:
+            _checkpoint_as_final(Path(resume), output_dir / FINAL)
+        return resume, reached
     recorder = make_recorder(db, handle.run_id, handle.owner, handle.ttl, accuracy or ClassAccuracy(), on_step)
     trainer = build(recorder)
-    planned = int(getattr(trainer.args, "max_steps", 0) or 0)
-    reached = _checkpoint_step(resume) if resume else 0
-    if planned > 0 and reached >= planned:
-        # killed after its last checkpoint: transformers would train one step past the plan
-        log.info("training run %s: %s already holds all %s steps", handle.run_id, resume, planned)
-        trainer.state.global_step = reached
-        trainer._load_from_checkpoint(resume)
-    else:
-        trainer.train(resume_from_checkpoint=resume)
+    trainer.train(resume_from_checkpoint=resume)
     final = output_dir / FINAL
     trainer.save_model(str(final))  # every rank calls it (ZeRO-3 gathers); the main one writes
     if trainer.processing_class is not None and handle.owns_row:
         trainer.processing_class.save_pretrained(str(final))
     return resume, int(trainer.state.global_step)
+
+
+_TRAINING_STATE = ("optimizer", "scheduler", "rng_state", "trainer_state", "training_args", "global_step")
+
+
+def _checkpoint_as_final(checkpoint: Path, final: Path) -> None:
+    """The model files of a complete checkpoint (weights, config, tokenizer) as ``final``."""
+    partial = final.with_name(final.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(checkpoint, partial, ignore=lambda _dir, names: [n for n in names if n.startswith(_TRAINING_STATE)])
+    shutil.rmtree(final, ignore_errors=True)
+    partial.rename(final)
 
 
 def _checkpoint_step(checkpoint: str) -> int:

@@ -1,0 +1,336 @@
+"""Does a generative judge learn from stepq's labels?  The whole chain on 2 CPU cores.
+
+Per seed and label rule:
+1. a synthetic set with recovery and steps of different difficulty (per-operation error
+   rates), annotated through the real task code (Monte Carlo labels, not the truth), and a
+   balanced snapshot split by problem;
+2. the base judge: a tiny character-level LM pretrained on synthetic solutions, then taught
+   only the verdict format with **random** verdicts (so it knows how to answer, not what);
+3. ``train_judge`` (what ``stepq train`` runs) with the shipped GRPO objective (verdict-match
+   reward, clip-higher 0.2/0.28, no KL, loss_type grpo), model size and lengths scaled down;
+4. the base and the trained judge evaluated as ``stepq eval snapshot`` and ``stepq eval
+   processbench`` evaluate them: balanced accuracy on the snapshot's validation split, and the
+   official ProcessBench F1 on a held-out synthetic ProcessBench file written here (problems
+   never trained on; first-error labels from the synthetic policy's step truth), each with a
+   95% bootstrap interval over problems, against chance (50%; a uniformly random first-error
+   guess).
+
+    OMP_NUM_THREADS=2 python -m bench.bench_judge_grpo                   # seeds 0,1,2, Abs-Q
+    python -m bench.bench_judge_grpo --rules abs-q,rel-ratio,rel-effective --seeds 0
+    python -m bench.bench_judge_grpo --quick                             # a 2-minute smoke run
+
+Prints a table per run and one JSON object on its last line.  Keeps nothing unless
+``--keep DIR`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.common import emit
+
+JUDGE_TEMPLATE = "{problem}\n{history}\n>> {chunk}\nVerdict:"
+OP_ERROR_RATES = {"Add": 0.05, "Subtract": 0.15, "Multiply by": 0.35}
+RULES = {"abs-q": "abs-q", "rel-ratio": "rel-ratio:gamma=0.8", "rel-effective": "rel-effective:alpha=0.4"}
+
+
+def bootstrap(values: Sequence[Any], stat: Callable[[Sequence[Any]], float], seed: int, rounds: int = 1000) -> tuple:
+    rng = random.Random(seed)
+    draws = sorted(stat([values[rng.randrange(len(values))] for _ in values]) for _ in range(rounds))
+    return draws[int(0.025 * rounds)], draws[int(0.975 * rounds) - 1]
+
+
+def balanced_accuracy(rows: Sequence[tuple[int, bool, bool | None]]) -> float:
+    """rows: (problem, label, verdict); no verdict is wrong (as ``stepq eval snapshot`` scores it)."""
+    by = {True: [0, 0], False: [0, 0]}
+    for _, label, verdict in rows:
+        by[label][0] += verdict is label
+        by[label][1] += 1
+    return 50.0 * sum(hit / n for hit, n in by.values() if n) if all(n for _, n in by.values()) else 0.0
+
+
+def grouped(rows: Sequence[tuple], key: int = 0) -> list[list[tuple]]:
+    groups: dict[Any, list[tuple]] = {}
+    for r in rows:
+        groups.setdefault(r[key], []).append(r)
+    return list(groups.values())
+
+
+def processbench_f1(pairs: Sequence[tuple[int, int]]) -> float:
+    """pairs: (label, prediction); the official metric."""
+    from stepq.trainer.evaluation.processbench import score
+
+    return score(
+        "f", {str(i): lab for i, (lab, _) in enumerate(pairs)}, {str(i): p for i, (_, p) in enumerate(pairs)}
+    ).f1
+
+
+def write_processbench(path: Path, problems: int, seed: int, policy: Any) -> list[dict[str, Any]]:
+    """Held-out samples: fresh problems (another seed tag), one solution each, the label the
+    first step the synthetic truth says is wrong (-1 if none)."""
+    from stepq.workers.seeds import derive_seed
+    from stepq.workers.synthetic_policy import ground_truth, make_problem
+
+    samples = []
+    for i in range(problems):
+        problem = make_problem(derive_seed("judge-grpo-heldout", seed, i))
+        steps = policy.solve(problem, derive_seed("judge-grpo-heldout-solution", seed, i))
+        truth = ground_truth(steps)
+        label = next((k for k, ok in enumerate(truth) if not ok), -1)
+        samples.append({"id": f"s{i}", "problem": problem.question, "steps": [s.text for s in steps], "label": label})
+    path.write_text(json.dumps(samples))
+    return samples
+
+
+def random_guess_f1(samples: Sequence[dict[str, Any]], seed: int, draws: int = 200) -> float:
+    rng = random.Random(seed)
+    return statistics.mean(
+        processbench_f1([(s["label"], rng.randrange(-1, len(s["steps"]))) for s in samples]) for _ in range(draws)
+    )
+
+
+def lm_train(
+    model_dir: Path, examples: Sequence[tuple[str, str]], steps: int, batch: int, lr: float, seed: int
+) -> float:
+    """Next-token training on (context, target) pairs, the loss on the target only."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    encoded = [
+        (tokenizer.encode(c, add_special_tokens=False), [*tokenizer.encode(t, add_special_tokens=False), 0])
+        for c, t in examples
+    ]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    loss_value = float("nan")
+    for _step in range(steps):
+        part = [encoded[rng.randrange(len(encoded))] for _ in range(batch)]
+        width = max(len(c) + len(t) for c, t in part)
+        ids = torch.zeros((batch, width), dtype=torch.long)
+        labels = torch.full((batch, width), -100, dtype=torch.long)
+        mask = torch.zeros((batch, width), dtype=torch.long)
+        for i, (c, t) in enumerate(part):
+            ids[i, : len(c) + len(t)] = torch.tensor(c + t)
+            labels[i, len(c) : len(c) + len(t)] = torch.tensor(t)
+            mask[i, : len(c) + len(t)] = 1
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        loss_value = float(loss.item())
+    model.save_pretrained(model_dir)
+    return loss_value
+
+
+def base_judge(root: Path, train_rows: Sequence[dict[str, Any]], args: argparse.Namespace, seed: int) -> Path:
+    """Pretrained on solutions, then the verdict format with random verdicts."""
+    from stepq.workers.seeds import derive_seed
+    from stepq.workers.synthetic_policy import PROMPT_TEMPLATE, SyntheticPolicy, make_problem
+    from tests.tiny_models import build_tiny_model
+
+    base = build_tiny_model(root / "base", seed=seed, n_positions=1024, n_embd=args.width, n_layer=args.layers)
+    policy = SyntheticPolicy(error_rate=0.0, recovery_rate=0.0)
+    solutions = []
+    for i in range(args.pretrain_problems):
+        problem = make_problem(derive_seed("judge-grpo-pretrain", seed, i))
+        steps = policy.solve(problem, i)
+        solutions.append((PROMPT_TEMPLATE.format(question=problem.question), "".join(s.text for s in steps)))
+    loss = lm_train(base, solutions, args.pretrain_steps, 16, 1e-3, seed)
+    rng = random.Random(seed)
+    verdicts = [(r["prompt"], f" \\boxed{{{rng.choice(['Positive', 'Negative'])}}}") for r in train_rows]
+    fmt_loss = lm_train(base, verdicts, args.format_steps, 16, 5e-4, seed + 1)
+    print(f"  base judge: pretrain loss {loss:.3f}, random-verdict format loss {fmt_loss:.3f}", flush=True)
+    return base
+
+
+def evaluate(
+    model: Path, val_rows: Sequence[dict[str, Any]], pb_file: Path, samples: Sequence[dict[str, Any]], seed: int
+) -> dict[str, Any]:
+    """Greedy verdicts, asked as the judge was trained (the settings saved beside it)."""
+    from stepq.trainer.evaluation import processbench as pb
+    from stepq.trainer.evaluation.judge_spec import JudgeSpec, build_judge
+    from stepq.trainer.evaluation.judges import StepItem
+    from stepq.trainer.judge.settings import JudgeSettings
+
+    settings = JudgeSettings(JUDGE_TEMPLATE, chat_template=False, max_tokens=20, source="benchmark")
+    if not (model / "stepq-judge.json").exists():
+        settings.save(model)
+    built = build_judge(JudgeSpec(model=str(model)))
+    judge = built.judge
+    items = [StepItem(r["problem"], tuple(r["history"]), r["chunk"]) for r in val_rows]
+    verdicts = judge.judge(items)
+    rows = [(r["problem_id"], r["label"] == "Positive", v) for r, v in zip(val_rows, verdicts, strict=True)]
+    acc = balanced_accuracy(rows)
+    acc_ci = bootstrap(grouped(rows), lambda g: balanced_accuracy([r for grp in g for r in grp]), seed)
+    report = pb.evaluate([pb_file], judge)
+    predictions = report["predictions"]
+    pairs = [(s["label"], predictions[s["id"]]) for s in samples]
+    f1 = processbench_f1(pairs)
+    f1_ci = bootstrap(pairs, processbench_f1, seed)
+    built.close()
+    return {
+        "balanced_accuracy": acc,
+        "balanced_accuracy_ci": acc_ci,
+        "processbench_f1": f1,
+        "processbench_f1_ci": f1_ci,
+        "outputs": judge.stats.outputs,
+        "no_verdict": judge.stats.no_verdict,
+    }
+
+
+def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    from stepq.migrations import upgrade
+    from stepq.models import Database
+    from stepq.models.snapshots import TRAIN, VALIDATION
+    from stepq.trainer.judge.prompt import JudgePrompt
+    from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
+    from stepq.trainer.snapshots.export import snapshot_records
+    from stepq.trainer.training.grpo import TrainOptions, train_judge
+    from stepq.trainer.training.recipe import Recipe
+    from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+    from stepq.workers.in_process import run_in_process
+    from stepq.workers.planning import configure_annotation
+    from stepq.workers.synthetic_policy import SyntheticPolicy
+    from stepq.workers.synthetic_set import synth_set
+
+    started = time.perf_counter()
+    run_dir = root / f"seed{seed}-{rule_name}"
+    run_dir.mkdir(parents=True)
+    url = f"sqlite:///{run_dir / 'stepq.db'}"
+    upgrade(url)
+    db = Database(url)
+    synth_set(
+        db,
+        "judge",
+        problems=args.problems,
+        seed=seed,
+        error_rate=0.15,
+        recovery_rate=args.recovery_rate,
+        op_error_rates=OP_ERROR_RATES,
+    )
+    configure_annotation(db, "judge", args.rollouts, rule=RULES[rule_name])
+    run_in_process(db, WorkerRuntime(db, WorkerOptions(batch_rollouts=256, name="bench")))
+    snapshot = create_snapshot(db, SnapshotSpec(("judge",), RULES[rule_name], val_fraction=0.2, seed=seed))
+    template = run_dir / "template.txt"
+    template.write_text(JUDGE_TEMPLATE)
+    records = snapshot_records(db, snapshot, JudgePrompt(JUDGE_TEMPLATE))
+    print(f"  snapshot: {len(records[TRAIN])} training, {len(records[VALIDATION])} validation chunks", flush=True)
+    policy = SyntheticPolicy(
+        error_rate=0.15, recovery_rate=args.recovery_rate, op_error_rates=tuple(OP_ERROR_RATES.items())
+    )
+    samples = write_processbench(run_dir / "heldout.json", args.heldout, seed, policy)
+    base = base_judge(run_dir, records[TRAIN], args, seed)
+    before = evaluate(base, records[VALIDATION], run_dir / "heldout.json", samples, seed)
+    recipe = Recipe.parse(
+        f"""model: {base}
+rewards: [verdict-match]
+judge_template: {template}
+conversational: false
+trainer:
+  num_generations: {args.generations}
+  per_device_train_batch_size: {args.generations}
+  max_completion_length: 20
+  max_steps: {args.steps}
+  learning_rate: {args.lr}
+  loss_type: grpo
+  epsilon: 0.2
+  epsilon_high: 0.28
+  beta: 0.0
+  temperature: 1.0
+  logging_steps: 50
+  save_steps: 100000
+  use_cpu: true
+  seed: {seed}
+"""
+    )
+    trained_at = time.perf_counter()
+    result = train_judge(db, snapshot, recipe, run_dir / "run", TrainOptions())
+    train_s = time.perf_counter() - trained_at
+    after = evaluate(result.final_model, records[VALIDATION], run_dir / "heldout.json", samples, seed)
+    return {
+        "seed": seed,
+        "rule": rule_name,
+        "train_chunks": len(records[TRAIN]),
+        "validation_chunks": len(records[VALIDATION]),
+        "heldout_samples": len(samples),
+        "random_guess_f1": random_guess_f1(samples, seed),
+        "base": before,
+        "trained": after,
+        "grpo_steps": result.global_step,
+        "train_s": round(train_s),
+        "total_s": round(time.perf_counter() - started),
+    }
+
+
+def show(r: dict[str, Any]) -> None:
+    def ci(v: float, lo_hi: Sequence[float]) -> str:
+        return f"{v:5.1f} [{lo_hi[0]:5.1f}, {lo_hi[1]:5.1f}]"
+
+    print(
+        f"seed {r['seed']} {r['rule']}: {r['train_chunks']} training chunks, {r['grpo_steps']} GRPO steps in "
+        f"{r['train_s']} s (run {r['total_s']} s)"
+    )
+    print(f"  {'judge':<8} {'balanced acc (val)':>24} {'ProcessBench F1 (held out)':>28} {'no verdict':>11}")
+    for name in ("base", "trained"):
+        m = r[name]
+        print(
+            f"  {name:<8} {ci(m['balanced_accuracy'], m['balanced_accuracy_ci']):>24} "
+            f"{ci(m['processbench_f1'], m['processbench_f1_ci']):>28} {m['no_verdict']:>11}"
+        )
+    print(f"  chance: balanced accuracy 50.0, random first-error guess F1 {r['random_guess_f1']:.1f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--rules", default="abs-q", help=f"Comma-separated, of: {', '.join(RULES)}.")
+    ap.add_argument("--problems", type=int, default=600, help="Training set problems (one trajectory each).")
+    ap.add_argument("--rollouts", type=int, default=8, help="M, rollouts per prefix.")
+    ap.add_argument("--recovery-rate", type=float, default=0.05)
+    ap.add_argument("--heldout", type=int, default=300, help="Held-out ProcessBench samples.")
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--pretrain-problems", type=int, default=2000)
+    ap.add_argument("--pretrain-steps", type=int, default=1500)
+    ap.add_argument("--format-steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=600, help="GRPO steps.")
+    ap.add_argument("--generations", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=5e-5)
+    ap.add_argument("--quick", action="store_true", help="Tiny sizes: checks the chain runs, measures nothing.")
+    ap.add_argument("--keep", type=Path, default=None, help="Keep the databases and models here.")
+    args = ap.parse_args()
+    if args.quick:
+        args.problems, args.heldout, args.pretrain_steps, args.format_steps, args.steps = 60, 40, 60, 30, 6
+        args.pretrain_problems = 200
+    seeds = [int(s) for s in args.seeds.split(",")]
+    rules = [r.strip() for r in args.rules.split(",")]
+    unknown = [r for r in rules if r not in RULES]
+    if unknown:
+        raise SystemExit(f"unknown rule(s) {unknown}; one of {list(RULES)}")
+    results = []
+    with tempfile.TemporaryDirectory() as scratch:
+        root = args.keep or Path(scratch)
+        for rule in rules:
+            for seed in seeds:
+                print(f"== seed {seed}, rule {rule}", flush=True)
+                r = one_run(seed, rule, args, root)
+                show(r)
+                results.append(r)
+    emit({"benchmark": "judge_grpo", "args": {k: str(v) for k, v in vars(args).items()}, "runs": results})
+
+
+if __name__ == "__main__":
+    main()
