@@ -99,3 +99,25 @@ def test_two_ranks_train_one_run_and_resume_it_after_sigkill(pg: Database, pg_ur
     assert calls[0] and len(calls[0]) == len(calls[1])
     for mine, theirs in zip(calls[0], calls[1], strict=True):
         assert mine and theirs and not set(mine) & set(theirs), (mine, theirs)
+
+
+def test_the_trainer_service_launches_each_training_on_two_ranks(pg: Database, pg_url: str, tmp_path: Path) -> None:
+    annotated_set(pg, problems=20)
+    model = build_tiny_model(tmp_path / "model")
+    recipe = tiny_recipe(tmp_path / "tiny.yaml", model, max_steps=3, save_steps=3)
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    env = clean_env(STEPQ_DATABASE_URL=pg_url, STEPQ_TRACE_DIR=str(trace), OMP_NUM_THREADS="1")
+    serve = [
+        *(sys.executable, "-m", "stepq", "trainer", "serve", "--lineage", "ddp", "--sets", "s"),
+        *("--min-new-chunks", "10", "--recipe", str(recipe), "--output-root", str(tmp_path / "runs")),
+        *("--max-trainings", "1", "--val-fraction", "0.2", "--processes", "2"),
+    ]
+    done = subprocess.run(serve, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "launching 2 training processes" in done.stderr
+    with pg.session() as s:
+        (run,) = tq.lineage_runs(s, "ddp")
+        assert (run.status, run.global_step, run.lineage) == ("done", 3, "ddp")
+        assert run.base_model == str(model)
+    assert (trace / "rank-0.jsonl").read_text() and (trace / "rank-1.jsonl").read_text()
