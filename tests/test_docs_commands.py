@@ -40,6 +40,8 @@ def commands() -> list[tuple[str, str]]:
         for block in shell_blocks(doc.read_text(encoding="utf-8")):
             for line in block.replace("\\\n", " ").splitlines():
                 line = line.split(" #", 1)[0].strip().removeprefix("$ ")
+                if line.startswith("#"):
+                    continue
                 for part in re.split(r"\s*(?:&&|\|\||;|\|)\s*", line):
                     if part.startswith("stepq "):
                         found.append((f"{doc.relative_to(ROOT)}", part))
