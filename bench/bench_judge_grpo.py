@@ -57,6 +57,21 @@ def balanced_accuracy(rows: Sequence[tuple[int, bool, bool | None]]) -> float:
     return 50.0 * sum(hit / n for hit, n in by.values() if n) if all(n for _, n in by.values()) else 0.0
 
 
+def rank_auc(rows: Sequence[tuple[int, bool, float]]) -> float:
+    """P(a Positive-labelled chunk's score > a Negative one's), ties half: the judge's
+    P(Positive) as a ranking, whatever threshold its greedy verdict implies."""
+    pos = sorted(s for _, label, s in rows if label)
+    neg = sorted(s for _, label, s in rows if not label)
+    if not pos or not neg:
+        return 0.5
+    import bisect
+
+    wins = sum(
+        bisect.bisect_left(neg, p) + 0.5 * (bisect.bisect_right(neg, p) - bisect.bisect_left(neg, p)) for p in pos
+    )
+    return wins / (len(pos) * len(neg))
+
+
 def grouped(rows: Sequence[tuple], key: int = 0) -> list[list[tuple]]:
     groups: dict[Any, list[tuple]] = {}
     for r in rows:
@@ -138,7 +153,7 @@ def lm_train(
 def base_judge(root: Path, train_rows: Sequence[dict[str, Any]], args: argparse.Namespace, seed: int) -> Path:
     """Pretrained on solutions, then the verdict format with random verdicts."""
     from stepq.workers.seeds import derive_seed
-    from stepq.workers.synthetic_policy import PROMPT_TEMPLATE, SyntheticPolicy, make_problem
+    from stepq.workers.synthetic_policy import SyntheticPolicy, make_problem
     from tests.tiny_models import build_tiny_model
 
     base = build_tiny_model(root / "base", seed=seed, n_positions=1024, n_embd=args.width, n_layer=args.layers)
@@ -147,11 +162,11 @@ def base_judge(root: Path, train_rows: Sequence[dict[str, Any]], args: argparse.
     for i in range(args.pretrain_problems):
         problem = make_problem(derive_seed("judge-grpo-pretrain", seed, i))
         steps = policy.solve(problem, i)
-        solutions.append((PROMPT_TEMPLATE.format(question=problem.question), "".join(s.text for s in steps)))
+        solutions.append((problem.question + "\n", "".join(s.text for s in steps)))
     loss = lm_train(base, solutions, args.pretrain_steps, 16, 1e-3, seed)
     rng = random.Random(seed)
     verdicts = [(r["prompt"], f" \\boxed{{{rng.choice(['Positive', 'Negative'])}}}") for r in train_rows]
-    fmt_loss = lm_train(base, verdicts, args.format_steps, 16, 5e-4, seed + 1)
+    fmt_loss = lm_train(base, verdicts, args.format_steps, 16, args.format_lr, seed + 1)
     print(f"  base judge: pretrain loss {loss:.3f}, random-verdict format loss {fmt_loss:.3f}", flush=True)
     return base
 
@@ -162,7 +177,7 @@ def evaluate(
     """Greedy verdicts, asked as the judge was trained (the settings saved beside it)."""
     from stepq.trainer.evaluation import processbench as pb
     from stepq.trainer.evaluation.judge_spec import JudgeSpec, build_judge
-    from stepq.trainer.evaluation.judges import StepItem
+    from stepq.trainer.evaluation.judges import GenerativeScorer, StepItem
     from stepq.trainer.judge.settings import JudgeSettings
 
     settings = JudgeSettings(JUDGE_TEMPLATE, chat_template=False, max_tokens=20, source="benchmark")
@@ -175,6 +190,13 @@ def evaluate(
     rows = [(r["problem_id"], r["label"] == "Positive", v) for r, v in zip(val_rows, verdicts, strict=True)]
     acc = balanced_accuracy(rows)
     acc_ci = bootstrap(grouped(rows), lambda g: balanced_accuracy([r for grp in g for r in grp]), seed)
+    # how far its P(Positive) ranks the classes, which greedy verdicts hide when it never crosses 0.5
+    scorer = GenerativeScorer(judge, "logprob")
+    scored = [
+        (r["problem_id"], r["label"] == "Positive", p) for r, p in zip(val_rows, scorer.scores(items), strict=True)
+    ]
+    auc = rank_auc(scored)
+    auc_ci = bootstrap(grouped(scored), lambda g: rank_auc([r for grp in g for r in grp]), seed)
     report = pb.evaluate([pb_file], judge)
     predictions = report["predictions"]
     pairs = [(s["label"], predictions[s["id"]]) for s in samples]
@@ -186,6 +208,9 @@ def evaluate(
         "balanced_accuracy_ci": acc_ci,
         "processbench_f1": f1,
         "processbench_f1_ci": f1_ci,
+        "positive_share": sum(v is True for v in verdicts) / max(1, len(verdicts)),
+        "p_positive_auc": auc,
+        "p_positive_auc_ci": auc_ci,
         "outputs": judge.stats.outputs,
         "no_verdict": judge.stats.no_verdict,
     }
@@ -241,7 +266,7 @@ judge_template: {template}
 conversational: false
 trainer:
   num_generations: {args.generations}
-  per_device_train_batch_size: {args.generations}
+  per_device_train_batch_size: {args.generations * args.prompts_per_step}
   max_completion_length: 20
   max_steps: {args.steps}
   learning_rate: {args.lr}
@@ -283,12 +308,15 @@ def show(r: dict[str, Any]) -> None:
         f"seed {r['seed']} {r['rule']}: {r['train_chunks']} training chunks, {r['grpo_steps']} GRPO steps in "
         f"{r['train_s']} s (run {r['total_s']} s)"
     )
-    print(f"  {'judge':<8} {'balanced acc (val)':>24} {'ProcessBench F1 (held out)':>28} {'no verdict':>11}")
+    header = f"{'balanced acc (val)':>24} {'ProcessBench F1 (held out)':>28} {'no verdict':>11} {'Positive':>9}"
+    print(f"  {'judge':<8} {header} {'AUC of P(Positive)':>22}")
     for name in ("base", "trained"):
         m = r[name]
+        auc = ci(100 * m["p_positive_auc"], [100 * x for x in m["p_positive_auc_ci"]])
         print(
             f"  {name:<8} {ci(m['balanced_accuracy'], m['balanced_accuracy_ci']):>24} "
-            f"{ci(m['processbench_f1'], m['processbench_f1_ci']):>28} {m['no_verdict']:>11}"
+            f"{ci(m['processbench_f1'], m['processbench_f1_ci']):>28} {m['no_verdict']:>11} "
+            f"{100 * m['positive_share']:>8.0f}% {auc:>22}"
         )
     print(f"  chance: balanced accuracy 50.0, random first-error guess F1 {r['random_guess_f1']:.1f}")
 
@@ -304,11 +332,13 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--pretrain-problems", type=int, default=2000)
-    ap.add_argument("--pretrain-steps", type=int, default=1500)
-    ap.add_argument("--format-steps", type=int, default=300)
+    ap.add_argument("--pretrain-steps", type=int, default=600)
+    ap.add_argument("--format-steps", type=int, default=600)
     ap.add_argument("--steps", type=int, default=600, help="GRPO steps.")
     ap.add_argument("--generations", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=5e-5)
+    ap.add_argument("--prompts-per-step", type=int, default=4)
+    ap.add_argument("--format-lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--quick", action="store_true", help="Tiny sizes: checks the chain runs, measures nothing.")
     ap.add_argument("--keep", type=Path, default=None, help="Keep the databases and models here.")
     args = ap.parse_args()
