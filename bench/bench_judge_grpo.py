@@ -26,6 +26,7 @@ Prints a table per run and one JSON object on its last line.  Keeps nothing unle
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import statistics
@@ -72,6 +73,10 @@ def rank_auc(rows: Sequence[tuple[int, bool, float]]) -> float:
     return wins / (len(pos) * len(neg))
 
 
+def at_threshold(rows: Sequence[tuple[int, bool, float]], threshold: float) -> list[tuple[int, bool, bool]]:
+    return [(pid, label, p >= threshold) for pid, label, p in rows]
+
+
 def grouped(rows: Sequence[tuple], key: int = 0) -> list[list[tuple]]:
     groups: dict[Any, list[tuple]] = {}
     for r in rows:
@@ -88,15 +93,22 @@ def processbench_f1(pairs: Sequence[tuple[int, int]]) -> float:
     ).f1
 
 
-def write_processbench(path: Path, problems: int, seed: int, policy: Any) -> list[dict[str, Any]]:
-    """Held-out samples: fresh problems (another seed tag), one solution each, the label the
-    first step the synthetic truth says is wrong (-1 if none)."""
+def write_processbench(
+    path: Path, problems: int, seed: int, policy: Any, exclude: frozenset[str] = frozenset()
+) -> list[dict[str, Any]]:
+    """Held-out samples: fresh problems (another seed tag; none whose question is in
+    ``exclude``, the annotated set's), one solution each, the label the first step the
+    synthetic truth says is wrong (-1 if none)."""
     from stepq.workers.seeds import derive_seed
     from stepq.workers.synthetic_policy import ground_truth, make_problem
 
     samples = []
-    for i in range(problems):
+    for i in itertools.count():
+        if len(samples) == problems:
+            break
         problem = make_problem(derive_seed("judge-grpo-heldout", seed, i))
+        if problem.question in exclude:
+            continue
         steps = policy.solve(problem, derive_seed("judge-grpo-heldout-solution", seed, i))
         truth = ground_truth(steps)
         label = next((k for k, ok in enumerate(truth) if not ok), -1)
@@ -172,9 +184,17 @@ def base_judge(root: Path, train_rows: Sequence[dict[str, Any]], args: argparse.
 
 
 def evaluate(
-    model: Path, val_rows: Sequence[dict[str, Any]], pb_file: Path, samples: Sequence[dict[str, Any]], seed: int
+    model: Path,
+    val_rows: Sequence[dict[str, Any]],
+    tune_rows: Sequence[dict[str, Any]],
+    pb_file: Path,
+    pb_tune_file: Path,
+    samples: Sequence[dict[str, Any]],
+    seed: int,
 ) -> dict[str, Any]:
-    """Greedy verdicts, asked as the judge was trained (the settings saved beside it)."""
+    """Greedy verdicts, asked as the judge was trained (the settings saved beside it); and the
+    judge as a scorer of P(Positive) with thresholds tuned on data it is not scored on (training
+    rows for the validation accuracy, another held-out file for ProcessBench)."""
     from stepq.trainer.evaluation import processbench as pb
     from stepq.trainer.evaluation.judge_spec import JudgeSpec, build_judge
     from stepq.trainer.evaluation.judges import GenerativeScorer, StepItem
@@ -197,6 +217,14 @@ def evaluate(
     ]
     auc = rank_auc(scored)
     auc_ci = bootstrap(grouped(scored), lambda g: rank_auc([r for grp in g for r in grp]), seed)
+    tune_items = [StepItem(r["problem"], tuple(r["history"]), r["chunk"]) for r in tune_rows]
+    tuned = [(0, r["label"] == "Positive", p) for r, p in zip(tune_rows, scorer.scores(tune_items), strict=True)]
+    threshold = max(sorted({p for _, _, p in tuned}), key=lambda t: balanced_accuracy(at_threshold(tuned, t)))
+    at_t = at_threshold(scored, threshold)
+    acc_t = balanced_accuracy(at_t)
+    acc_t_ci = bootstrap(grouped(at_t), lambda g: balanced_accuracy([r for grp in g for r in grp]), seed)
+    scored_pb = pb.evaluate([pb_file], scorer, scoring=True, tune_file=pb_tune_file)["predictions"]
+    pairs_t = [(s["label"], scored_pb[s["id"]]) for s in samples]
     report = pb.evaluate([pb_file], judge)
     predictions = report["predictions"]
     pairs = [(s["label"], predictions[s["id"]]) for s in samples]
@@ -211,6 +239,11 @@ def evaluate(
         "positive_share": sum(v is True for v in verdicts) / max(1, len(verdicts)),
         "p_positive_auc": auc,
         "p_positive_auc_ci": auc_ci,
+        "threshold": threshold,
+        "thresholded_balanced_accuracy": acc_t,
+        "thresholded_balanced_accuracy_ci": acc_t_ci,
+        "thresholded_processbench_f1": processbench_f1(pairs_t),
+        "thresholded_processbench_f1_ci": bootstrap(pairs_t, processbench_f1, seed),
         "outputs": judge.stats.outputs,
         "no_verdict": judge.stats.no_verdict,
     }
@@ -256,9 +289,13 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
     policy = SyntheticPolicy(
         error_rate=0.15, recovery_rate=args.recovery_rate, op_error_rates=tuple(OP_ERROR_RATES.items())
     )
-    samples = write_processbench(run_dir / "heldout.json", args.heldout, seed, policy)
+    seen = frozenset(r["problem"] for part in records.values() for r in part)
+    samples = write_processbench(run_dir / "heldout.json", args.heldout, seed, policy, seen)
+    write_processbench(run_dir / "tune.json", args.heldout // 2, seed + 1000, policy, seen)  # thresholds only
+    tune_rows = random.Random(seed).sample(records[TRAIN], min(300, len(records[TRAIN])))
     base = base_judge(run_dir, records[TRAIN], args, seed)
-    before = evaluate(base, records[VALIDATION], run_dir / "heldout.json", samples, seed)
+    files = (run_dir / "heldout.json", run_dir / "tune.json")
+    before = evaluate(base, records[VALIDATION], tune_rows, *files, samples, seed)
     recipe = Recipe.parse(
         f"""model: {base}
 rewards: [verdict-match]
@@ -284,7 +321,7 @@ trainer:
     trained_at = time.perf_counter()
     result = train_judge(db, snapshot, recipe, run_dir / "run", TrainOptions())
     train_s = time.perf_counter() - trained_at
-    after = evaluate(result.final_model, records[VALIDATION], run_dir / "heldout.json", samples, seed)
+    after = evaluate(result.final_model, records[VALIDATION], tune_rows, *files, samples, seed)
     return {
         "seed": seed,
         "rule": rule_name,
@@ -318,6 +355,13 @@ def show(r: dict[str, Any]) -> None:
             f"{ci(m['processbench_f1'], m['processbench_f1_ci']):>28} {m['no_verdict']:>11} "
             f"{100 * m['positive_share']:>8.0f}% {auc:>22}"
         )
+    print(f"  {'judge':<8} {'P(Positive) >= t: balanced acc':>32} {'ProcessBench F1 (t tuned elsewhere)':>36}")
+    for name in ("base", "trained"):
+        m = r[name]
+        print(
+            f"  {name:<8} {ci(m['thresholded_balanced_accuracy'], m['thresholded_balanced_accuracy_ci']):>32} "
+            f"{ci(m['thresholded_processbench_f1'], m['thresholded_processbench_f1_ci']):>36}"
+        )
     print(f"  chance: balanced accuracy 50.0, random first-error guess F1 {r['random_guess_f1']:.1f}")
 
 
@@ -335,10 +379,10 @@ def main() -> None:
     ap.add_argument("--pretrain-steps", type=int, default=600)
     ap.add_argument("--format-steps", type=int, default=600)
     ap.add_argument("--steps", type=int, default=600, help="GRPO steps.")
-    ap.add_argument("--generations", type=int, default=8)
-    ap.add_argument("--prompts-per-step", type=int, default=4)
+    ap.add_argument("--generations", type=int, default=16)
+    ap.add_argument("--prompts-per-step", type=int, default=2)
     ap.add_argument("--format-lr", type=float, default=1e-3)
-    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--quick", action="store_true", help="Tiny sizes: checks the chain runs, measures nothing.")
     ap.add_argument("--keep", type=Path, default=None, help="Keep the databases and models here.")
     args = ap.parse_args()
