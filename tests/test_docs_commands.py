@@ -85,3 +85,19 @@ def test_documented_command_exists(doc: str, command: str) -> None:
         _resolve(argv)
     except click.UsageError as exc:
         pytest.fail(f"{doc}: {command!r}: {exc.format_message()}")
+
+
+LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
+
+
+@pytest.mark.unit
+def test_relative_links_resolve_inside_the_repository() -> None:
+    broken = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]:
+        for target in LINK.findall(doc.read_text(encoding="utf-8")):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            path = (doc.parent / target).resolve()
+            if not path.exists() or ROOT not in (path, *path.parents):
+                broken.append(f"{doc.relative_to(ROOT)} -> {target}")
+    assert not broken, broken
