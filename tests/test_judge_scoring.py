@@ -62,6 +62,9 @@ def test_votes_score_and_counts() -> None:
     scorer = GenerativeScorer(_judge(votes=4), "votes")
     assert scorer.scores(items) == [1.0, 0.75, 0.25, 0.0, 0.0]
     assert scorer.stats.as_dict() == {"judge_outputs": 20, "no_verdict": 4, "truncated": 4, "undecided_chunks": 0}
+    # as a judge it accepts at its threshold (--threshold), not at a fixed 0.5
+    strict = GenerativeScorer(_judge(votes=4), "votes", threshold=0.75)
+    assert strict.judge(items) == [True, True, False, False, False]
     judge = _judge(votes=4)
     # majority of 4: 3 of 4 accepts, 1 of 4 rejects, 2 of 4 and no verdict at all are undecided
     assert judge.judge([StepItem("q", (), c) for c in ("+++", "+", "++", "?")]) == [True, False, None, None]

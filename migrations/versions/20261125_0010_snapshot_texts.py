@@ -10,18 +10,13 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from stepq.models.base import NAMING_CONVENTION as CONVENTION
+
 revision = "20261125_0010"
 down_revision = "20261123_0009"
 branch_labels = None
 depends_on = None
 
-CONVENTION = {
-    "ix": "ix_%(column_0_label)s",
-    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
 
 # Existing snapshots get the text their trajectories hold now: the best record there is of
 # what they were labelled on.  snapshot_rows.chunk_id stops being a foreign key: with the

@@ -101,7 +101,7 @@ def _model_judge(spec: JudgeSpec) -> BuiltJudge:
         votes=spec.votes,
         chat_template=settings.chat_template,
     )
-    judge: Any = model if spec.score_by == "verdict" else judges.GenerativeScorer(model, spec.score_by)
+    judge: Any = model if spec.score_by == "verdict" else judges.GenerativeScorer(model, spec.score_by, spec.threshold)
     return BuiltJudge(judge, settings, backend.close)
 
 

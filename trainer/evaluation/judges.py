@@ -212,6 +212,8 @@ class GenerativeScorer:
 
     model: ModelJudge
     score_by: str = "votes"
+    threshold: float = 0.5
+    """``judge`` accepts a step whose score reaches it (ProcessBench may tune its own)."""
     name: str = "model-scores"
 
     def __post_init__(self) -> None:
@@ -249,4 +251,4 @@ class GenerativeScorer:
         return [[next(flat) for _ in steps] for _, steps in solutions]
 
     def judge(self, items: Sequence[StepItem]) -> list[bool | None]:
-        return [s >= 0.5 for s in self.scores(items)]
+        return [s >= self.threshold for s in self.scores(items)]
