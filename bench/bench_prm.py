@@ -231,7 +231,7 @@ def backbone(
 def train_on_outcomes(base: Path, examples: Sequence[OutcomeExample], root: Path, args: argparse.Namespace) -> tuple:
     """stepq's PRM trainer, run recorded in a throwaway SQLite database: what is benchmarked."""
     recipe = Recipe.parse(
-        f"method: prm\nmodel: {base}\ntrainer:\n  aggregate: {args.aggregate}\n"
+        f"method: prm\nmodel: {base}\ntrainer:\n  aggregate: {args.aggregate}\n  head: {args.head}\n"
         f"  learning_rate: {args.learning_rate}\n"
         f"  weight_decay: {args.weight_decay}\n  warmup_steps: {args.warmup_steps}\n"
         + (f"  max_grad_norm: {args.max_grad_norm}\n" if args.max_grad_norm else "")
@@ -263,7 +263,9 @@ def train_on_step_labels(base: Path, train: Sequence[tuple], args: argparse.Name
     from stepq.trainer.prm.model import collate
 
     torch.manual_seed(args.seed)
-    scorer = StepScorer.from_base(str(base), seed=args.seed).to("cuda" if torch.cuda.is_available() else "cpu")
+    scorer = StepScorer.from_base(str(base), seed=args.seed, head=args.head).to(
+        "cuda" if torch.cuda.is_available() else "cpu"
+    )
     encoded = [(scorer.encode(q, steps), truth) for q, steps, truth, _ in train]
     optimizer = torch.optim.AdamW(scorer.parameters(), lr=args.learning_rate)
     rng = random.Random(args.seed)
@@ -332,6 +334,12 @@ def main() -> None:
         help="steps: train on every step's true label instead (the upper bound; no run is recorded)",
     )
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument(
+        "--head",
+        choices=["linear", "mlp"],
+        default="linear",
+        help="The scoring head: the benchmark's recorded runs used linear (the trainer's default is mlp, the paper's).",
+    )
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument(

@@ -42,6 +42,9 @@ class StepSearch(Base):
     seed: Mapped[int] = mapped_column(Integer)
     judge_backend: Mapped[str] = mapped_column(String(40))
     judge_config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    scoring: Mapped[str] = mapped_column(String(20), server_default="both-orders")
+    """How a candidate's score counts the judge's verdicts (``pairwise.SCORINGS``); the server
+    default is what searches from before the column did."""
     state: Mapped[str] = mapped_column(String(20), default="pending")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     lease_owner: Mapped[str | None] = mapped_column(String(200), nullable=True)

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from stepq.models.base import epoch
 from stepq.models.errors import NotFoundError
 from stepq.models.problems import Problem
-from stepq.models.search import ADVANCE, FINISH, SearchTurn, StepSearch
+from stepq.models.search import SearchTurn, StepSearch
 from stepq.models.sql import _insert, insert_ignore
 from stepq.models.work import DONE, FAILED, PENDING, QUEUED, RUNNING
 
@@ -194,32 +194,32 @@ def search_progress(session: Session) -> list[dict[str, Any]]:
     return [out[k] for k in sorted(out)]
 
 
-def search_pairs(session: Session, name: str) -> list[dict[str, Any]]:
-    """The (chosen, rejected) pairs of a search, in (search, turn) order."""
+def search_turn_rows(session: Session, name: str) -> list[dict[str, Any]]:
+    """Every turn of a search's problems, in (search, turn) order, with the texts a preference
+    pair is made of (``chosen``/``rejected`` None on turns that kept nothing).  Which pairs
+    survive the search's rollbacks is the method's rule (``step_search.surviving_pairs``)."""
     if not session.scalar(select(func.count()).select_from(StepSearch).where(StepSearch.name == name)):
         raise NotFoundError(f"no step search named '{name}' (see 'stepq search status')")
     rows = session.execute(
-        select(StepSearch.id, Problem.question, Problem.external_id, SearchTurn)
+        select(StepSearch.id, StepSearch.prompt, Problem.question, Problem.external_id, SearchTurn)
         .join(SearchTurn, SearchTurn.search_id == StepSearch.id)
         .join(Problem, Problem.id == StepSearch.problem_id)
-        .where(StepSearch.name == name, SearchTurn.action.in_([ADVANCE, FINISH]))
+        .where(StepSearch.name == name)
         .order_by(StepSearch.id, SearchTurn.turn)
     ).all()
-    pairs = []
-    for sid, question, external_id, t in rows:
-        if t.chosen is None or t.rejected is None:
-            continue
-        pairs.append(
-            {
-                "search_id": sid,
-                "question": question,
-                "problem_id": external_id,
-                "turn": t.turn,
-                "prefix": list(t.prefix),
-                "chosen": t.candidates[t.chosen],
-                "rejected": t.candidates[t.rejected],
-                "wins_chosen": t.wins[t.chosen],
-                "wins_rejected": t.wins[t.rejected],
-            }
-        )
-    return pairs
+    return [
+        {
+            "search_id": sid,
+            "question": question,
+            "policy_prompt": policy_prompt,
+            "problem_id": external_id,
+            "turn": t.turn,
+            "action": t.action,
+            "prefix": list(t.prefix),
+            "chosen": None if t.chosen is None else t.candidates[t.chosen],
+            "rejected": None if t.rejected is None else t.candidates[t.rejected],
+            "wins_chosen": None if t.chosen is None else t.wins[t.chosen],
+            "wins_rejected": None if t.rejected is None else t.wins[t.rejected],
+        }
+        for sid, policy_prompt, question, external_id, t in rows
+    ]

@@ -169,21 +169,31 @@ def snapshot_contexts(session: Session, snapshot_id: int) -> dict[int, dict[str,
 
 
 def scored_trajectories(session: Session, set_name: str) -> list[dict[str, Any]]:
-    """A set's trajectories with their chunks and Q(0..n) (None where a prefix has no
-    samples): what Q-derived preference pairs are made of."""
+    """A set's trajectories with their policy prompt, chunks and Q(0..n) (None where a prefix
+    has no samples): what Q-derived preference pairs are made of."""
     set_id = session.scalar(select(ProblemSet.id).where(ProblemSet.name == set_name))
     if set_id is None:
         raise NotFoundError(f"no problem set named '{set_name}' (see 'stepq status')")
     out: dict[int, dict[str, Any]] = {}
     rows = session.execute(
-        select(Trajectory.id, Trajectory.n_chunks, Problem.external_id, Problem.question, Chunk.idx, Chunk.text)
+        select(
+            Trajectory.id,
+            Trajectory.n_chunks,
+            Trajectory.prompt,
+            Problem.external_id,
+            Problem.question,
+            Chunk.idx,
+            Chunk.text,
+        )
         .join(Problem, Problem.id == Trajectory.problem_id)
         .join(Chunk, Chunk.trajectory_id == Trajectory.id)
         .where(Problem.problem_set_id == set_id, Problem.excluded.is_(False))
         .order_by(Trajectory.id, Chunk.idx)
     )
-    for tid, n, ext, question, _idx, chunk_text in rows:
-        entry = out.setdefault(tid, {"id": tid, "problem_id": ext, "question": question, "chunks": [], "n": n})
+    for tid, n, prompt, ext, question, _idx, chunk_text in rows:
+        entry = out.setdefault(
+            tid, {"id": tid, "problem_id": ext, "question": question, "prompt": prompt, "chunks": [], "n": n}
+        )
         entry["chunks"].append(chunk_text)
     q: dict[int, dict[int, float]] = {}
     for tid, k, value, n_samples in session.execute(
@@ -200,22 +210,47 @@ def scored_trajectories(session: Session, set_name: str) -> list[dict[str, Any]]
 
 
 def trajectory_outcomes(session: Session, trajectory_ids: Sequence[int]) -> dict[int, bool | None]:
+    """Each trajectory's outcome; None where it was not graded or held no parseable answer."""
     out: dict[int, bool | None] = {}
     for start in range(0, len(trajectory_ids), 1000):
         part = list(trajectory_ids[start : start + 1000])
-        rows = session.execute(select(Trajectory.id, Trajectory.outcome).where(Trajectory.id.in_(part)))
-        out.update({int(tid): outcome for tid, outcome in rows})
+        rows = session.execute(
+            select(Trajectory.id, Trajectory.outcome, Trajectory.final_answer).where(Trajectory.id.in_(part))
+        )
+        out.update({int(tid): outcome if answer is not None else None for tid, outcome, answer in rows})
+    return out
+
+
+def rollout_pass_counts(session: Session, trajectory_ids: Sequence[int]) -> dict[int, tuple[int, int]]:
+    """Per trajectory: (right, graded) over its rollouts with a parseable answer, all of them
+    (kept text or not): what a pass-rate filter on problems reads."""
+    out: dict[int, tuple[int, int]] = {}
+    for start in range(0, len(trajectory_ids), 1000):
+        part = list(trajectory_ids[start : start + 1000])
+        rows = session.execute(
+            select(Rollout.trajectory_id, func.sum(Rollout.reward), func.count())
+            .where(Rollout.trajectory_id.in_(part), Rollout.final_answer.is_not(None))
+            .group_by(Rollout.trajectory_id)
+        )
+        out.update({int(tid): (int(right or 0), int(n)) for tid, right, n in rows})
     return out
 
 
 def rollout_texts(session: Session, trajectory_ids: Sequence[int], *, after_id: int, limit: int) -> list[Any]:
-    """(id, trajectory id, prefix length, text, reward) of rollouts whose text was kept, in
-    id order after ``after_id``: a page of what ``stepq export outcomes`` streams."""
+    """(id, trajectory id, prefix length, text, reward, final answer) of rollouts whose text
+    was kept, in id order after ``after_id``: a page of what ``stepq export outcomes`` streams."""
     if not trajectory_ids:
         return []
     return list(
         session.execute(
-            select(Rollout.id, Rollout.trajectory_id, Rollout.prefix_len, Rollout.text, Rollout.reward)
+            select(
+                Rollout.id,
+                Rollout.trajectory_id,
+                Rollout.prefix_len,
+                Rollout.text,
+                Rollout.reward,
+                Rollout.final_answer,
+            )
             .where(Rollout.trajectory_id.in_(list(trajectory_ids)), Rollout.id > after_id, Rollout.text != "")
             .order_by(Rollout.id)
             .limit(limit)

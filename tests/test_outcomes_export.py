@@ -59,3 +59,63 @@ def test_every_graded_solution_is_exported_with_its_outcome(sqlite: Database, tm
         ), "a rollout's steps start with its trajectory's prefix"
     loaded = datasets.load_dataset(str(tmp_path / "out"))["train"]
     assert loaded.num_rows == len(rows) and {"prompt", "steps", "outcome"} <= set(loaded.column_names)
+
+
+def _annotated(db: Database, name: str, problems: int) -> None:
+    synth_set(db, name, problems=problems, seed=7, error_rate=0.3)
+    configure_annotation(db, name, 4)
+    run_in_process(db, WorkerRuntime(db, WorkerOptions(name="t")))
+
+
+def test_solutions_without_a_parseable_answer_are_dropped_unless_kept_as_wrong(sqlite: Database) -> None:
+    """The paper drops responses with no parseable answer; counting them wrong (stepq's old
+    behaviour) is an option.  Graders write final_answer NULL for them (grade 'no-answer')."""
+    from stepq.trainer.outcomes.export import OutcomeFilter, outcome_records
+
+    _annotated(sqlite, "u", 4)
+    with sqlite.engine.begin() as conn:
+        unparseable = [r[0] for r in conn.execute(text("SELECT id FROM rollouts WHERE reward = 1 ORDER BY id LIMIT 5"))]
+        for rid in unparseable:
+            conn.execute(
+                text("UPDATE rollouts SET final_answer = NULL, reward = 0, grade_method = 'no-answer' WHERE id = :i"),
+                {"i": rid},
+            )
+        tid = conn.execute(text("SELECT min(id) FROM trajectories")).scalar_one()
+        conn.execute(text("UPDATE trajectories SET final_answer = NULL, outcome = NULL WHERE id = :t"), {"t": tid})
+        n_rollouts = conn.execute(text("SELECT count(*) FROM rollouts")).scalar_one()
+        n_trajectories = conn.execute(text("SELECT count(*) FROM trajectories")).scalar_one()
+    assert len(unparseable) == 5
+    dropped = list(outcome_records(sqlite, "u"))
+    kept = list(outcome_records(sqlite, "u", keep=OutcomeFilter(keep_unparseable=True)))
+    assert sum(r["source"] == "rollout" for r in dropped) == n_rollouts - 5
+    assert sum(r["source"] == "trajectory" for r in dropped) == n_trajectories - 1
+    assert all(r["trajectory_id"] != tid for r in dropped if r["source"] == "trajectory")
+    assert len(kept) == n_rollouts + n_trajectories
+    kept_traj = next(r for r in kept if r["source"] == "trajectory" and r["trajectory_id"] == tid)
+    assert kept_traj["outcome"] is False
+
+
+def test_pass_rate_filter_keeps_exactly_the_problems_within_the_bounds(sqlite: Database, tmp_path: Path) -> None:
+    from stepq.trainer.outcomes.export import OutcomeFilter, outcome_records
+
+    _annotated(sqlite, "p", 12)
+    with sqlite.engine.connect() as conn:
+        rates = {
+            ext: right / n
+            for ext, right, n in conn.execute(
+                text(
+                    "SELECT p.external_id, sum(r.reward), count(*) FROM rollouts r "
+                    "JOIN trajectories t ON t.id = r.trajectory_id JOIN problems p ON p.id = t.problem_id "
+                    "WHERE r.final_answer IS NOT NULL GROUP BY p.external_id"
+                )
+            )
+        }
+    inside = {p for p, rate in rates.items() if 0.2 <= rate <= 0.8}
+    assert inside and inside != set(rates), rates  # the filter has something to keep and to drop
+    records = list(outcome_records(sqlite, "p", keep=OutcomeFilter(pass_rate=(0.2, 0.8))))
+    assert {r["problem_id"] for r in records} == inside
+    assert len({r["problem_id"] for r in outcome_records(sqlite, "p")}) == len(rates)
+    with pytest.raises(ConfigError, match="LOW:HIGH"):
+        OutcomeFilter.parse_pass_rate("0.2-0.8")
+    with pytest.raises(ConfigError, match="0 <= low <= high <= 1"):
+        OutcomeFilter(pass_rate=(0.8, 0.2))

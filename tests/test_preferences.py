@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from stepq.models import Database
 from stepq.models.errors import ConfigError
@@ -17,8 +18,10 @@ from stepq.workers.synthetic_set import synth_set
 from tests.conftest import clean_env, run_stepq
 
 
-def _t(tid: int, chunks: tuple[str, ...], q: tuple[float | None, ...], problem: str = "p") -> ScoredTrajectory:
-    return ScoredTrajectory(tid, problem, "Q?", chunks, q)
+def _t(
+    tid: int, chunks: tuple[str, ...], q: tuple[float | None, ...], problem: str = "p", prompt: str = "Solve: Q?\n"
+) -> ScoredTrajectory:
+    return ScoredTrajectory(tid, problem, "Q?", chunks, q, prompt)
 
 
 def test_siblings_of_a_shared_prefix_make_a_pair_past_the_margin() -> None:
@@ -33,7 +36,8 @@ def test_siblings_of_a_shared_prefix_make_a_pair_past_the_margin() -> None:
     assert (second.chosen, second.rejected) == ("a2", "b2") and second.q_chosen - second.q_rejected >= 0.3
     assert (second.chosen_trajectory, second.rejected_trajectory) == (1, 2)
     assert len(pairs) == 2, "the third step has no sibling with the same prefix"
-    assert prompt_of("Q?", ("s1",)) == "Q?\n\ns1"
+    assert second.policy_prompt == "Solve: Q?\n"
+    assert prompt_of(second.policy_prompt, second.prefix) == "Solve: Q?\ns1", "the policy's context, byte for byte"
 
 
 def test_margin_ties_unsampled_and_other_problems() -> None:
@@ -47,6 +51,8 @@ def test_margin_ties_unsampled_and_other_problems() -> None:
     assert q_pairs([a, other], margin=0.1) == [], "steps of different problems never pair"
     same = _t(5, ("x",), (0.5, 0.1))
     assert q_pairs([a, same], margin=0.1) == [], "an identical next step is one candidate"
+    other_prompt = _t(6, ("y",), (0.5, 0.0), prompt="Another template: Q?\n")
+    assert q_pairs([a, other_prompt], margin=0.1) == [], "steps sampled from different prompts never pair"
 
 
 def test_export_preferences_loads_with_datasets(sqlite: Database, tmp_path: Path) -> None:
@@ -62,7 +68,16 @@ def test_export_preferences_loads_with_datasets(sqlite: Database, tmp_path: Path
     assert loaded.num_rows == n and {"prompt", "chosen", "rejected"} <= set(loaded.column_names)
     for r in loaded:
         assert r["q_chosen"] - r["q_rejected"] >= 0.3 - 1e-9 and r["chosen"] != r["rejected"]
-        assert r["prompt"].startswith("Start with") and r["prompt"].count("Step ") == r["prefix_len"]
+        assert r["prompt"].startswith("Solve the problem") and r["prompt"].count("Step ") == r["prefix_len"] + 1
+        with sqlite.engine.connect() as conn:
+            policy_prompt = conn.execute(
+                text("SELECT prompt FROM trajectories WHERE id = :t"), {"t": r["chosen_trajectory"]}
+            ).scalar_one()
+            chunks = conn.execute(
+                text("SELECT text FROM chunks WHERE trajectory_id = :t ORDER BY idx"), {"t": r["rejected_trajectory"]}
+            ).scalars()
+            rejected_prefix = "".join(list(chunks)[: r["prefix_len"]])
+        assert r["prompt"] == policy_prompt + rejected_prefix, "both steps were sampled after exactly this text"
     synth_set(sqlite, "single", problems=3, seed=3)  # one solution per problem: no siblings
     configure_annotation(sqlite, "single", 2)
     run_in_process(sqlite, WorkerRuntime(sqlite, WorkerOptions(name="t")))

@@ -9,7 +9,14 @@ import math
 import pytest
 import torch
 
-from stepq.trainer.prm.aggregate import log_geomean, log_min, log_softmin, outcome_loss, solution_log_prob
+from stepq.trainer.prm.aggregate import (
+    log_geomean,
+    log_min,
+    log_softmin,
+    outcome_loss,
+    softmin_logit,
+    solution_log_prob,
+)
 
 
 def _logit(p: float) -> float:
@@ -37,22 +44,31 @@ def test_min_and_geomean_match_hand_computation_and_ignore_padding() -> None:
     assert log_geomean(logits, mask).exp().tolist() == pytest.approx([(0.9 * 0.2 * 0.6) ** (1 / 3), 0.5])
 
 
-def test_softmin_matches_its_definition() -> None:
-    p = [0.9, 0.2, 0.6]
-    logits, mask = _batch([p])
-    tau = 0.3
-    w = [math.exp(-x / tau) for x in p]
-    expected = sum(wi * x for wi, x in zip(w, p, strict=True)) / sum(w)
-    assert log_softmin(logits, mask, tau).exp().item() == pytest.approx(expected)
+def test_softmin_is_the_papers_function_of_the_step_logits() -> None:
+    """A = -tau * log((1/M) * sum exp(-r_m / tau)) on logits r = (2, -1, 0.5), tau = 0.5:
+    exp(-4) + exp(2) + exp(-1) = 0.0183156 + 7.3890561 + 0.3678794 = 7.7752511;
+    /3 = 2.5917504; log = 0.9523336; A = -0.4761668; sigmoid(A) = 0.3831577."""
+    logits = torch.tensor([[2.0, -1.0, 0.5]], dtype=torch.float64)
+    mask = torch.ones_like(logits, dtype=torch.bool)
+    assert softmin_logit(logits, mask, 0.5).item() == pytest.approx(-0.4761668, abs=1e-6)
+    assert log_softmin(logits, mask, 0.5).exp().item() == pytest.approx(0.3831577, abs=1e-6)
+    # not the softmax-weighted mean of probabilities it once was
+    p = torch.sigmoid(logits)[0]
+    w = torch.softmax(-p / 0.5, dim=0)
+    assert abs(log_softmin(logits, mask, 0.5).exp().item() - float((w * p).sum())) > 0.05
+    # padding is ignored: M counts the solution's own steps
+    padded = torch.tensor([[2.0, -1.0, 0.5, 9.0]], dtype=torch.float64)
+    assert softmin_logit(padded, torch.tensor([[True, True, True, False]]), 0.5).item() == pytest.approx(-0.4761668)
 
 
-def test_softmin_tends_to_min_as_temperature_falls_and_to_mean_as_it_grows() -> None:
+def test_softmin_tends_to_min_as_temperature_falls_and_to_the_mean_logit_as_it_grows() -> None:
     p = [0.9, 0.35, 0.6, 0.8]
     logits, mask = _batch([p])
     gaps = [abs(log_softmin(logits, mask, t).exp().item() - min(p)) for t in (1.0, 0.3, 0.1, 0.03, 0.01)]
     assert all(a > b for a, b in itertools.pairwise(gaps)), gaps
-    assert gaps[-1] < 1e-6
-    assert log_softmin(logits, mask, 1e4).exp().item() == pytest.approx(sum(p) / len(p), abs=1e-4)
+    assert gaps[-1] < 1e-2
+    mean_logit = sum(_logit(x) for x in p) / len(p)
+    assert softmin_logit(logits, mask, 1e4).item() == pytest.approx(mean_logit, abs=1e-3)
 
 
 def _grad(rows: list[list[float]], outcome: list[int], how: str, temperature: float = 0.1) -> torch.Tensor:
@@ -124,3 +140,14 @@ def test_bad_inputs_are_refused() -> None:
         log_min(logits, torch.zeros_like(mask))
     with pytest.raises(ValueError, match="temperature"):
         log_softmin(logits, mask, 0.0)
+
+
+def test_best_of_n_softmin_is_the_trainers_softmin_on_probabilities() -> None:
+    from stepq.trainer.evaluation.best_of_n import AGGREGATORS, softmin
+
+    p = [0.9, 0.35, 0.6, 0.8]
+    logits, mask = _batch([p])
+    for tau in (0.02, 0.1, 1.0):
+        assert softmin(p, tau) == pytest.approx(log_softmin(logits, mask, tau).exp().item(), rel=1e-9)
+    assert AGGREGATORS["softmin"](p) == pytest.approx(softmin(p, 0.1))
+    assert softmin([1e-9, 1.0 - 1e-9], 0.001) == pytest.approx(1e-9, rel=1e-3)  # no overflow at small tau

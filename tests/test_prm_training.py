@@ -40,7 +40,7 @@ def _recipe(
     model: Path, max_steps: int = 4, save_steps: int = 2, aggregate: str = "asymmetric", extra: str = ""
 ) -> Recipe:
     return Recipe.parse(
-        f"method: prm\nmodel: {model}\ntrainer:\n  aggregate: {aggregate}\n  learning_rate: 0.001\n"
+        f"method: prm\nmodel: {model}\ntrainer:\n  aggregate: {aggregate}\n  learning_rate: 0.001\n  warmup_steps: 0\n"
         f"  batch_size: 4\n  epochs: 50\n  max_steps: {max_steps}\n  save_steps: {save_steps}\n"
         f"  logging_steps: 1\n  seed: 0\n{extra}"
     )
@@ -125,7 +125,8 @@ def test_a_failed_prm_run_resumes_to_the_uninterrupted_result(sqlite: Database, 
     a, b = StepScorer.load(straight.final_model), StepScorer.load(resumed.final_model)
     for (name, x), (_, y) in zip(a.backbone.state_dict().items(), b.backbone.state_dict().items(), strict=True):
         assert torch.equal(x, y), f"{name} differs after resuming"
-    assert torch.equal(a.head.weight, b.head.weight)
+    for x, y in zip(a.head.parameters(), b.head.parameters(), strict=True):
+        assert torch.equal(x, y), "the head differs after resuming"
 
 
 def test_prm_recipes_and_data_are_checked(tmp_path: Path) -> None:
@@ -147,7 +148,69 @@ def test_prm_recipes_and_data_are_checked(tmp_path: Path) -> None:
 def test_prm_learning_rate_warms_up_linearly_then_holds() -> None:
     config = PRMConfig(learning_rate=1e-3, warmup_steps=4)
     assert [config.learning_rate_at(s) for s in range(6)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
-    assert PRMConfig(learning_rate=1e-3).learning_rate_at(0) == 1e-3
+    assert PRMConfig(learning_rate=1e-3, warmup_steps=0).learning_rate_at(0) == 1e-3
+
+
+def test_prm_defaults_are_the_papers_where_it_states_them() -> None:
+    """Two-layer MLP head, lr 1e-5 with 1,000 warm-up steps, batch 32: in PRMConfig and in the
+    shipped recipe, which must agree."""
+    default = PRMConfig()
+    shipped = Recipe.load("outcome-prm.yaml").config(PRMConfig)
+    for config in (default, shipped):
+        assert (config.head, config.learning_rate, config.warmup_steps, config.batch_size) == ("mlp", 1e-5, 1000, 32)
+        assert config.weight_decay == 0.0  # Adam
+    assert default.learning_rate_at(0) == pytest.approx(1e-8) and default.learning_rate_at(999) == 1e-5
+
+
+def test_the_scoring_head_is_a_two_layer_mlp_and_linear_stays_an_option(tmp_path: Path) -> None:
+    model = build_tiny_model(tmp_path / "base", n_positions=256)
+    mlp = StepScorer.from_base(str(model), seed=0)
+    layers = [m for m in mlp.head.modules() if isinstance(m, torch.nn.Linear)]
+    hidden = mlp.backbone.config.hidden_size
+    assert [(m.in_features, m.out_features) for m in layers] == [(hidden, hidden), (hidden, 1)]
+    assert any(isinstance(m, torch.nn.ReLU) for m in mlp.head.modules())
+    linear = StepScorer.from_base(str(model), seed=0, head="linear")
+    assert isinstance(linear.head, torch.nn.Linear) and linear.head.out_features == 1
+    solutions = [("Q?", ["Step 1: a.\n\n", "Step 2: b."])]
+    for scorer, name in ((mlp, "mlp"), (linear, "linear")):
+        torch.nn.init.normal_(next(iter(scorer.head.parameters())))  # a head that is not all zero
+        scorer.save(tmp_path / name)
+        loaded = StepScorer.load(tmp_path / name)
+        assert loaded.meta["head"] == name
+        assert loaded.score(solutions)[0] == pytest.approx(scorer.score(solutions)[0])
+    with pytest.raises(ConfigError, match="PRM head 'deep'"):
+        PRMConfig(head="deep")
+
+
+def test_gradient_accumulation_takes_the_same_step_as_the_whole_batch(sqlite: Database, tmp_path: Path) -> None:
+    """batch 4 in two passes of 2 ends where batch 4 in one pass does (dropout off)."""
+    model = build_tiny_model(tmp_path / "base", n_positions=256)
+    examples = [
+        OutcomeExample(
+            f"Q{i}?", tuple(f"Step {k}: {'ok' if (i + k) % 3 else 'bad'}.\n\n" for k in range(1, 3 + i % 2)), i % 2 == 0
+        )
+        for i in range(8)
+    ]
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    for key in ("resid_pdrop", "embd_pdrop", "attn_pdrop"):
+        setattr(config, key, 0.0)
+    config.save_pretrained(model)
+    finals = []
+    for accumulation in (1, 2):
+        recipe = _recipe(model, 2, 2, extra=f"  gradient_accumulation_steps: {accumulation}\n")
+        finals.append(
+            StepScorer.load(train_prm(sqlite, examples, "toy", recipe, tmp_path / f"a{accumulation}").final_model)
+        )
+    for (name, x), (_, y) in zip(
+        finals[0].backbone.state_dict().items(), finals[1].backbone.state_dict().items(), strict=True
+    ):
+        assert torch.allclose(x, y, atol=1e-5), f"{name} differs with accumulation"
+    base = StepScorer.from_base(str(model), seed=0)
+    assert not torch.allclose(next(iter(base.head.parameters())), next(iter(finals[0].head.parameters())))
+    with pytest.raises(ConfigError, match="divide batch_size"):
+        PRMConfig(batch_size=4, gradient_accumulation_steps=3)
 
 
 def test_short_first_curriculum_draws_short_solutions_then_every_solution() -> None:
@@ -168,9 +231,31 @@ def test_short_first_curriculum_draws_short_solutions_then_every_solution() -> N
         BatchOrder([2, 3], PRMConfig(curriculum_steps=1))
 
 
+def _synthetic_processbench(path: Path, n: int, seed: int) -> Path:
+    """ProcessBench-format samples of the synthetic policy, labelled by its step truth."""
+    from stepq.workers.synthetic_policy import SyntheticPolicy, ground_truth, make_problem
+
+    policy = SyntheticPolicy(error_rate=0.3, recovery_rate=0.0)
+    samples = []
+    for i in range(n):
+        problem = make_problem(seed * 10_000 + i)
+        steps = policy.solve(problem, seed * 10_000 + i)
+        label = next((k for k, ok in enumerate(ground_truth(steps)) if not ok), -1)
+        samples.append(
+            {"id": f"{path.stem}-{i}", "problem": problem.question, "steps": [s.text for s in steps], "label": label}
+        )
+    path.write_text(json.dumps(samples))
+    return path
+
+
 @pytest.mark.integration
 def test_eval_commands_use_a_trained_prm(sqlite: Database, tmp_path: Path) -> None:
-    """ProcessBench with a threshold chosen on one file (reported), and Best-of-N on scores."""
+    """ProcessBench with thresholds chosen on other files than those scored (one for all, or
+    one per subset), and Best-of-N picking by the PRM's own scores."""
+    from stepq.trainer.evaluation import processbench as pb
+    from stepq.trainer.evaluation.best_of_n import AGGREGATORS
+    from stepq.trainer.evaluation.judge_spec import JudgeSpec, build_judge
+
     _set(sqlite)
     examples = [OutcomeExample(e.problem, e.steps, e.outcome) for e in set_outcomes(sqlite, "o")]
     model = build_tiny_model(tmp_path / "base", n_positions=4096)
@@ -180,16 +265,46 @@ def test_eval_commands_use_a_trained_prm(sqlite: Database, tmp_path: Path) -> No
     def stepq(*args: str) -> subprocess.CompletedProcess[str]:
         return run_stepq(*args, env=env)
 
+    synth = _synthetic_processbench(tmp_path / "synth.json", 30, 1)
+    tune_all = _synthetic_processbench(tmp_path / "tune_all.json", 30, 2)
+    tune_synth = _synthetic_processbench(tmp_path / "tune_synth.json", 30, 3)
+    judge = build_judge(JudgeSpec(kind="prm", model=str(result.final_model))).judge
+
+    def chosen(path: Path) -> float:
+        samples = pb.load_samples(path)
+        return pb.choose_threshold(pb.sample_scores(judge, samples), {s["id"]: s["label"] for s in samples})
+
     prm = ("--judge", "prm", "--model", str(result.final_model))
-    done = stepq("eval", "processbench", "--data", str(SAMPLE), "--tune-threshold-on", str(SAMPLE), *prm, "--json")
+    done = stepq(
+        "eval", "processbench", "--data", str(SAMPLE), str(synth), "--tune-threshold-on", str(tune_all),
+        "--tune-subset", f"synth={tune_synth}", *prm, "--json",
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert report["threshold_tuned_on"] == SAMPLE.stem and isinstance(report["threshold"], float)
-    assert report["subsets"][0]["samples"] == len(json.loads(SAMPLE.read_text()))
-    bon = stepq("eval", "best-of-n", "--set", "o", "--n", "1,2", "--aggregate", "geomean", *prm, "--json")
-    assert bon.returncode == 0, bon.stderr
-    rows = json.loads(bon.stdout)["rows"]
-    assert [r["n"] for r in rows] == [1, 2] and rows[0]["judge"] == rows[0]["random"]
+    by = {r["subset"]: r for r in report["subsets"]}
+    assert by[SAMPLE.stem]["samples"] == len(json.loads(SAMPLE.read_text()))
+    assert (by[SAMPLE.stem]["threshold_tuned_on"], by["synth"]["threshold_tuned_on"]) == ("tune_all", "tune_synth")
+    assert by[SAMPLE.stem]["threshold"] == pytest.approx(chosen(tune_all))
+    assert by["synth"]["threshold"] == pytest.approx(chosen(tune_synth))
+    wrong = stepq("eval", "processbench", "--data", str(SAMPLE), "--tune-subset", f"math={tune_synth}", *prm)
+    assert wrong.returncode != 0 and "no --data file for subset(s) math" in wrong.stderr
+    for how in ("geomean", "softmin"):
+        bon = stepq("eval", "best-of-n", "--set", "o", "--n", "2", "--aggregate", how, *prm, "--json")
+        assert bon.returncode == 0, bon.stderr
+        (row,) = json.loads(bon.stdout)["rows"]
+        # the pick is the candidate whose aggregated PRM scores are highest: recompute it
+        from stepq.models import queries
+
+        with sqlite.session() as session:
+            solutions = tq.set_solutions(session, queries.get_set(session, "o").id)
+        expected = []
+        for trajectories in solutions.values():
+            pair = trajectories[:2]
+            scores = judge.score_solutions([(t["question"], t["chunks"]) for t in pair])
+            values = [AGGREGATORS[how]([0.0 if x is None else x for x in row]) for row in scores]
+            expected.append(bool(pair[values.index(max(values))]["outcome"]))
+        assert len(expected) == 6 and len(set(map(len, solutions.values()))) == 1
+        assert row["judge"] == pytest.approx(100 * sum(expected) / len(expected))
     missing = stepq("eval", "processbench", "--data", str(SAMPLE), "--judge", "prm", "--model", str(tmp_path))
     assert missing.returncode != 0 and "not a stepq PRM" in missing.stderr
 
@@ -210,7 +325,7 @@ def test_prm_finds_the_wrong_step_from_outcome_labels_alone(sqlite: Database, tm
     examples = [OutcomeExample(q, tuple(steps), all(oks)) for q, steps, oks in train]
     model = build_tiny_model(tmp_path / "base", n_positions=256)
     recipe = Recipe.parse(
-        f"method: prm\nmodel: {model}\ntrainer:\n  aggregate: asymmetric\n  learning_rate: 0.003\n"
+        f"method: prm\nmodel: {model}\ntrainer:\n  aggregate: asymmetric\n  learning_rate: 0.003\n  warmup_steps: 0\n"
         "  batch_size: 16\n  epochs: 20\n  max_steps: 150\n  save_steps: 150\n  logging_steps: 50\n"
     )
     scorer = StepScorer.load(train_prm(sqlite, examples, "toy", recipe, tmp_path / "run").final_model)

@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from stepq.models import Database
 from stepq.models import training_queries as tq
@@ -157,11 +157,25 @@ def test_export_loads_with_datasets_and_carries_the_judge_prompt(sqlite: Databas
     assert train["label"].count("Positive") == train["label"].count("Negative")
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["counts"]["train"]["positive"] == train["label"].count("Positive")
+    with sqlite.engine.connect() as conn:
+        chunks = {
+            cid: (tid, idx, body, question)
+            for cid, tid, idx, body, question in conn.execute(
+                text(
+                    "SELECT c.id, c.trajectory_id, c.idx, c.text, p.question FROM chunks c "
+                    "JOIN trajectories t ON t.id = c.trajectory_id JOIN problems p ON p.id = t.problem_id"
+                )
+            )
+        }
+        labels = dict(conn.execute(text("SELECT chunk_id, positive FROM chunk_labels WHERE rule = 'abs-q'")).all())
+    by_position = {(tid, idx): body for tid, idx, body, _ in chunks.values()}
     for row in train:
-        assert row["chunk"] in row["prompt"] and row["problem"] in row["prompt"]
-        assert len(row["history"]) == row["chunk_index"] - 1
-        assert all(h.strip() in row["prompt"] for h in row["history"])
-        assert {"problem_id", "trajectory_id", "q_before", "q_after"} <= set(row)
+        # each exported row is its own chunk's text, history, question and label in the database
+        tid, idx, body, question = chunks[row["chunk_id"]]
+        assert (row["trajectory_id"], row["chunk_index"], row["chunk"], row["problem"]) == (tid, idx, body, question)
+        assert row["history"] == [by_position[(tid, k)] for k in range(1, idx)]
+        assert row["label"] == ("Positive" if labels[row["chunk_id"]] else "Negative")
+        assert {"problem_id", "q_before", "q_after"} <= set(row)
     assert any(r["chunk_index"] > 1 for r in train)
 
 

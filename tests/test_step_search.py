@@ -20,11 +20,13 @@ from stepq.workers.search.pairwise import (
     comparisons,
     decide,
     parse_preference,
+    questions_for,
     render,
+    score_candidates,
     win_scores,
     winners,
 )
-from stepq.workers.search.step_search import replay
+from stepq.workers.search.step_search import replay, surviving_pairs
 from stepq.workers.synthetic_policy import step_is_right
 from tests.conftest import Cluster, clean_env, run_stepq, wait_for
 
@@ -50,6 +52,35 @@ def test_a_pair_counts_only_when_both_orders_agree() -> None:
     assert result == {(0, 1): 0, (0, 2): None, (1, 2): None}
     assert win_scores(3, result) == [1, 0, 0]
     assert winners(asked[:2], ["B", "A"]) == {(0, 1): 1}
+
+
+def test_by_default_each_pair_is_asked_once_in_a_seeded_order() -> None:
+    straight = questions_for("each-verdict", 4, lambda i, j: False)
+    assert [(c.first, c.second) for c in straight] == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
+    flipped = questions_for("each-verdict", 4, lambda i, j: j == 3)
+    assert {(c.first, c.second) for c in flipped} == {(0, 1), (0, 2), (3, 0), (1, 2), (3, 1), (3, 2)}
+    assert len(questions_for("both-orders", 4, lambda i, j: False)) == 12
+    with pytest.raises(Exception, match="unknown search scoring"):
+        questions_for("majority", 4, lambda i, j: False)
+
+
+def test_each_verdict_scores_a_candidate_by_the_candidates_it_beats() -> None:
+    """score_i = sum_{j != i} O(s_i, s_j): every answered comparison gives its winner a point,
+    whichever position it was shown in; an answer without a verdict gives none."""
+    asked = [Comparison(0, 1), Comparison(2, 0), Comparison(1, 2)]
+    assert score_candidates("each-verdict", 3, asked, ["A", "A", None]) == ([1, 0, 1], 2)
+    assert score_candidates("each-verdict", 3, asked, ["B", "B", "A"]) == ([1, 2, 0], 3)
+    # the stricter option needs both orders to agree: one order each decides nothing
+    both = [Comparison(0, 1), Comparison(1, 0)]
+    assert score_candidates("both-orders", 2, both, ["A", "A"]) == ([0, 0], 0)
+    assert score_candidates("each-verdict", 2, both, ["A", "A"]) == ([1, 1], 2)
+
+
+def test_a_rollback_discards_the_rolled_back_steps_pair() -> None:
+    actions = [ADVANCE, ADVANCE, ROLLBACK, ADVANCE, RESAMPLE, FINISH]
+    assert surviving_pairs(actions) == [0, 3, 5], "turn 1's step was rolled back, and its pair with it"
+    assert surviving_pairs([ADVANCE, ROLLBACK, ROLLBACK, ADVANCE]) == [3]
+    assert surviving_pairs([RESAMPLE, ADVANCE]) == [1]
 
 
 def test_decide_keeps_the_best_pairs_it_with_the_worst_and_rolls_back_on_ties() -> None:
@@ -114,9 +145,11 @@ def _pairs(db: Database) -> list[tuple[str, int, str, str, str]]:
 
 
 def test_embedded_step_search_yields_right_over_wrong_pairs(sqlite: Database, tmp_path: Path) -> None:
+    """With both-orders scoring the position-biased oracle decides only right-over-wrong; every
+    exported pair is one of the steps the search kept in the end, in the policy's context."""
     env = _env(str(sqlite.engine.url))
     assert _stepq(env, tmp_path, "synth", "--set", "s", "--problems", "8", "--error-rate", "0.3").returncode == 0
-    started = _stepq(env, tmp_path, "search", "start", "--set", "s", "--name", "n", *SEARCH)
+    started = _stepq(env, tmp_path, "search", "start", "--set", "s", "--name", "n", *SEARCH, "--scoring", "both-orders")
     assert started.returncode == 0 and "8 new searches" in started.stdout, started.stderr
     again = _stepq(env, tmp_path, "search", "start", "--set", "s", "--name", "n", *SEARCH)
     assert "0 new searches" in again.stdout, "starting the same search again adds nothing"
@@ -134,7 +167,27 @@ def test_embedded_step_search_yields_right_over_wrong_pairs(sqlite: Database, tm
     assert actions.get(RESAMPLE, 0) + actions.get(ROLLBACK, 0) > 0, "all-right (tied) candidate sets step back"
     out = tmp_path / "pairs"
     exported = _stepq(env, tmp_path, "export", "preferences", "--search", "n", "--out", str(out))
-    assert exported.returncode == 0 and f"{len(pairs)} step preference pairs" in exported.stdout, exported.stderr
+    assert exported.returncode == 0, exported.stderr
+    import json
+
+    from stepq.models import search_queries as sq
+
+    with sqlite.session() as session:
+        searches = session.execute(text("SELECT id, prompt FROM step_searches")).all()
+        final = {}
+        for sid, _ in searches:
+            turns = sq.search_turns(session, sid)
+            final[sid] = replay([(t.action, list(t.candidates), t.chosen) for t in turns])[0]
+    records = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
+    kept_steps = sum(len(steps) for steps in final.values())
+    assert len(records) == kept_steps < len(pairs), "a rolled-back step's pair is not exported"
+    assert f"{kept_steps} step preference pairs" in exported.stdout
+    prompts = dict(searches)
+    for r in records:
+        kept = final[r["search_id"]]
+        assert r["chosen"] == kept[r["prefix_len"]], "every exported pair's chosen step is one the search kept"
+        assert r["prompt"] == prompts[r["search_id"]] + "".join(kept[: r["prefix_len"]]), "the policy's own context"
+        assert r["prompt"].startswith("Solve the problem step by step")
     status = _stepq(env, tmp_path, "search", "status", "--json")
     assert f'"pairs": {len(pairs)}' in status.stdout
     bad = _stepq(env, tmp_path, "search", "start", "--set", "nope", "--name", "n")

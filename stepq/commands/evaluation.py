@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from stepq.commands.base import backend_config, friendly, load_settings, main, open_db
+from stepq.trainer.evaluation.best_of_n import AGGREGATORS
 from stepq.workers.backends import BACKENDS as BACKEND_NAMES
 
 if TYPE_CHECKING:
@@ -159,6 +160,13 @@ def eval_group() -> None:
     default=None,
     help="Scoring judges: choose the threshold with the best F1 on this ProcessBench file, then score --data with it.",
 )
+@click.option(
+    "--tune-subset",
+    "subset_tunes",
+    multiple=True,
+    metavar="SUBSET=FILE",
+    help="Scoring judges: this --data subset (its file's name) gets its own threshold, chosen on FILE.  Repeatable.",
+)
 @click.option("--json", "as_json", is_flag=True)
 @judge_options
 @friendly
@@ -168,11 +176,21 @@ def eval_processbench(
     predictions_file: Path | None,
     out_dir: Path | None,
     tune_file: Path | None,
+    subset_tunes: tuple[str, ...],
     as_json: bool,
     **kw: Any,
 ) -> None:
     """Predict each sample's first wrong step and score it with the official metric."""
     from stepq.trainer.evaluation import processbench as pb
+
+    per_subset = {}
+    for given_tune in subset_tunes:
+        name, sep, path = given_tune.partition("=")
+        if not sep or not Path(path).is_file():
+            raise click.BadParameter(
+                f"'{given_tune}' is not SUBSET=FILE with an existing FILE", param_hint="--tune-subset"
+            )
+        per_subset[name] = Path(path)
 
     given = pb.load_predictions(predictions_file) if predictions_file else None
     built = None if given is not None else build_judge(kw)
@@ -184,6 +202,7 @@ def eval_processbench(
             predictions=given,
             threshold=kw["threshold"],
             tune_file=tune_file,
+            subset_tune_files=per_subset,
             on_subset=bar,
         )
     all_predictions = report.pop("predictions")
@@ -198,8 +217,10 @@ def eval_processbench(
         click.echo(json.dumps(report, indent=2))
         return
     if "threshold" in report:
-        tuned = f"chosen on {report['threshold_tuned_on']}" if report["threshold_tuned_on"] else "given"
-        click.echo(f"threshold {report['threshold']:.4f} ({tuned})")
+        for r in report["subsets"] if per_subset else [report]:
+            tuned = f"chosen on {r['threshold_tuned_on']}" if r["threshold_tuned_on"] else "given"
+            where = f" for {r['subset']}" if per_subset else ""
+            click.echo(f"threshold{where} {r['threshold']:.4f} ({tuned})")
     writes = built is not None and built.settings is not None
     extra = f" {'outputs':>8} {'no verdict':>10} {'cut':>5}" if writes else ""
     click.echo(f"{'subset':<12} {'samples':>7} {'acc_error':>9} {'acc_correct':>11} {'F1':>6}{extra}")
@@ -242,9 +263,10 @@ def eval_snapshot(ref: str, as_json: bool, **kw: Any) -> None:
 @click.option(
     "--aggregate",
     "how",
-    type=click.Choice(["min", "mean", "geomean", "product", "last"]),
+    type=click.Choice(list(AGGREGATORS)),
     default="min",
     show_default=True,
+    help="softmin: the PRM's softmin of the step logits at tau 0.1.",
 )
 @click.option("--json", "as_json", is_flag=True)
 @judge_options

@@ -14,15 +14,23 @@ from stepq.workers.backends import BACKENDS as BACKEND_NAMES
 
 @main.group()
 def search() -> None:
-    """Step search: sample candidate next steps, rank them with a pairwise judge asked in both
-    orders, keep the best and record (best, worst) as a step preference pair."""
+    """Step search: sample candidate next steps, rank them with a pairwise judge, keep the best
+    and record (best, worst) as a step preference pair."""
 
 
 @search.command("start")
 @click.option("--set", "set_name", required=True)
 @click.option("--name", required=True, help="The search's name (its pairs are exported by it).")
 @click.option("--width", type=click.IntRange(min=2), default=6, show_default=True, help="Candidates per step.")
-@click.option("--max-turns", type=click.IntRange(min=1), default=40, show_default=True)
+@click.option("--max-turns", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option(
+    "--scoring",
+    type=click.Choice(["each-verdict", "both-orders"]),
+    default="each-verdict",
+    show_default=True,
+    help="each-verdict: each pair asked once, a candidate scores the candidates it beats (the method's); "
+    "both-orders: asked both ways, a pair counts only when both answers agree (stricter, twice the questions).",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--template", default=None, help="Policy template (default: synthetic for synthetic sets, else step).")
 @click.option(
@@ -41,6 +49,7 @@ def search_start(
     name: str,
     width: int,
     max_turns: int,
+    scoring: str,
     seed: int,
     template: str | None,
     judge_backend: str,
@@ -54,7 +63,7 @@ def search_start(
 
     oracle = judge_backend == "synthetic-oracle"
     config = {} if oracle else backend_config(judge_model, judge_base_url, judge_options)
-    plan = SearchPlan(set_name, name, width, max_turns, seed, template, judge_backend, config)
+    plan = SearchPlan(set_name, name, width, max_turns, seed, template, judge_backend, config, scoring)
     created = start_search(open_db(load_settings()), plan)
     click.echo(f"search '{name}' on set '{set_name}': {created} new searches (one per problem)")
 

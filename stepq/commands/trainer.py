@@ -84,13 +84,26 @@ def export_preferences_command(set_name: str | None, search: str | None, out: Pa
 @export_group.command("outcomes")
 @click.option("--set", "set_name", required=True)
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Output folder (datasets-loadable).")
+@click.option(
+    "--pass-rate",
+    default=None,
+    metavar="LOW:HIGH",
+    help="Keep only problems whose rollouts are right at a rate in [LOW, HIGH] (paper: 0.2:0.8).",
+)
+@click.option(
+    "--keep-unparseable",
+    is_flag=True,
+    help="Keep solutions with no parseable answer, as wrong (default: dropped, as the paper does).",
+)
 @friendly
-def export_outcomes_command(set_name: str, out: Path) -> None:
-    """Every graded solution, step by step, with its outcome: the set's trajectories and its
-    rollouts (prefix chunks + continuation), for outcome-supervised (discriminative) PRMs."""
-    from stepq.trainer.outcomes.export import export_outcomes
+def export_outcomes_command(set_name: str, out: Path, pass_rate: str | None, keep_unparseable: bool) -> None:
+    """Every graded solution with a parseable answer, step by step, with its outcome: the
+    set's trajectories and its rollouts (prefix chunks + continuation), for
+    outcome-supervised (discriminative) PRMs."""
+    from stepq.trainer.outcomes.export import OutcomeFilter, export_outcomes
 
-    counts = export_outcomes(open_db(load_settings()), set_name, out)
+    keep = OutcomeFilter(keep_unparseable, OutcomeFilter.parse_pass_rate(pass_rate))
+    counts = export_outcomes(open_db(load_settings()), set_name, out, keep)
     click.echo(
         f"set '{set_name}': {counts['trajectory']} trajectories and {counts['rollout']} rollouts with their "
         f"outcomes written to {out}"
@@ -177,6 +190,17 @@ def snapshot_export(ref: str, fmt: str, out_dir: Path) -> None:
     help="dpo/prm: a folder written by 'stepq export preferences|outcomes'.",
 )
 @click.option("--margin", type=click.FloatRange(0, 1, min_open=True), default=0.3, show_default=True, help="dpo --set.")
+@click.option(
+    "--pass-rate",
+    default=None,
+    metavar="LOW:HIGH",
+    help="prm --set: keep only problems whose rollouts are right at a rate in [LOW, HIGH] (paper: 0.2:0.8).",
+)
+@click.option(
+    "--keep-unparseable",
+    is_flag=True,
+    help="prm --set: keep solutions with no parseable answer, as wrong (default: dropped, as the paper does).",
+)
 @click.option("--recipe", default=None, help="Recipe YAML (path or shipped name); default: the method's shipped one.")
 @click.option("--model", default=None, help="The base model (a folder or hub id), instead of the recipe's.")
 @click.option(
@@ -220,7 +244,7 @@ def train(ctx: click.Context, method: str | None, snapshot_ref: str | None, **kw
         out = kw["output"] or Path("runs") / f"snapshot-{snapshot_ref}"
         result = train_judge(db, snapshot_ref, recipe, out, options)
     else:
-        data, dataset = _signal_data(db, method, kw["set_name"], kw["data_dir"], kw["margin"])
+        data, dataset = _signal_data(db, method, kw)
         out = kw["output"] or Path("runs") / f"{method}-{kw['set_name'] or Path(kw['data_dir']).name}"
         if method == "dpo":
             from stepq.trainer.preferences.dpo import train_dpo
@@ -238,8 +262,9 @@ def train(ctx: click.Context, method: str | None, snapshot_ref: str | None, **kw
     )
 
 
-def _signal_data(db: Any, method: str, set_name: str | None, data_dir: Path | None, margin: float) -> tuple[Any, str]:
+def _signal_data(db: Any, method: str, kw: dict[str, Any]) -> tuple[Any, str]:
     """The pairs (dpo) or outcome examples (prm) and the run's ``dataset`` name."""
+    set_name, data_dir, margin = kw["set_name"], kw["data_dir"], kw["margin"]
     if (set_name is None) == (data_dir is None):
         raise click.UsageError(f"--method {method} needs exactly one of --set NAME and --data DIR")
     if method == "dpo":
@@ -250,12 +275,18 @@ def _signal_data(db: Any, method: str, set_name: str | None, data_dir: Path | No
             return load_preferences(data_dir), f"preferences:{data_dir.resolve()}"
         assert set_name is not None
         return preference_records(db, set_name, margin), f"preferences:{set_name}:margin={margin}"
+    from stepq.trainer.outcomes.export import OutcomeFilter
     from stepq.trainer.prm.train import load_outcomes, set_outcomes
 
+    keep = OutcomeFilter(kw["keep_unparseable"], OutcomeFilter.parse_pass_rate(kw["pass_rate"]))
     if data_dir is not None:
+        if keep != OutcomeFilter():
+            raise click.UsageError(
+                "--pass-rate and --keep-unparseable apply to --set (filter an export as it is written)"
+            )
         return load_outcomes(data_dir), f"outcomes:{data_dir.resolve()}"
     assert set_name is not None
-    return set_outcomes(db, set_name), f"outcomes:{set_name}"
+    return set_outcomes(db, set_name, keep), f"outcomes:{set_name}{keep.describe()}"
 
 
 @train.command("plan")

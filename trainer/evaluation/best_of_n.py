@@ -10,12 +10,28 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+SOFTMIN_TEMPERATURE = 0.1
+"""The PRM recipe's default tau; a Best-of-N pick by softmin uses it."""
+
+
+def softmin(probabilities: Sequence[float], temperature: float = SOFTMIN_TEMPERATURE) -> float:
+    """sigmoid(-tau * log((1/M) * sum_m exp(-r_m / tau))) with r_m the step logits: the PRM
+    trainer's softmin (``stepq.trainer.prm.aggregate``) on scores given as probabilities."""
+    eps = 1e-12
+    logits = [math.log(max(p, eps)) - math.log(max(1.0 - p, eps)) for p in probabilities]
+    low = min(logits)  # factored out so exp() cannot overflow at small tau
+    mean = sum(math.exp(-(r - low) / temperature) for r in logits) / len(logits)
+    value = low - temperature * math.log(mean)
+    return 1.0 / (1.0 + math.exp(-value))
+
+
 AGGREGATORS: dict[str, Callable[[Sequence[float]], float]] = {
     "min": min,
     "mean": lambda s: sum(s) / len(s),
     "product": math.prod,
     "geomean": lambda s: math.exp(sum(math.log(max(x, 1e-12)) for x in s) / len(s)),
     "last": lambda s: s[-1],
+    "softmin": softmin,
 }
 
 

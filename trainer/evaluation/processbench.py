@@ -184,6 +184,7 @@ def evaluate(
     predictions: Mapping[str, Any] | None = None,
     threshold: float = 0.5,
     tune_file: Path | None = None,
+    subset_tune_files: Mapping[str, Path] | None = None,
     on_subset: Callable[[str, int], Callable[[int], None] | None] | None = None,
 ) -> dict[str, Any]:
     """Score ``judge`` (or given ``predictions``) on each ProcessBench file.
@@ -191,14 +192,22 @@ def evaluate(
     The report holds, per subset, the official metric and what the judge wrote (outputs with
     no verdict, outputs cut by the length limit); with a scoring judge, the threshold and
     the file it was tuned on (never the file being scored, unless the user says so).
+    ``subset_tune_files`` maps a subset (a file's stem) to the file its own threshold is
+    chosen on, as much of the PRM literature tunes per subset; the others use ``threshold``
+    (or the one chosen on ``tune_file``: ProcessBench's main results use one for all).
     """
     if (judge is None) == (predictions is None):
         raise ValueError("give a judge or predictions")
-    if tune_file is not None and not scoring:
-        raise ConfigError("--tune-threshold-on needs a scoring judge (--judge prm, or --score-by votes|logprob)")
+    per_subset = dict(subset_tune_files or {})
+    if (tune_file is not None or per_subset) and not scoring:
+        raise ConfigError("threshold tuning needs a scoring judge (--judge prm, or --score-by votes|logprob)")
+    unknown = sorted(set(per_subset) - {subset_name(p) for p in files})
+    if unknown:
+        raise ConfigError(f"no --data file for subset(s) {', '.join(unknown)} (a subset is its file's name)")
     if tune_file is not None:
-        tune = load_samples(tune_file)
-        threshold = choose_threshold(sample_scores(judge, tune), {s["id"]: s["label"] for s in tune})
+        threshold = _tuned(judge, tune_file)
+    thresholds = {name: (_tuned(judge, f), subset_name(f)) for name, f in per_subset.items()}
+    default = (threshold, subset_name(tune_file) if tune_file else None)
     subsets, all_predictions = [], {}
     for path in files:
         samples = load_samples(path)
@@ -215,7 +224,7 @@ def evaluate(
                 )
             found = {sid: predictions[sid] for sid in labels}
         elif scoring:
-            found = dict(predictions_at(sample_scores(judge, samples), threshold))
+            found = dict(predictions_at(sample_scores(judge, samples), thresholds.get(subset_name(path), default)[0]))
         else:
             advance = on_subset(subset_name(path), len(samples)) if on_subset else None
             found = dict(predict(judge, samples, advance))
@@ -223,6 +232,8 @@ def evaluate(
         row = score(subset_name(path), labels, found).as_dict()
         if predictions is None:
             row.update(judge_stats(judge).since(before).as_dict())
+        if scoring:
+            row["threshold"], row["threshold_tuned_on"] = thresholds.get(subset_name(path), default)
         subsets.append(row)
     report: dict[str, Any] = {
         "subsets": subsets,
@@ -235,3 +246,8 @@ def evaluate(
         report["average_f1"] = sum(s["f1"] for s in subsets) / len(subsets)
     report["predictions"] = all_predictions
     return report
+
+
+def _tuned(judge: Any, tune_file: Path) -> float:
+    tune = load_samples(tune_file)
+    return choose_threshold(sample_scores(judge, tune), {s["id"]: s["label"] for s in tune})

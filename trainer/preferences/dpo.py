@@ -1,6 +1,6 @@
 """Step-wise DPO on step preference pairs with TRL's ``DPOTrainer``, recorded like GRPO.
 
-Each pair is (prompt = problem + the steps so far, chosen next step, rejected next step).
+Each pair is (prompt = the policy prompt + the steps so far, chosen next step, rejected next step).
 The model is passed to TRL by its path, so TRL builds the frozen reference model from the
 same weights (with an in-memory model it would need an explicit ``ref_model``); a resumed
 run reloads the policy from its checkpoint while the reference stays the base model.

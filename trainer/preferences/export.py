@@ -18,19 +18,27 @@ FORMATS = ("jsonl", "parquet")
 def preference_records(db: Database, set_name: str, margin: float) -> list[dict[str, Any]]:
     with db.session() as session:
         rows = tq.scored_trajectories(session, set_name)
-    scored = [ScoredTrajectory(r["id"], r["problem_id"], r["question"], r["chunks"], r["q"]) for r in rows]
+    scored = [ScoredTrajectory(r["id"], r["problem_id"], r["question"], r["chunks"], r["q"], r["prompt"]) for r in rows]
     return [_record(p) for p in q_pairs(scored, margin)]
 
 
 def search_preference_records(db: Database, name: str) -> list[dict[str, Any]]:
-    """The (best, worst) pairs a step search's pairwise judge chose, one per advancing turn."""
+    """The (best, worst) pairs a step search's pairwise judge chose, one per advancing turn
+    whose kept step was not rolled back (a rollback discards that step's pair too)."""
+    from itertools import groupby
+
     from stepq.models import search_queries as sq
+    from stepq.workers.search.step_search import surviving_pairs
 
     with db.session() as session:
-        rows = sq.search_pairs(session, name)
+        turns = sq.search_turn_rows(session, name)
+    rows = []
+    for _, group in groupby(turns, key=lambda r: r["search_id"]):
+        of_search = list(group)
+        rows += [of_search[i] for i in surviving_pairs([r["action"] for r in of_search])]
     return [
         {
-            "prompt": prompt_of(r["question"], r["prefix"]),
+            "prompt": prompt_of(r["policy_prompt"], r["prefix"]),
             "chosen": r["chosen"],
             "rejected": r["rejected"],
             "problem_id": r["problem_id"],
@@ -46,7 +54,7 @@ def search_preference_records(db: Database, name: str) -> list[dict[str, Any]]:
 
 def _record(p: StepPair) -> dict[str, Any]:
     return {
-        "prompt": prompt_of(p.question, p.prefix),
+        "prompt": prompt_of(p.policy_prompt, p.prefix),
         "chosen": p.chosen,
         "rejected": p.rejected,
         "problem_id": p.problem_id,

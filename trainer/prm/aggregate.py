@@ -1,15 +1,19 @@
 """How a discriminative PRM learns step scores from outcome labels alone (pure torch).
 
-The model gives one logit per step; ``sigmoid`` of it is the step's chance of being right.
-Only the solution's outcome is known, so the loss is BCE of the outcome against an
-*aggregate* of the step probabilities, the solution's chance of being right if its steps
-are.  The aggregate decides where the gradient goes:
+The model gives one logit r_m per step; ``sigmoid`` of it is the step's chance of being
+right.  Only the solution's outcome is known, so the loss is BCE of the outcome against an
+*aggregate* of the step scores, the solution's chance of being right if its steps are.  The
+aggregate decides where the gradient goes:
 
 - ``min``: a solution is right only if its worst step is; all gradient reaches the lowest
   step (the one most likely to be the error).
-- ``geomean``: the geometric mean, every step shares the gradient equally.
-- ``softmin`` (temperature tau): a softmax-weighted mean favouring low steps; tends to
-  ``min`` as tau -> 0 and to the plain mean as tau grows.
+- ``geomean``: the geometric mean of the step probabilities, (prod_m p_m)^(1/M); every step
+  shares the gradient equally.
+- ``softmin`` (temperature tau): A = -tau * log((1/M) * sum_m exp(-r_m / tau)), as the
+  outcome-supervised PRM paper defines it, and P = sigmoid(A).  The paper leaves open whether
+  r are logits or probabilities (its geometric mean needs probabilities, the sigmoid of its
+  loss a logit); stepq takes the step *logits*, so P tends to sigmoid(min r) = min p as
+  tau -> 0 and to sigmoid(mean r) as tau grows.
 - ``asymmetric``: ``min`` for correct outcomes (every step must be right, so raise the
   weakest) and ``geomean`` for incorrect ones (some step is wrong, but which is unknown, so
   lower them all a little rather than punish one guess).
@@ -50,16 +54,23 @@ def log_geomean(logits: Any, mask: Any) -> Any:
     return logp.sum(dim=-1) / mask.sum(dim=-1)
 
 
-def log_softmin(logits: Any, mask: Any, temperature: float) -> Any:
-    """log of sum_i w_i p_i, with w = softmax(-p / temperature) over the solution's steps."""
+def softmin_logit(logits: Any, mask: Any, temperature: float) -> Any:
+    """A = -tau * log((1/M) * sum_m exp(-r_m / tau)) over each solution's M steps (a logit)."""
     import torch
 
     if temperature <= 0:
         raise ValueError("softmin temperature must be positive")
     _check(logits, mask)
-    p = torch.sigmoid(logits)
-    weights = torch.softmax((-p / temperature).masked_fill(~mask, float("-inf")), dim=-1)
-    return torch.log((weights * p).sum(dim=-1).clamp_min(1e-12))
+    scaled = (-logits / temperature).masked_fill(~mask, float("-inf"))
+    count = mask.sum(dim=-1).to(logits.dtype)
+    return -temperature * (torch.logsumexp(scaled, dim=-1) - torch.log(count))
+
+
+def log_softmin(logits: Any, mask: Any, temperature: float) -> Any:
+    """log sigmoid(A), A the softmin of the step logits (``softmin_logit``)."""
+    import torch.nn.functional as F
+
+    return F.logsigmoid(softmin_logit(logits, mask, temperature))
 
 
 def solution_log_prob(logits: Any, mask: Any, how: str, temperature: float = 0.1, outcome: Any = None) -> Any:

@@ -18,6 +18,7 @@ from typing import Any
 from stepq.models.errors import ConfigError
 
 HEAD = "score_head.pt"
+HEADS = ("mlp", "linear")
 META = "stepq_prm.json"
 STEP_SEPARATOR = "\n\n"
 
@@ -62,8 +63,25 @@ def collate(batch: Sequence[Encoded], pad_id: int) -> tuple[Any, Any, Any, Any]:
     return ids, attention, ends, step_mask
 
 
+def make_head(kind: str, hidden: int) -> Any:
+    """The scoring head on the backbone's hidden state.  ``mlp`` (the default): a two-layer
+    MLP, as the outcome-supervised PRM paper replaces the LM head with (its width and
+    activation are stepq's choice: hidden -> hidden, ReLU, -> 1); ``linear``: one layer."""
+    import torch
+
+    if kind not in HEADS:
+        raise ConfigError(f"PRM head '{kind}' is not one of: {', '.join(HEADS)}")
+    if kind == "linear":
+        head = torch.nn.Linear(hidden, 1)
+        torch.nn.init.zeros_(head.bias)
+        return head
+    out = torch.nn.Linear(hidden, 1)
+    torch.nn.init.zeros_(out.bias)
+    return torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), out)
+
+
 class StepScorer:
-    """Backbone + linear head; ``logits(ids, attention, ends)`` gives [batch, steps]."""
+    """Backbone + scoring head; ``logits(ids, attention, ends)`` gives [batch, steps]."""
 
     def __init__(self, backbone: Any, tokenizer: Any, head: Any, max_length: int, meta: dict[str, Any]) -> None:
         self.backbone = backbone
@@ -73,7 +91,7 @@ class StepScorer:
         self.meta = meta
 
     @classmethod
-    def from_base(cls, base_model: str, max_length: int | None = None, seed: int = 0) -> StepScorer:
+    def from_base(cls, base_model: str, max_length: int | None = None, seed: int = 0, head: str = "mlp") -> StepScorer:
         """A fresh head on a pretrained (or locally built) causal LM's backbone."""
         import torch
         from transformers import AutoModel, AutoTokenizer
@@ -84,10 +102,9 @@ class StepScorer:
         except OSError as exc:
             raise ConfigError(f"cannot load the PRM's base model {base_model}: {exc}") from None
         torch.manual_seed(seed)
-        head = torch.nn.Linear(backbone.config.hidden_size, 1)
-        torch.nn.init.zeros_(head.bias)
+        scorer = make_head(head, backbone.config.hidden_size)
         limit = max_length or _positions(backbone.config)
-        return cls(backbone, tokenizer, head, limit, {"base_model": base_model, "max_length": limit})
+        return cls(backbone, tokenizer, scorer, limit, {"base_model": base_model, "max_length": limit, "head": head})
 
     @classmethod
     def load(cls, path: str | Path) -> StepScorer:
@@ -100,7 +117,7 @@ class StepScorer:
         meta = json.loads((folder / META).read_text())
         backbone = AutoModel.from_pretrained(str(folder))
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        head = torch.nn.Linear(backbone.config.hidden_size, 1)
+        head = make_head(str(meta.get("head", "linear")), backbone.config.hidden_size)  # older folders: linear
         head.load_state_dict(torch.load(folder / HEAD, map_location="cpu", weights_only=True))
         return cls(backbone, tokenizer, head, int(meta["max_length"]), meta)
 

@@ -23,8 +23,9 @@ from typing import Any
 from stepq.models import Database
 from stepq.models import training_queries as tq
 from stepq.models.errors import ConfigError, LeaseLost
+from stepq.trainer.outcomes.export import OutcomeFilter
 from stepq.trainer.prm.aggregate import AGGREGATES, outcome_loss, solution_log_prob
-from stepq.trainer.prm.model import Encoded, StepScorer, collate
+from stepq.trainer.prm.model import HEADS, Encoded, StepScorer, collate
 from stepq.trainer.training.ranks import current_rank
 from stepq.trainer.training.recipe import Recipe
 from stepq.trainer.training.records import metric_row
@@ -41,9 +42,11 @@ class PRMConfig:
     aggregate: str = "asymmetric"
     temperature: float = 0.1
     """softmin's temperature (only used with ``aggregate: softmin``)."""
-    learning_rate: float = 1e-4
+    head: str = "mlp"
+    """``mlp`` (two layers, the paper's head) or ``linear``."""
+    learning_rate: float = 1e-5
     weight_decay: float = 0.0
-    warmup_steps: int = 0
+    warmup_steps: int = 1000
     """Linear learning-rate warmup from ~0 over this many steps (then constant)."""
     max_grad_norm: float | None = None
     """Clip the gradient's global norm to this (None: no clipping)."""
@@ -52,7 +55,11 @@ class PRMConfig:
     most ``curriculum_max_solution_steps`` steps, whose outcome says more about each step
     (a one-step solution's outcome is its step's label).  Then the whole set, as usual."""
     curriculum_max_solution_steps: int = 1
-    batch_size: int = 16
+    batch_size: int = 32
+    """Solutions per optimizer step, across ``gradient_accumulation_steps`` forward passes."""
+    gradient_accumulation_steps: int = 1
+    """Forward passes per optimizer step (each of ``batch_size / gradient_accumulation_steps``
+    solutions): the same batch when memory is short."""
     epochs: int = 1
     max_steps: int | None = None
     """Stop here even if the epochs are not done."""
@@ -63,6 +70,10 @@ class PRMConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.head not in HEADS:
+            raise ConfigError(f"PRM head '{self.head}' is not one of: {', '.join(HEADS)}")
+        if self.gradient_accumulation_steps < 1 or self.batch_size % self.gradient_accumulation_steps:
+            raise ConfigError("PRM gradient_accumulation_steps must be positive and divide batch_size")
         if self.aggregate not in AGGREGATES:
             raise ConfigError(f"PRM aggregate '{self.aggregate}' is not one of: {', '.join(AGGREGATES)}")
         if self.batch_size < 1 or self.epochs < 1 or self.save_steps < 1 or self.logging_steps < 1:
@@ -106,13 +117,14 @@ def load_outcomes(folder: Path) -> list[OutcomeExample]:
     return out
 
 
-def set_outcomes(db: Database, set_name: str) -> list[OutcomeExample]:
-    """Every graded solution of a set (its trajectories and kept rollouts), as examples."""
+def set_outcomes(db: Database, set_name: str, keep: OutcomeFilter | None = None) -> list[OutcomeExample]:
+    """Every graded solution of a set (its trajectories and kept rollouts) that ``keep``
+    keeps (by default: those with a parseable answer), as examples."""
     from stepq.trainer.outcomes.export import outcome_records
 
     return [
         OutcomeExample(r["prompt"], tuple(r["steps"]), bool(r["outcome"]))
-        for r in outcome_records(db, set_name)
+        for r in outcome_records(db, set_name, keep=keep or OutcomeFilter())
         if r["steps"]
     ]
 
@@ -194,7 +206,11 @@ def _train(
     import torch
 
     resume = last_checkpoint(output_dir) if output_dir.is_dir() else None
-    model = StepScorer.load(resume) if resume else StepScorer.from_base(base_model, config.max_length, config.seed)
+    model = (
+        StepScorer.load(resume)
+        if resume
+        else StepScorer.from_base(base_model, config.max_length, config.seed, config.head)
+    )
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model.to(device)
     encoded, outcomes = _encode(model, examples)
@@ -215,22 +231,28 @@ def _train(
     window: list[tuple[float, list[bool], list[bool]]] = []
     while step < total:
         index = order.at(step)
-        ids, attention, ends, mask = (t.to(device) for t in collate([encoded[i] for i in index], model.pad_id))
         y = torch.tensor([outcomes[i] for i in index], device=device)
         torch.manual_seed(config.seed * 1_000_003 + step)  # dropout: a resumed run draws what it would have
-        logits = model.logits(ids, attention, ends)
-        loss = outcome_loss(logits, mask, y, config.aggregate, config.temperature)
         optimizer.zero_grad()
-        loss.backward()
+        parts = _micro_batches(len(index), config.gradient_accumulation_steps)
+        losses, predicted = [], []
+        for part in parts:
+            tensors = collate([encoded[index[i]] for i in part], model.pad_id)
+            ids, attention, ends, mask = (t.to(device) for t in tensors)
+            logits = model.logits(ids, attention, ends)
+            loss = outcome_loss(logits, mask, y[part], config.aggregate, config.temperature)
+            (loss * len(part) / len(index)).backward()  # the mean over the whole batch
+            losses.append(loss.item() * len(part) / len(index))
+            with torch.no_grad():
+                lp = solution_log_prob(logits, mask, config.aggregate, config.temperature, y[part])
+                predicted.extend((lp.exp() >= 0.5).tolist())
         if config.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
         for group in optimizer.param_groups:
             group["lr"] = config.learning_rate_at(step)
         optimizer.step()
         step += 1
-        with torch.no_grad():
-            predicted = solution_log_prob(logits, mask, config.aggregate, config.temperature, y).exp() >= 0.5
-        window.append((loss.item(), predicted.tolist(), y.bool().tolist()))
+        window.append((sum(losses), predicted, y.bool().tolist()))
         if step % config.logging_steps == 0 or step == total:
             _log(db, handle, step, window)
             window = []
@@ -242,6 +264,13 @@ def _train(
             on_step(step)
     model.save(output_dir / FINAL, **_meta(config))
     return (str(resume) if resume else None), step
+
+
+def _micro_batches(size: int, accumulation: int) -> list[list[int]]:
+    """Positions 0..size-1 in ``accumulation`` consecutive slices (the last batch of an epoch
+    may be short; empty slices are dropped)."""
+    per = -(-size // accumulation)
+    return [list(range(i, min(i + per, size))) for i in range(0, size, per)]
 
 
 def _encode(model: StepScorer, examples: Iterable[OutcomeExample]) -> tuple[list[Encoded], list[float]]:

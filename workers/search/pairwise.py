@@ -1,16 +1,22 @@
-"""The pairwise step judge: which of two candidate next steps is better, asked in both orders.
+"""The pairwise step judge: which of two candidate next steps is better.
 
-A judge model explains and answers ``[[A]]`` or ``[[B]]``.  Position bias is real, so each
-pair (i, j) is asked twice, once as (A=i, B=j) and once as (A=j, B=i); the pair counts only
-when both answers name the same candidate.  A candidate's score is its number of counted
-wins (pure functions; the judges behind one small interface).
+A judge model explains and answers ``[[A]]`` or ``[[B]]``.  How a candidate's score counts
+the answers (``SCORINGS``; pure functions, the judges behind one small interface):
+
+- ``each-verdict`` (default, the process-based self-rewarding method's): every pair is asked
+  once, in a seeded random order, and candidate i scores sum_{j != i} O(s_i, s_j), the number
+  of candidates it was judged better than.
+- ``both-orders`` (stepq's stricter option): every pair is asked in both orders, (A=i, B=j)
+  and (A=j, B=i), and counts only when both answers name the same candidate, so a judge's
+  position bias cannot decide.  The method uses that check to filter its *judge training*
+  data, not in the search; it costs twice the questions.
 """
 
 from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -20,6 +26,9 @@ from stepq.workers.backends.base import GenerationBackend, GenerationRequest, Sa
 from stepq.workers.seeds import derive_seed
 
 TEMPLATE = Path(__file__).resolve().parent / "templates" / "pairwise.txt"
+EACH_VERDICT = "each-verdict"
+BOTH_ORDERS = "both-orders"
+SCORINGS = (EACH_VERDICT, BOTH_ORDERS)
 NO_HISTORY = "(none: this is the first step)"
 _VERDICT = re.compile(r"\[\[\s*([AB])\s*\]\]")
 
@@ -57,6 +66,31 @@ def comparisons(width: int) -> list[Comparison]:
     for i, j in itertools.combinations(range(width), 2):
         out += [Comparison(i, j), Comparison(j, i)]
     return out
+
+
+def questions_for(scoring: str, width: int, flip: Callable[[int, int], bool]) -> list[Comparison]:
+    """What to ask: both orders of every pair, or each pair once with ``flip(i, j)`` (a seeded
+    coin) deciding which candidate is shown first: w (w - 1) / 2 questions."""
+    if scoring == BOTH_ORDERS:
+        return comparisons(width)
+    if scoring != EACH_VERDICT:
+        raise ConfigError(f"unknown search scoring '{scoring}' (one of: {', '.join(SCORINGS)})")
+    return [Comparison(j, i) if flip(i, j) else Comparison(i, j) for i, j in itertools.combinations(range(width), 2)]
+
+
+def score_candidates(
+    scoring: str, width: int, asked: Sequence[Comparison], answers: Sequence[str | None]
+) -> tuple[list[int], int]:
+    """(each candidate's score, how many pairs counted) under ``scoring``; an answer without a
+    verdict counts for neither candidate."""
+    if scoring == BOTH_ORDERS:
+        pair_winners = winners(asked, answers)
+        return win_scores(width, pair_winners), sum(w is not None for w in pair_winners.values())
+    scores = [0] * width
+    for c, answer in zip(asked, answers, strict=True):
+        if answer is not None:
+            scores[c.first if answer == "A" else c.second] += 1
+    return scores, sum(a is not None for a in answers)
 
 
 def winners(asked: Sequence[Comparison], answers: Sequence[str | None]) -> dict[tuple[int, int], int | None]:
@@ -138,8 +172,8 @@ class ModelPairwiseJudge:
 @dataclass
 class SyntheticPairwiseOracle:
     """Knows the synthetic policy's truth: prefers a right step to a wrong one.  Between two
-    steps of the same truth it answers ``A``, the position bias a real judge can have, which
-    the two-order check turns into no decision."""
+    steps of the same truth it answers ``A``, the position bias a real judge can have (which
+    the two-order check turns into no decision, and single asking into a coin flip)."""
 
     name: str = "synthetic-oracle"
 

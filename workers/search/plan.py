@@ -13,6 +13,7 @@ from stepq.models import search_queries as sq
 from stepq.models.errors import ConfigError
 from stepq.workers.annotate import WorkerRuntime
 from stepq.workers.prompts import load_template, render
+from stepq.workers.search.pairwise import EACH_VERDICT, SCORINGS
 from stepq.workers.search.runner import ORACLE, run_search
 
 
@@ -21,18 +22,21 @@ class SearchPlan:
     set_name: str
     name: str
     width: int = 6
-    max_turns: int = 40
+    max_turns: int = 20
     seed: int = 0
     template: str | None = None
     """Policy template name; default: ``synthetic`` for a synthetic set, else ``step``."""
     judge_backend: str = ORACLE
     judge_config: dict[str, Any] = field(default_factory=dict)
+    scoring: str = EACH_VERDICT
 
 
 def start_search(db: Database, plan: SearchPlan) -> int:
     """Create the searches; returns how many are new."""
     if plan.width < 2:
         raise ConfigError("a step search needs --width of at least 2 (candidates are compared in pairs)")
+    if plan.scoring not in SCORINGS:
+        raise ConfigError(f"unknown search scoring '{plan.scoring}' (one of: {', '.join(SCORINGS)})")
     if plan.max_turns < 1:
         raise ConfigError("--max-turns must be at least 1")
     with db.session() as s:
@@ -51,6 +55,7 @@ def start_search(db: Database, plan: SearchPlan) -> int:
                 "seed": plan.seed,
                 "judge_backend": plan.judge_backend,
                 "judge_config": plan.judge_config,
+                "scoring": plan.scoring,
             }
             for pid, question in sq.problems_of_set(s, pset.id)
         ]

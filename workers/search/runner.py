@@ -88,6 +88,14 @@ def run_search(rt: WorkerRuntime, search_id: int) -> str:
 def _load(s: Any, search: StepSearch) -> tuple[SearchSpec, ProblemSet, str, dict[str, Any]]:
     problem = s.get(Problem, search.problem_id)
     pset = s.get(ProblemSet, search.problem_set_id)
-    spec = SearchSpec(search.name, problem.question, search.prompt, search.width, search.max_turns, search.seed)
+    spec = SearchSpec(
+        search.name,
+        problem.question,
+        search.prompt,
+        search.width,
+        search.max_turns,
+        search.seed,
+        scoring=search.scoring,
+    )
     s.expunge(pset)
     return spec, pset, search.judge_backend, dict(search.judge_config or {})

@@ -2,14 +2,14 @@
 
 A turn samples ``width`` candidate next steps from the current prefix (seeded by the search's
 name, the problem and the turn number, so a turn redone after a crash, or the same search in
-another database, draws the same candidates), asks the
-pairwise judge about every pair in both orders, and then:
+another database, draws the same candidates), asks the pairwise judge about the pairs (each
+once, or in both orders: ``pairwise.SCORINGS``), and then:
 
-- ``advance``: keep the candidate with the most consistent wins; (best, worst) is a step
-  preference pair with the prefix as its prompt;
+- ``advance``: keep the candidate with the highest score; (best, worst) is a step
+  preference pair with the policy prompt and the prefix as its prompt;
 - ``finish``: the same, when the kept step ends the solution (a final answer);
 - ``rollback``: every score tied, the judge could not tell them apart; drop the last kept
-  step and search again from one step earlier;
+  step, and its pair, and search again from one step earlier;
 - ``resample``: tied with nothing to drop; sample again from the same prefix.
 
 The search's state is a function of its turns (``replay``), so the worker keeps nothing
@@ -23,7 +23,14 @@ from dataclasses import asdict, dataclass
 
 from stepq.models.search import ADVANCE, FINISH, RESAMPLE, ROLLBACK
 from stepq.workers.backends.base import GenerationBackend, GenerationRequest, SamplingParams
-from stepq.workers.search.pairwise import PairQuestion, PairwiseJudge, comparisons, decide, win_scores, winners
+from stepq.workers.search.pairwise import (
+    EACH_VERDICT,
+    PairQuestion,
+    PairwiseJudge,
+    decide,
+    questions_for,
+    score_candidates,
+)
 from stepq.workers.seeds import derive_seed
 from stepq.workers.segmentation import first_chunk
 
@@ -37,6 +44,7 @@ class SearchSpec:
     max_turns: int
     seed: int
     delimiter: str = "\n\n"
+    scoring: str = EACH_VERDICT
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,19 @@ def replay(actions: Sequence[tuple[str, list[str], int | None]]) -> tuple[list[s
     return prefix, False
 
 
+def surviving_pairs(actions: Sequence[str]) -> list[int]:
+    """Indices of the turns whose (best, worst) pair is training data: every advancing turn
+    whose kept step is still kept at the end.  A rollback drops the last kept step *and its
+    pair*, as the process-based self-rewarding method discards (best_{l-1}, worst_{l-1})."""
+    kept: list[int] = []
+    for i, action in enumerate(actions):
+        if action in (ADVANCE, FINISH):
+            kept.append(i)
+        elif action == ROLLBACK and kept:
+            kept.pop()
+    return kept
+
+
 def next_turn(
     spec: SearchSpec,
     turn: int,
@@ -81,13 +102,15 @@ def next_turn(
     [samples] = policy.generate([GenerationRequest(spec.prompt + "".join(prefix), seeds)], params)
     cut = [first_chunk(c.text, spec.delimiter) for c in samples]
     candidates = [chunk for chunk, _ in cut]
-    asked = comparisons(spec.width)
+    asked = questions_for(
+        spec.scoring,
+        spec.width,
+        lambda i, j: bool(derive_seed("pair-order", spec.seed, spec.name, spec.question, turn, i, j) & 1),
+    )
     answers = judge.prefer(
         [PairQuestion(spec.question, tuple(prefix), candidates[c.first], candidates[c.second]) for c in asked]
     )
-    pair_winners = winners(asked, answers)
-    wins = win_scores(spec.width, pair_winners)
-    consistent = sum(w is not None for w in pair_winners.values())
+    wins, consistent = score_candidates(spec.scoring, spec.width, asked, answers)
     decision = decide(wins)
     if decision.action == "rollback":
         action = ROLLBACK if prefix else RESAMPLE
