@@ -125,9 +125,17 @@ def random_guess_f1(samples: Sequence[dict[str, Any]], seed: int, draws: int = 2
 
 
 def lm_train(
-    model_dir: Path, examples: Sequence[tuple[str, str]], steps: int, batch: int, lr: float, seed: int
+    model_dir: Path,
+    examples: Sequence[tuple[str, str]],
+    steps: int,
+    batch: int,
+    lr: float,
+    seed: int,
+    group: int = 1,
 ) -> float:
-    """Next-token training on (context, target) pairs, the loss on the target only."""
+    """Next-token training on (context, target) pairs, the loss on the target only.  With
+    ``group`` > 1 a batch is made of whole runs of ``group`` consecutive examples (the same
+    prompt with each verdict), so no batch pushes one verdict over the other."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -143,7 +151,8 @@ def lm_train(
     model.train()
     loss_value = float("nan")
     for _step in range(steps):
-        part = [encoded[rng.randrange(len(encoded))] for _ in range(batch)]
+        starts = [group * rng.randrange(len(encoded) // group) for _ in range(batch // group)]
+        part = [encoded[s + k] for s in starts for k in range(group)]
         width = max(len(c) + len(t) for c, t in part)
         ids = torch.zeros((batch, width), dtype=torch.long)
         labels = torch.full((batch, width), -100, dtype=torch.long)
@@ -176,9 +185,10 @@ def base_judge(root: Path, train_rows: Sequence[dict[str, Any]], args: argparse.
         steps = policy.solve(problem, i)
         solutions.append((problem.question + "\n", "".join(s.text for s in steps)))
     loss = lm_train(base, solutions, args.pretrain_steps, 16, 1e-3, seed)
-    rng = random.Random(seed)
-    verdicts = [(r["prompt"], f" \\boxed{{{rng.choice(['Positive', 'Negative'])}}}") for r in train_rows]
-    fmt_loss = lm_train(base, verdicts, args.format_steps, 16, args.format_lr, seed + 1)
+    # every prompt with both verdicts in the same batch: the base learns the format and that
+    # either verdict is as likely, whatever the prompt (a random verdict, with no drift)
+    verdicts = [(r["prompt"], f" \\boxed{{{v}}}") for r in train_rows for v in ("Positive", "Negative")]
+    fmt_loss = lm_train(base, verdicts, args.format_steps, 16, args.format_lr, seed + 1, group=2)
     print(f"  base judge: pretrain loss {loss:.3f}, random-verdict format loss {fmt_loss:.3f}", flush=True)
     return base
 
@@ -312,6 +322,8 @@ trainer:
   epsilon_high: 0.28
   beta: 0.0
   temperature: 1.0
+  disable_dropout: true
+  gradient_checkpointing: false
   logging_steps: 50
   save_steps: 100000
   use_cpu: true
@@ -378,11 +390,11 @@ def main() -> None:
     ap.add_argument("--pretrain-problems", type=int, default=2000)
     ap.add_argument("--pretrain-steps", type=int, default=600)
     ap.add_argument("--format-steps", type=int, default=600)
-    ap.add_argument("--steps", type=int, default=600, help="GRPO steps.")
-    ap.add_argument("--generations", type=int, default=16)
-    ap.add_argument("--prompts-per-step", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=300, help="GRPO steps.")
+    ap.add_argument("--generations", type=int, default=4, help="Per prompt (the paper's 4).")
+    ap.add_argument("--prompts-per-step", type=int, default=16)
     ap.add_argument("--format-lr", type=float, default=1e-3)
-    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--lr", type=float, default=2e-4)
     ap.add_argument("--quick", action="store_true", help="Tiny sizes: checks the chain runs, measures nothing.")
     ap.add_argument("--keep", type=Path, default=None, help="Keep the databases and models here.")
     args = ap.parse_args()

@@ -43,6 +43,13 @@ class StepSearch(Base):
     judge_backend: Mapped[str] = mapped_column(String(40))
     judge_config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     scoring: Mapped[str] = mapped_column(String(20), server_default="both-orders")
+    policy_model: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """The policy, when not the set's own model: a round of the method's loop searches with
+    the model the previous round trained (on the set's backend)."""
+    policy_run_id: Mapped[int | None] = mapped_column(
+        ForeignKey("training_runs.id", ondelete="SET NULL"), nullable=True, index=True
+    )
+    """The training run that produced the policy and judge of this search (a round k+1)."""
     """How a candidate's score counts the judge's verdicts (``pairwise.SCORINGS``); the server
     default is what searches from before the column did."""
     state: Mapped[str] = mapped_column(String(20), default="pending")

@@ -186,9 +186,15 @@ def search_progress(session: Session) -> list[dict[str, Any]]:
         .join(SearchTurn, SearchTurn.search_id == StepSearch.id)
         .group_by(StepSearch.name)
     ).all()
+    runs = session.execute(
+        select(StepSearch.name, StepSearch.policy_run_id).where(StepSearch.policy_run_id.is_not(None)).distinct()
+    ).all()
     out: dict[str, dict[str, Any]] = {}
     for name, state, n in states:
-        out.setdefault(name, {"search": name, "turns": 0, "pairs": 0, "consistent_pairs": 0})[state] = int(n)
+        entry = {"search": name, "turns": 0, "pairs": 0, "consistent_pairs": 0, "policy_runs": []}
+        out.setdefault(name, entry)[state] = int(n)
+    for name, run_id in runs:
+        out[name]["policy_runs"].append(int(run_id))
     for name, n_turns, n_pairs, consistent in turns:
         out[name].update(turns=int(n_turns), pairs=int(n_pairs), consistent_pairs=int(consistent))
     return [out[k] for k in sorted(out)]

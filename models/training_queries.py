@@ -272,6 +272,18 @@ def get_run(session: Session, run_id: int) -> TrainingRun:
     return found
 
 
+def find_run(session: Session, ref: str) -> TrainingRun:
+    """A run by id, or by its output folder (as given on the command line, made absolute)."""
+    if ref.isdigit():
+        return get_run(session, int(ref))
+    from pathlib import Path
+
+    found = run_by_output(session, str(Path(ref).resolve()))
+    if found is None:
+        raise NotFoundError(f"no training run writes to {ref} (see 'stepq train list')")
+    return found
+
+
 def create_run(session: Session, **fields: Any) -> int:
     """Insert a run unless one with this output dir exists; returns the run's id either way."""
     row = {"checkpoints": [], "global_step": 0, "resumes": 0, "updated_at": epoch(), "status": RUN_RUNNING, **fields}

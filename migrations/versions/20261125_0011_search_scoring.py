@@ -1,4 +1,4 @@
-"""step searches record how candidates are scored
+"""step searches record how candidates are scored, and which model (trained by which run) searched
 
 Revision ID: 20261125_0011
 Revises: 20261125_0010
@@ -24,9 +24,30 @@ depends_on = None
 
 
 def upgrade() -> None:
+    bind = op.get_bind()
     op.add_column(
         "step_searches", sa.Column("scoring", sa.String(length=20), server_default="both-orders", nullable=False)
     )
+    op.add_column("step_searches", sa.Column("policy_model", sa.Text(), nullable=True))
+    if bind.dialect.name == "sqlite":  # SQLite adds a foreign key only by rebuilding the table
+        views: dict[str, str] = dict(bind.execute(sa.text("SELECT name, sql FROM sqlite_master WHERE type = 'view'")).all())
+        for name in views:
+            op.execute(f"DROP VIEW {name}")
+        with op.batch_alter_table("step_searches", naming_convention=CONVENTION) as batch_op:
+            _add_policy_run(batch_op)
+        for sql in views.values():
+            op.execute(sql)
+    else:
+        with op.batch_alter_table("step_searches", naming_convention=CONVENTION) as batch_op:
+            _add_policy_run(batch_op)
+
+
+def _add_policy_run(batch_op: object) -> None:
+    batch_op.add_column(sa.Column("policy_run_id", sa.Integer(), nullable=True))  # type: ignore[attr-defined]
+    batch_op.create_foreign_key(  # type: ignore[attr-defined]
+        "fk_step_searches_policy_run_id_training_runs", "training_runs", ["policy_run_id"], ["id"], ondelete="SET NULL"
+    )
+    batch_op.create_index("ix_step_searches_policy_run_id", ["policy_run_id"])  # type: ignore[attr-defined]
 
 
 def downgrade() -> None:
@@ -36,8 +57,14 @@ def downgrade() -> None:
         for name in views:
             op.execute(f"DROP VIEW {name}")
         with op.batch_alter_table("step_searches", naming_convention=CONVENTION) as batch_op:
+            batch_op.drop_index("ix_step_searches_policy_run_id")
+            batch_op.drop_column("policy_run_id")
+            batch_op.drop_column("policy_model")
             batch_op.drop_column("scoring")
         for sql in views.values():
             op.execute(sql)
     else:
-        op.drop_column("step_searches", "scoring")
+        op.drop_index("ix_step_searches_policy_run_id", table_name="step_searches")
+        op.drop_constraint("fk_step_searches_policy_run_id_training_runs", "step_searches", type_="foreignkey")
+        for column in ("policy_run_id", "policy_model", "scoring"):
+            op.drop_column("step_searches", column)

@@ -43,6 +43,20 @@ def search() -> None:
 @click.option("--judge-model", default=None)
 @click.option("--judge-base-url", default=None)
 @click.option("--judge-option", "judge_options", multiple=True, metavar="KEY=VALUE")
+@click.option(
+    "--judge-verdict-by",
+    type=click.Choice(["text", "logprob"]),
+    default="text",
+    show_default=True,
+    help="A model judge's answer: its written [[A]]/[[B]], or the more probable of the two (no generation).",
+)
+@click.option(
+    "--from-run",
+    default=None,
+    metavar="RUN",
+    help="A round of the self-rewarding loop: the model training run RUN (id or output folder) produced is the "
+    "policy (on the set's backend) and the judge; each search records the run.",
+)
 @friendly
 def search_start(
     set_name: str,
@@ -56,16 +70,24 @@ def search_start(
     judge_model: str | None,
     judge_base_url: str | None,
     judge_options: tuple[str, ...],
+    judge_verdict_by: str,
+    from_run: str | None,
 ) -> None:
     """Create one search per problem of the set; the dispatcher publishes them to workers
     (or run them here with 'stepq search run')."""
-    from stepq.workers.search.plan import SearchPlan, start_search
+    from stepq.workers.search.plan import SearchPlan, next_round, start_search
 
-    oracle = judge_backend == "synthetic-oracle"
+    oracle = judge_backend == "synthetic-oracle" and from_run is None
     config = {} if oracle else backend_config(judge_model, judge_base_url, judge_options)
+    if not oracle and judge_verdict_by != "text":
+        config["verdict_by"] = judge_verdict_by
     plan = SearchPlan(set_name, name, width, max_turns, seed, template, judge_backend, config, scoring)
-    created = start_search(open_db(load_settings()), plan)
-    click.echo(f"search '{name}' on set '{set_name}': {created} new searches (one per problem)")
+    db = open_db(load_settings())
+    if from_run is not None:
+        plan = next_round(db, plan, from_run)
+    created = start_search(db, plan)
+    by = f", policy and judge from training run {plan.policy_run_id}" if plan.policy_run_id else ""
+    click.echo(f"search '{name}' on set '{set_name}': {created} new searches (one per problem){by}")
 
 
 @search.command("run")

@@ -182,6 +182,7 @@ def snapshot_export(ref: str, fmt: str, out_dir: Path) -> None:
 )
 @click.option("--snapshot", "snapshot_ref", default=None, help="grpo: snapshot number or name.")
 @click.option("--set", "set_name", default=None, help="dpo/prm: derive the training data from this problem set.")
+@click.option("--search", "search_name", default=None, help="dpo: the step pairs this step search chose.")
 @click.option(
     "--data",
     "data_dir",
@@ -245,7 +246,8 @@ def train(ctx: click.Context, method: str | None, snapshot_ref: str | None, **kw
         result = train_judge(db, snapshot_ref, recipe, out, options)
     else:
         data, dataset = _signal_data(db, method, kw)
-        out = kw["output"] or Path("runs") / f"{method}-{kw['set_name'] or Path(kw['data_dir']).name}"
+        source = kw["search_name"] or kw["set_name"] or Path(kw["data_dir"]).name
+        out = kw["output"] or Path("runs") / f"{method}-{source}"
         if method == "dpo":
             from stepq.trainer.preferences.dpo import train_dpo
 
@@ -264,7 +266,16 @@ def train(ctx: click.Context, method: str | None, snapshot_ref: str | None, **kw
 
 def _signal_data(db: Any, method: str, kw: dict[str, Any]) -> tuple[Any, str]:
     """The pairs (dpo) or outcome examples (prm) and the run's ``dataset`` name."""
-    set_name, data_dir, margin = kw["set_name"], kw["data_dir"], kw["margin"]
+    set_name, data_dir, margin, search_name = kw["set_name"], kw["data_dir"], kw["margin"], kw["search_name"]
+    if search_name is not None:
+        if method != "dpo" or set_name is not None or data_dir is not None:
+            raise click.UsageError("--search gives DPO pairs: use it with --method dpo, without --set or --data")
+        from stepq.trainer.preferences.export import search_preference_records
+
+        pairs = search_preference_records(db, search_name)
+        if not pairs:
+            raise click.UsageError(f"step search '{search_name}' has no pairs yet (see 'stepq search status')")
+        return pairs, f"preferences:search:{search_name}"
     if (set_name is None) == (data_dir is None):
         raise click.UsageError(f"--method {method} needs exactly one of --set NAME and --data DIR")
     if method == "dpo":

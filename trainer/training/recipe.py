@@ -169,8 +169,8 @@ class Recipe:
                 raise ConfigError("--recipe-option: set trainer fields one at a time (trainer.FIELD=VALUE)")
             else:
                 data[key] = value
-        if model is not None:
-            data["model"] = model
+        if model is not None:  # a local folder is recorded whole: the run row must name it from anywhere
+            data["model"] = str(Path(model).resolve()) if Path(model).is_dir() else model
         text = yaml.safe_dump(data, sort_keys=False)
         return self._from_mapping(data, text, "--recipe-option")
 

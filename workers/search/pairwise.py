@@ -29,6 +29,10 @@ TEMPLATE = Path(__file__).resolve().parent / "templates" / "pairwise.txt"
 EACH_VERDICT = "each-verdict"
 BOTH_ORDERS = "both-orders"
 SCORINGS = (EACH_VERDICT, BOTH_ORDERS)
+VERDICT_BY = ("text", "logprob")
+"""How a model judge answers: ``text``, its written ``[[A]]``/``[[B]]``; ``logprob``, the
+more probable of the two verdicts right after the prompt (always an answer, no generation:
+for a small model that has not learnt to write the format)."""
 NO_HISTORY = "(none: this is the first step)"
 _VERDICT = re.compile(r"\[\[\s*([AB])\s*\]\]")
 
@@ -154,9 +158,18 @@ class ModelPairwiseJudge:
     template: str = field(default_factory=load_template)
     seed: int = 0
     name: str = "model"
+    verdict_by: str = "text"
 
     def prefer(self, questions: Sequence[PairQuestion]) -> list[str | None]:
         format_prompt = getattr(self.backend, "format_prompt", None)
+        if self.verdict_by == "logprob":
+            scorer = getattr(self.backend, "continuation_logprobs", None)
+            if scorer is None:
+                raise ConfigError(f"the {type(self.backend).__name__} backend cannot score verdicts (verdict_by=text)")
+            prompts = [render(self.template, q.problem, q.history, q.a, q.b) for q in questions]
+            contexts = [format_prompt(p) if format_prompt else p for p in prompts]
+            lp = scorer([(c, v) for c in contexts for v in ("[[A]]", "[[B]]")])
+            return ["A" if lp[2 * i] >= lp[2 * i + 1] else "B" for i in range(len(questions))]
         requests = []
         for q in questions:
             text = render(self.template, q.problem, q.history, q.a, q.b)

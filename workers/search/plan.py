@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from stepq.models import Database, epoch, queries
@@ -29,6 +30,10 @@ class SearchPlan:
     judge_backend: str = ORACLE
     judge_config: dict[str, Any] = field(default_factory=dict)
     scoring: str = EACH_VERDICT
+    policy_model: str | None = None
+    """Sample with this model on the set's backend instead of the set's own."""
+    policy_run_id: int | None = None
+    """The training run that produced ``policy_model`` (recorded on each search)."""
 
 
 def start_search(db: Database, plan: SearchPlan) -> int:
@@ -44,6 +49,8 @@ def start_search(db: Database, plan: SearchPlan) -> int:
         template = load_template(plan.template or ("synthetic" if pset.backend == "synthetic" else "step"))
         if plan.judge_backend == ORACLE and pset.backend != "synthetic":
             raise ConfigError("the synthetic-oracle judge only knows the synthetic policy's problems")
+        if plan.policy_model is not None and pset.backend not in MODEL_BACKENDS:
+            raise ConfigError(f"set '{plan.set_name}' samples with the {pset.backend} backend, which loads no model")
         rows = [
             {
                 "name": plan.name,
@@ -56,12 +63,40 @@ def start_search(db: Database, plan: SearchPlan) -> int:
                 "judge_backend": plan.judge_backend,
                 "judge_config": plan.judge_config,
                 "scoring": plan.scoring,
+                "policy_model": plan.policy_model,
+                "policy_run_id": plan.policy_run_id,
             }
             for pid, question in sq.problems_of_set(s, pset.id)
         ]
         if not rows:
             raise ConfigError(f"set '{plan.set_name}' has no problems to search")
         return sq.create_searches(s, rows)
+
+
+MODEL_BACKENDS = ("hf", "vllm", "openai")
+
+
+def next_round(db: Database, plan: SearchPlan, run_ref: str) -> SearchPlan:
+    """Round k+1 of the process-based self-rewarding loop: the model that training run
+    ``run_ref`` (its id or output folder) produced is both the policy, on the set's backend,
+    and the pairwise judge; the searches record the run."""
+    from dataclasses import replace
+
+    from stepq.models import training_queries as tq
+    from stepq.models.training import RUN_DONE
+
+    with db.session() as s:
+        run = tq.find_run(s, run_ref)
+        if run.status != RUN_DONE:
+            raise ConfigError(f"training run {run.id} is {run.status}: a round searches with a finished model")
+        pset = queries.get_set(s, plan.set_name)
+        model = str(Path(run.output_dir) / "final")
+        backend, config = pset.backend, dict(pset.backend_config or {})
+        run_id = run.id
+    if backend not in MODEL_BACKENDS:
+        raise ConfigError(f"set '{plan.set_name}' samples with the {backend} backend, which loads no model")
+    judge_config = {**config, **plan.judge_config, "model": model}
+    return replace(plan, policy_model=model, policy_run_id=run_id, judge_backend=backend, judge_config=judge_config)
 
 
 def run_searches_here(db: Database, rt: WorkerRuntime, max_attempts: int = 5) -> Counter[str]:

@@ -14,20 +14,25 @@ from stepq.models.problems import Problem, ProblemSet
 from stepq.models.search import FINISH, StepSearch
 from stepq.workers.annotate import WorkerRuntime
 from stepq.workers.backends import SamplingParams
-from stepq.workers.search.pairwise import ModelPairwiseJudge, PairwiseJudge, SyntheticPairwiseOracle
+from stepq.workers.search.pairwise import VERDICT_BY, ModelPairwiseJudge, PairwiseJudge, SyntheticPairwiseOracle
 from stepq.workers.search.step_search import SearchSpec, next_turn, replay
 
 log = logging.getLogger(__name__)
 ORACLE = "synthetic-oracle"
+JUDGE_KEYS = ("sampling", "verdict_by")
+"""Keys of a judge's config that say how it is asked, not how its backend is built."""
 
 
 def judge_for(rt: WorkerRuntime, backend: str, config: dict[str, Any]) -> PairwiseJudge:
     """The search's pairwise judge: the synthetic oracle, or a model on a (warm) backend."""
     if backend == ORACLE:
         return SyntheticPairwiseOracle()
-    engine = rt.backend_named(backend, {k: v for k, v in config.items() if k != "sampling"})
+    engine = rt.backend_named(backend, {k: v for k, v in config.items() if k not in JUDGE_KEYS})
     sampling = {"temperature": 0.0, "max_tokens": 1024, **(config.get("sampling") or {})}
-    return ModelPairwiseJudge(engine, SamplingParams.from_config(sampling))
+    verdict_by = str(config.get("verdict_by", "text"))
+    if verdict_by not in VERDICT_BY:
+        raise ConfigError(f"judge verdict_by '{verdict_by}' is not one of: {', '.join(VERDICT_BY)}")
+    return ModelPairwiseJudge(engine, SamplingParams.from_config(sampling), verdict_by=verdict_by)
 
 
 def run_searches(rt: WorkerRuntime, ids: Sequence[int]) -> dict[int, str]:
@@ -48,9 +53,13 @@ def run_search(rt: WorkerRuntime, search_id: int) -> str:
         if search is None:
             return "skipped"
         spec, pset, judge_backend, judge_config = _load(s, search)
+        policy_model = search.policy_model
         turns = [(t.action, list(t.candidates), t.chosen) for t in sq.search_turns(s, search_id)]
     try:
-        policy = rt.backend_for(pset)
+        if policy_model is None:
+            policy = rt.backend_for(pset)
+        else:  # a later round's policy: the trained model, on the set's backend
+            policy = rt.backend_named(pset.backend, {**(pset.backend_config or {}), "model": policy_model})
         params = SamplingParams.from_config(pset.sampling or {})
         judge = judge_for(rt, judge_backend, judge_config)
         prefix, finished = replay(turns)

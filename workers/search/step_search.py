@@ -90,6 +90,11 @@ def surviving_pairs(actions: Sequence[str]) -> list[int]:
     return kept
 
 
+def candidate_seeds(spec: SearchSpec, turn: int) -> tuple[int, ...]:
+    """The seeds of a turn's ``width`` candidates: a turn redone draws the same ones."""
+    return tuple(derive_seed("step-search", spec.seed, spec.name, spec.question, turn, k) for k in range(spec.width))
+
+
 def next_turn(
     spec: SearchSpec,
     turn: int,
@@ -98,8 +103,7 @@ def next_turn(
     params: SamplingParams,
     judge: PairwiseJudge,
 ) -> Turn:
-    seeds = tuple(derive_seed("step-search", spec.seed, spec.name, spec.question, turn, k) for k in range(spec.width))
-    [samples] = policy.generate([GenerationRequest(spec.prompt + "".join(prefix), seeds)], params)
+    [samples] = policy.generate([GenerationRequest(spec.prompt + "".join(prefix), candidate_seeds(spec, turn))], params)
     cut = [first_chunk(c.text, spec.delimiter) for c in samples]
     candidates = [chunk for chunk, _ in cut]
     asked = questions_for(
