@@ -194,7 +194,8 @@ def search_progress(session: Session) -> list[dict[str, Any]]:
         entry = {"search": name, "turns": 0, "pairs": 0, "consistent_pairs": 0, "policy_runs": []}
         out.setdefault(name, entry)[state] = int(n)
     for name, run_id in runs:
-        out[name]["policy_runs"].append(int(run_id))
+        if run_id is not None:
+            out[name]["policy_runs"].append(int(run_id))
     for name, n_turns, n_pairs, consistent in turns:
         out[name].update(turns=int(n_turns), pairs=int(n_pairs), consistent_pairs=int(consistent))
     return [out[k] for k in sorted(out)]
