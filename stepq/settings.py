@@ -22,36 +22,54 @@ class Settings:
     """Every field can be set as ``STEPQ_<FIELD>`` (upper case)."""
 
     database_url: str = ""
-    """SQLAlchemy URL; default: a SQLite file ``stepq.db`` in the working directory."""
+    """SQLAlchemy URL (``postgresql://`` is read as ``postgresql+psycopg://``); default: a
+    SQLite file ``stepq.db`` in the working directory."""
     broker_url: str = "redis://127.0.0.1:6379/0"
+    """The Celery broker."""
     queue: str = DEFAULT_QUEUE
+    """The broker queue's name."""
     lease_ttl_s: float = 300.0
-    """How long a worker's claim on a trajectory lasts without a heartbeat."""
+    """How long a worker's claim on a work item or a step search lasts without a heartbeat."""
     heartbeat_s: float = 10.0
     """Seconds between worker heartbeats (each renews the worker's leases; at most a third
-    of the lease is used, whatever is set)."""
+    of the lease is used, whatever is set), so a ``generate`` call or a search turn longer
+    than the lease keeps its work."""
     batch_rollouts: int = 128
-    """Rollouts per trajectory generated, graded and committed together: the most a crash loses."""
+    """Rollouts of one trajectory generated, graded and committed together: the most a crash
+    loses per trajectory (an adaptive round is never split when it fits)."""
     items_per_task: int = 4
-    """Trajectories per Celery task; their batches share one engine call."""
+    """Trajectories per Celery task; their batches go to the engine in one ``generate`` call."""
     max_attempts: int = 5
+    """Attempts before a work item is marked failed (a permanent error, e.g. an HTTP 400 for
+    a context over the model's limit, fails it at once)."""
     retry_backoff_s: float = 5.0
-    """A transiently failed item waits this long before its next try, doubling each time."""
+    """A transiently failed item (timeout, 5xx, refused connection) waits this long before its
+    next try, doubling each time, at most 10 minutes."""
     messages_per_worker: int = 2
-    """Broker messages kept queued per live worker: the queue's bound."""
+    """Broker messages kept queued per live worker (at least 2): the queue's bound; the
+    backlog waits in the database."""
     broker_wait_s: float = 60.0
     """How long a worker or dispatcher waits for an unreachable broker at start before it
-    exits with the broker exit code (6)."""
+    exits with the broker exit code (6); once running, a lost broker is reconnected to."""
     visibility_timeout_s: int = 12 * 3600
+    """Redis visibility timeout; must exceed the lease TTL."""
     requeue_after_s: float = 900.0
+    """Only for a broker whose queue depth cannot be read (not Redis): a queued item this old
+    is presumed lost."""
     lost_grace_s: float = 10.0
+    """A queued item is published again when the broker queue is empty and it was queued
+    this long ago (its message is surely lost)."""
     dispatch_interval_s: float = 2.0
+    """Seconds between dispatcher cycles."""
     grade_timeout_s: int = 3
+    """math-verify's timeout per answer; it holds in every pool (math-verify runs in a verify
+    subprocess, killed when it overruns)."""
     store_rollout_text: bool = True
     """Keep rollout texts; at tens of millions of rollouts dropping them saves most of the space."""
     synchronous_commit: bool = False
     """PostgreSQL synchronous_commit for workers; off is safe here (see models.db)."""
     log_level: str = "INFO"
+    """Python logging level."""
     log_format: str = "text"
     """text, or json: one JSON object per line with worker, set and item."""
     trainer_lease_ttl_s: float = 120.0

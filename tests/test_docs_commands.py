@@ -42,7 +42,7 @@ def commands() -> list[tuple[str, str]]:
                 line = line.split(" #", 1)[0].strip().removeprefix("$ ")
                 if line.startswith("#"):
                     continue
-                for part in re.split(r"\s*(?:&&|\|\||;|\|)\s*", line):
+                for part in re.split(r"\s*(?:&&|\|\||;|\||&)\s*", line):
                     if part.startswith("stepq "):
                         found.append((f"{doc.relative_to(ROOT)}", part))
                     elif " -m stepq " in part:  # under a launcher: torchrun … -m stepq train …
@@ -101,3 +101,50 @@ def test_relative_links_resolve_inside_the_repository() -> None:
             if not path.exists() or ROOT not in (path, *path.parents):
                 broken.append(f"{doc.relative_to(ROOT)} -> {target}")
     assert not broken, broken
+
+
+@pytest.mark.unit
+def test_anchors_of_links_exist() -> None:
+    """A link to a section (``file.md#section``) names a heading that file has."""
+
+    def anchors(path: Path) -> set[str]:
+        found, fenced = set(), False
+        for line in path.read_text(encoding="utf-8").splitlines():
+            fenced ^= line.startswith("```")
+            if not fenced and line.startswith("#"):
+                title = line.lstrip("#").strip().lower()
+                found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+        return found
+
+    broken = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]:
+        for target, anchor in re.findall(r"\]\(([^)\s#]*)#([^)\s]+)\)", doc.read_text(encoding="utf-8")):
+            path = (doc.parent / target).resolve() if target else doc
+            if path.suffix == ".md" and anchor not in anchors(path):
+                broken.append(f"{doc.relative_to(ROOT)} -> {target}#{anchor}")
+    assert not broken, broken
+
+
+@pytest.mark.unit
+def test_the_readme_is_a_front_door_and_nothing_points_outside_the_repository() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 250
+    outside = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]:
+        text = doc.read_text(encoding="utf-8")
+        outside += [f"{doc.relative_to(ROOT)}: {m}" for m in ("../shared", "DESIGN.md") if m in text]
+    assert not outside, outside
+
+
+@pytest.mark.unit
+def test_the_generated_references_match_the_code() -> None:
+    """docs/reference/ is generated from the click commands and the Settings object: a new
+    option or setting without regenerating (``python -m stepq.reference``) fails here."""
+    from stepq.reference import generated
+
+    stale = [
+        str(path.relative_to(ROOT))
+        for path, text in generated().items()
+        if not path.exists() or path.read_text(encoding="utf-8") != text
+    ]
+    assert not stale, f"regenerate with 'python -m stepq.reference': {stale}"
