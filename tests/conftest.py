@@ -1,4 +1,5 @@
-"""Fixtures: a throwaway PostgreSQL database, a Redis queue, SQLite files, worker processes.
+"""Fixtures: a throwaway PostgreSQL database, a Redis queue, SQLite files, worker processes
+(the helpers tests share are in ``tests/helpers.py``), and the test tiers.
 
 Tests that need PostgreSQL or Redis fail (never skip) when the service does not answer:
 CI must prove the real thing.  Point them elsewhere with STEPQ_TEST_PG_URL (a server URL
@@ -7,14 +8,8 @@ whose database part is ignored) and STEPQ_TEST_REDIS_URL.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,55 +19,7 @@ from sqlalchemy.engine import make_url
 
 from stepq.migrations import upgrade
 from stepq.models import Database
-
-PG_SERVER = os.environ.get("STEPQ_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("STEPQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
-ROOT = Path(__file__).resolve().parent.parent
-# Small slices of public data sets shipped with the tests (provenance in tests/data/README.md):
-# the suite passes from a clone alone, without the full sets.
-DATA = ROOT / "tests" / "data"
-TABLES = [
-    "training_metrics",
-    "training_runs",
-    "snapshot_texts",
-    "snapshot_rows",
-    "snapshots",
-    "chunk_labels",
-    "q_values",
-    "rollouts",
-    "rollout_work",
-    "chunks",
-    "trajectories",
-    "problems",
-    "problem_sets",
-    "workers",
-    "locks",
-    "set_counters",
-    "label_counters",
-    "progress_samples",
-]
-
-
-def clean_env(**settings: str) -> dict[str, str]:
-    """What a ``stepq`` process started by a test sees: this environment without the STEPQ_
-    settings of the shell that runs the tests, plus ``settings``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
-    env.update(settings)
-    return env
-
-
-def run_stepq(
-    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 300
-) -> subprocess.CompletedProcess[str]:
-    """``python -m stepq ARGS`` as a real process, its output captured (``env``: a ``clean_env``)."""
-    return subprocess.run(
-        [sys.executable, "-m", "stepq", *args],
-        env=env if env is not None else clean_env(),
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+from tests.helpers import PG_SERVER, REDIS_URL, TABLES, Cluster, clean_env
 
 
 @pytest.fixture(scope="session")
@@ -141,47 +88,6 @@ def redis_client() -> Iterator[redis.Redis]:
     client.close()
 
 
-@dataclass
-class Cluster:
-    """Environment and processes of one queue deployment under test."""
-
-    env: dict[str, str]
-    logs: Path
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
-
-    def start_worker(self, name: str, *extra: str, python: str = sys.executable) -> subprocess.Popen[bytes]:
-        log = self.logs / f"{name}.log"
-        handle = log.open("wb")
-        proc = subprocess.Popen(
-            [python, "-m", "stepq", "worker", "--name", name, "--loglevel", "INFO", *extra],
-            env=self.env,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            cwd=self.logs,
-        )
-        self.procs.append(proc)
-        deadline = time.monotonic() + 300  # a worker with an engine loads it first
-        while time.monotonic() < deadline:
-            if "ready" in log.read_text(errors="replace"):
-                return proc
-            if proc.poll() is not None:
-                raise AssertionError(f"worker {name} exited: {log.read_text(errors='replace')[-3000:]}")
-            time.sleep(0.1)
-        raise AssertionError(f"worker {name} not ready: {log.read_text(errors='replace')[-3000:]}")
-
-    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = run_stepq(*args, env=self.env, cwd=self.logs)
-        if check and result.returncode != 0:
-            raise AssertionError(f"stepq {' '.join(args)} failed: {result.stdout}\n{result.stderr}")
-        return result
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-            proc.wait(timeout=30)
-
-
 @pytest.fixture
 def cluster(pg_url: str, pg: Database, redis_client: redis.Redis, tmp_path: Path) -> Iterator[Cluster]:
     """Real `stepq worker` processes against the test PostgreSQL and Redis."""
@@ -201,15 +107,23 @@ def cluster(pg_url: str, pg: Database, redis_client: redis.Redis, tmp_path: Path
     c.stop()
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+# --- test tiers -------------------------------------------------------------------------
+SERVICES = {"pg", "pg_url", "any_db", "redis_client", "cluster"}
+"""Fixtures that need PostgreSQL or Redis: a test using one is ``integration``."""
+LOCAL = {"sqlite", "tmp_path", "tmp_path_factory", "tiny_model"}
+"""Fixtures of tests that write files, start ``stepq`` processes or load models: not unit."""
 
 
-def table_counts(db: Database) -> dict[str, int]:
-    with db.engine.connect() as conn:
-        return {t: int(conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one()) for t in TABLES}
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test gets its tier: ``integration`` when it uses PostgreSQL or Redis (or says so),
+    ``slow`` as marked (training runs, engines), and ``unit`` when it needs no service, no
+    files, no process and no marked tier: pure functions, parsers, rules (``pytest -m unit``).
+    The rest (the CLI as processes on SQLite files) runs with the whole suite."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        marks = {m.name for m in item.iter_markers()}
+        if names & SERVICES and "integration" not in marks:
+            item.add_marker(pytest.mark.integration)
+            marks.add("integration")
+        if not marks & {"integration", "slow", "vllm"} and not names & LOCAL:
+            item.add_marker(pytest.mark.unit)

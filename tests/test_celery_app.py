@@ -11,7 +11,7 @@ import redis
 
 from stepq.settings import Settings
 from stepq.workers.celery_app import TASK_NAME, CeleryOptions, create_app, publisher, redis_queue_depth
-from tests.conftest import REDIS_URL
+from tests.helpers import REDIS_URL
 
 
 def test_configuration_for_long_gpu_tasks() -> None:

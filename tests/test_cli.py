@@ -12,7 +12,7 @@ import pytest
 from stepq.models import Database
 from stepq.settings import Settings
 from stepq.workers.synthetic_set import synth_set
-from tests.conftest import clean_env, run_stepq
+from tests.helpers import clean_env, run_stepq
 
 
 def _run(

@@ -18,7 +18,7 @@ import pytest
 from stepq.models import Database
 from stepq.models import training_queries as tq
 from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
-from tests.conftest import clean_env, wait_for
+from tests.helpers import clean_env, wait_for
 from tests.tiny_models import build_tiny_model
 from tests.trainer_helpers import annotated_set, tiny_recipe
 

@@ -19,7 +19,7 @@ from stepq.workers.annotate import WorkerOptions, WorkerRuntime
 from stepq.workers.in_process import run_in_process
 from stepq.workers.planning import configure_annotation
 from stepq.workers.synthetic_set import synth_set
-from tests.conftest import clean_env, run_stepq
+from tests.helpers import clean_env, run_stepq
 from tests.tiny_models import build_tiny_model
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ from sqlalchemy import select
 from stepq.cli import main
 from stepq.models import Chunk, Database, Problem, Trajectory
 from stepq.workers.ingest import FieldMap, ingest_file
-from tests.conftest import DATA, table_counts
+from tests.helpers import DATA, table_counts
 
 
 def _cli(db: Database, *args: str) -> tuple[int, str]:

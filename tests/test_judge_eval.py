@@ -19,7 +19,7 @@ from stepq.workers.backends.synthetic import SyntheticBackend
 from stepq.workers.seeds import derive_seed
 from stepq.workers.segmentation import first_chunk
 from stepq.workers.synthetic_policy import PROMPT_TEMPLATE, SyntheticPolicy, ground_truth, make_problem
-from tests.conftest import DATA
+from tests.helpers import DATA
 
 SAMPLE = DATA / "processbench_gsm8k_sample.json"
 
@@ -132,7 +132,7 @@ def test_aggregators_and_pick() -> None:
     assert aggregate([0.5, 0.5], "product") == 0.25
     assert aggregate([0.1, 0.7], "last") == 0.7
     assert aggregate([0.25, 1.0], "geomean") == pytest.approx(0.5)
-    assert aggregate([], "min") == 0.0 and set(AGGREGATORS) == {"min", "mean", "product", "last", "geomean"}
+    assert aggregate([], "min") == 0.0 and set(AGGREGATORS) == {"min", "mean", "product", "last", "geomean", "softmin"}
     assert pick([[1, 0], [1, 1], [1, 1]], "min") == 1  # ties go to the earliest
     c = [Candidate((), "3", False), Candidate((), "4", True), Candidate((), "4", True)]
     assert majority(c) is True

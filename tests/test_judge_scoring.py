@@ -19,7 +19,7 @@ from stepq.trainer.evaluation import processbench as pb
 from stepq.trainer.evaluation.judges import GenerativeScorer, ModelJudge, StepItem
 from stepq.trainer.judge.prompt import JudgePrompt
 from stepq.workers.backends.base import Completion, GenerationRequest, SamplingParams
-from tests.conftest import DATA
+from tests.helpers import DATA
 
 SAMPLE = DATA / "processbench_gsm8k_sample.json"
 TEMPLATE = JudgePrompt("{problem}|{history}|{chunk}")

@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, inspect, make_url, text
 from stepq.migrations import alembic_config, current
 from stepq.models import Base, Database
 from stepq.workers.budget import Adaptive
-from tests.conftest import PG_SERVER
+from tests.helpers import PG_SERVER
 
 
 def test_autogenerate_finds_no_difference(any_db: Database) -> None:

@@ -29,7 +29,7 @@ from stepq.workers.dispatcher import Dispatcher
 from stepq.workers.in_process import run_in_process
 from stepq.workers.planning import configure_annotation
 from stepq.workers.synthetic_set import synth_set
-from tests.conftest import clean_env
+from tests.helpers import clean_env
 
 
 def _samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

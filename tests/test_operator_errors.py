@@ -14,7 +14,7 @@ from stepq.models import Database, RolloutWork, queries
 from stepq.workers.dispatcher import Dispatcher
 from stepq.workers.planning import configure_annotation
 from stepq.workers.synthetic_set import synth_set
-from tests.conftest import DATA, PG_SERVER, clean_env, run_stepq, table_counts
+from tests.helpers import DATA, PG_SERVER, clean_env, run_stepq, table_counts
 
 
 def _stepq(

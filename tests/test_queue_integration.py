@@ -18,7 +18,7 @@ from sqlalchemy import bindparam, text
 
 from stepq.models import Database, queries
 from stepq.workers.backends.synthetic_server import FailurePlan, SyntheticCompletionsServer
-from tests.conftest import Cluster, wait_for
+from tests.helpers import Cluster, wait_for
 from tests.pipeline_checks import assert_exact, label_accuracy
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ from stepq.workers.planning import configure_annotation
 from stepq.workers.qvalues import relabel_set
 from stepq.workers.regrade import regrade_set
 from stepq.workers.synthetic_set import synth_set
-from tests.conftest import clean_env, run_stepq
+from tests.helpers import clean_env, run_stepq
 
 
 def _state(db: Database) -> tuple[dict[int, int], dict[tuple[int, int], float], dict[int, bool]]:

@@ -16,7 +16,7 @@ from stepq.models import Database
 from stepq.workers.backends import GenerationRequest, SamplingParams, make_backend
 from stepq.workers.search.step_search import SearchSpec, candidate_seeds
 from stepq.workers.segmentation import first_chunk
-from tests.conftest import DATA, clean_env, run_stepq
+from tests.helpers import DATA, clean_env, run_stepq
 from tests.tiny_models import build_tiny_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -28,7 +28,7 @@ from stepq.workers.search.pairwise import (
 )
 from stepq.workers.search.step_search import replay, surviving_pairs
 from stepq.workers.synthetic_policy import step_is_right
-from tests.conftest import Cluster, clean_env, run_stepq, wait_for
+from tests.helpers import Cluster, clean_env, run_stepq, wait_for
 
 
 def test_parse_preference_takes_the_last_verdict() -> None:

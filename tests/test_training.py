@@ -23,7 +23,7 @@ from stepq.workers.annotate import WorkerOptions, WorkerRuntime
 from stepq.workers.in_process import run_in_process
 from stepq.workers.planning import configure_annotation
 from stepq.workers.synthetic_set import synth_set
-from tests.conftest import DATA, clean_env, run_stepq, wait_for
+from tests.helpers import DATA, clean_env, run_stepq, wait_for
 from tests.tiny_models import build_tiny_model
 from tests.trainer_helpers import annotated_set, tiny_recipe
 

@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy import text
 
 from stepq.models import Database
-from tests.conftest import ROOT, Cluster, clean_env, wait_for
+from tests.helpers import ROOT, Cluster, clean_env, wait_for
 from tests.pipeline_checks import assert_exact
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(900)]

@@ -1,0 +1,121 @@
+"""Helpers the tests share (the fixtures are in ``conftest.py``): the repository's paths, a
+clean environment for ``stepq`` processes, a queue deployment's processes, polling."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import text
+
+from stepq.models import Database
+
+PG_SERVER = os.environ.get("STEPQ_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("STEPQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
+ROOT = Path(__file__).resolve().parent.parent
+# Small slices of public data sets shipped with the tests (provenance in tests/data/README.md):
+# the suite passes from a clone alone, without the full sets.
+DATA = ROOT / "tests" / "data"
+TABLES = [
+    "training_metrics",
+    "training_runs",
+    "snapshot_texts",
+    "snapshot_rows",
+    "snapshots",
+    "chunk_labels",
+    "q_values",
+    "rollouts",
+    "rollout_work",
+    "chunks",
+    "trajectories",
+    "problems",
+    "problem_sets",
+    "workers",
+    "locks",
+    "set_counters",
+    "label_counters",
+    "progress_samples",
+]
+
+
+def clean_env(**settings: str) -> dict[str, str]:
+    """What a ``stepq`` process started by a test sees: this environment without the STEPQ_
+    settings of the shell that runs the tests, plus ``settings``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
+    env.update(settings)
+    return env
+
+
+def run_stepq(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``python -m stepq ARGS`` as a real process, its output captured (``env``: a ``clean_env``)."""
+    return subprocess.run(
+        [sys.executable, "-m", "stepq", *args],
+        env=env if env is not None else clean_env(),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@dataclass
+class Cluster:
+    """Environment and processes of one queue deployment under test."""
+
+    env: dict[str, str]
+    logs: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start_worker(self, name: str, *extra: str, python: str = sys.executable) -> subprocess.Popen[bytes]:
+        log = self.logs / f"{name}.log"
+        handle = log.open("wb")
+        proc = subprocess.Popen(
+            [python, "-m", "stepq", "worker", "--name", name, "--loglevel", "INFO", *extra],
+            env=self.env,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            cwd=self.logs,
+        )
+        self.procs.append(proc)
+        deadline = time.monotonic() + 300  # a worker with an engine loads it first
+        while time.monotonic() < deadline:
+            if "ready" in log.read_text(errors="replace"):
+                return proc
+            if proc.poll() is not None:
+                raise AssertionError(f"worker {name} exited: {log.read_text(errors='replace')[-3000:]}")
+            time.sleep(0.1)
+        raise AssertionError(f"worker {name} not ready: {log.read_text(errors='replace')[-3000:]}")
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = run_stepq(*args, env=self.env, cwd=self.logs)
+        if check and result.returncode != 0:
+            raise AssertionError(f"stepq {' '.join(args)} failed: {result.stdout}\n{result.stderr}")
+        return result
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def table_counts(db: Database) -> dict[str, int]:
+    with db.engine.connect() as conn:
+        return {t: int(conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one()) for t in TABLES}
