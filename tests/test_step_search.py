@@ -289,3 +289,17 @@ def test_a_failing_search_gives_up_after_max_attempts_and_a_hand_back_costs_none
     with sqlite.session() as s:
         sq.hand_back_search(s, sid, "w")
     assert state() == ("pending", 0), "a stopping worker's hand-back is not an attempt"
+
+
+def test_a_search_defaults_to_the_methods_settings() -> None:
+    """Width 6, at most 20 turns, each verdict counted: in the plan and on the command line."""
+    from click.testing import CliRunner
+
+    from stepq.cli import main
+    from stepq.workers.search.plan import SearchPlan
+
+    plan = SearchPlan("s", "n")
+    assert (plan.width, plan.max_turns, plan.scoring) == (6, 20, "each-verdict")
+    shown = CliRunner().invoke(main, ["search", "start", "--help"]).output
+    assert "--max-turns INTEGER RANGE" in shown and "[default: 20;" in " ".join(shown.split())
+    assert "[default: each-verdict]" in " ".join(shown.split())
