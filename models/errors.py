@@ -6,6 +6,17 @@ re-exports it for the CLI, which turns each into a one-line message and an exit 
 
 from __future__ import annotations
 
+import re
+
+_CREDENTIALS = re.compile(r"(//[^:@/\s]*:)[^@\s]+@")
+
+
+def masked(text: str) -> str:
+    """``text`` with every URL password (``//user:PASSWORD@``) replaced by ``***``: the one
+    filter every message, error and log line passes before it is printed, so a URL with a
+    secret (well-formed or not) never reaches a terminal or a container log."""
+    return _CREDENTIALS.sub(r"\1***@", text)
+
 
 class StepqError(Exception):
     """Base of every user-facing error; ``exit_code`` is what the CLI exits with."""

@@ -8,6 +8,7 @@ import logging
 import time
 from typing import Any
 
+from stepq.models.errors import masked
 from stepq.workers.logcontext import LOG_CONTEXT
 
 CONTEXT_FIELDS = ("worker", "set", "item")
@@ -23,13 +24,20 @@ class JsonFormatter(logging.Formatter):
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": masked(record.getMessage()),
         }
         for name in CONTEXT_FIELDS:
             line[name] = getattr(record, name, context.get(name))
         if record.exc_info:
-            line["exception"] = self.formatException(record.exc_info)
+            line["exception"] = masked(self.formatException(record.exc_info))
         return json.dumps(line, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """The plain format, its secrets masked."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return masked(super().format(record))
 
 
 def setup_logging(level: str, fmt: str = "text") -> None:
@@ -38,7 +46,7 @@ def setup_logging(level: str, fmt: str = "text") -> None:
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

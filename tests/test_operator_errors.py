@@ -180,3 +180,41 @@ def test_set_commands(tmp_path: Path) -> None:
     done = _stepq(tmp_path, "set", "delete", "s", "--yes")
     assert done.returncode == 0 and "2 problems" in done.stdout
     assert _stepq(tmp_path, "status").returncode == 0
+
+
+SECRET = "s3cret-Pw0rd"
+
+
+@pytest.mark.parametrize(
+    "args, settings",
+    [
+        (("db", "upgrade"), {"STEPQ_DATABASE_URL": f"postgresql://stepq:{SECRET}@127.0.0.1:1/stepq"}),
+        (("status",), {"STEPQ_DATABASE_URL": f"postgresql://stepq:{SECRET}@127.0.0.1:1/stepq"}),
+        (("status",), {"STEPQ_DATABASE_URL": f"mysql://stepq:{SECRET}@127.0.0.1:1/stepq"}),
+        (("dispatch", "--once"), {"STEPQ_BROKER_URL": f"redis://:{SECRET}@127.0.0.1:1/0"}),
+        (("dispatch", "--once"), {"STEPQ_BROKER_URL": f"redis//:{SECRET}@127.0.0.1:1/0"}),
+        (("worker",), {"STEPQ_BROKER_URL": f"redis://:{SECRET}@127.0.0.1:1/0"}),
+        (("worker",), {"STEPQ_DATABASE_URL": f"postgresql://stepq:{SECRET}@127.0.0.1:1/stepq"}),
+    ],
+)
+def test_no_password_in_any_output(tmp_path: Path, args: tuple[str, ...], settings: dict[str, str]) -> None:
+    """A command that fails on a URL with a password says what failed, never the password."""
+    env = clean_env(**{"STEPQ_BROKER_WAIT_S": "1", "STEPQ_DATABASE_URL": f"sqlite:///{tmp_path / 's.db'}"})
+    assert run_stepq("db", "upgrade", env=env, cwd=tmp_path).returncode == 0
+    done = run_stepq(*args, env={**env, **settings}, cwd=tmp_path, timeout=120)
+    assert done.returncode != 0
+    assert SECRET not in done.stdout + done.stderr, done.stdout + done.stderr
+    assert "***" in done.stderr or "127.0.0.1" in done.stderr or "not a" in done.stderr, done.stderr
+
+
+def test_a_failing_openai_server_url_keeps_its_password_out_of_the_database(tmp_path: Path) -> None:
+    """The error a work item keeps (shown by status) names the server without its password."""
+    env = clean_env(STEPQ_DATABASE_URL=f"sqlite:///{tmp_path / 's.db'}", STEPQ_MAX_ATTEMPTS="1")
+    assert run_stepq("synth", "--set", "o", "--problems", "1", env=env, cwd=tmp_path).returncode == 0
+    url = f"http://user:{SECRET}@127.0.0.1:1/v1"
+    annotate = ("annotate", "--set", "o", "--rollouts", "1", "--backend", "openai", "--base-url", url, "--model", "m")
+    assert run_stepq(*annotate, env=env, cwd=tmp_path).returncode == 0
+    ran = run_stepq("run", "--set", "o", env=env, cwd=tmp_path, timeout=120)
+    status = run_stepq("status", env=env, cwd=tmp_path)
+    everything = ran.stdout + ran.stderr + status.stdout + status.stderr
+    assert "user:***@127.0.0.1:1" in everything and SECRET not in everything

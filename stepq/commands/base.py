@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import click
 
 from stepq.models import Database
-from stepq.models.errors import BrokerError, DatabaseError, StepqError
+from stepq.models.errors import BrokerError, DatabaseError, StepqError, masked
 from stepq.settings import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -31,16 +31,16 @@ def friendly(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except StepqError as exc:
-            click.echo(f"stepq: error: {exc}", err=True)
+            click.echo(masked(f"stepq: error: {exc}"), err=True)
             sys.exit(exc.exit_code)
         except OperationalError as exc:
             first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
             err = DatabaseError(f"database error: {first}")
-            click.echo(f"stepq: error: {err}", err=True)
+            click.echo(masked(f"stepq: error: {err}"), err=True)
             sys.exit(err.exit_code)
         except KombuOperationalError as exc:
             err2 = BrokerError(f"cannot reach the broker: {exc}")
-            click.echo(f"stepq: error: {err2}", err=True)
+            click.echo(masked(f"stepq: error: {err2}"), err=True)
             sys.exit(err2.exit_code)
         except click.ClickException:
             raise
@@ -48,7 +48,8 @@ def friendly(fn: F) -> F:
             if os.environ.get("STEPQ_DEBUG"):
                 raise
             click.echo(
-                f"stepq: internal error: {type(exc).__name__}: {exc} (set STEPQ_DEBUG=1 for the traceback)", err=True
+                masked(f"stepq: internal error: {type(exc).__name__}: {exc} (set STEPQ_DEBUG=1 for the traceback)"),
+                err=True,
             )
             sys.exit(INTERNAL_ERROR)
 

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from stepq.models.errors import GenerationError
+from stepq.models.errors import GenerationError, masked
 from stepq.workers.backends.base import Completion, GenerationRequest, SamplingParams, split_calls
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
@@ -82,6 +82,7 @@ class OpenAICompletionsBackend:
         per_sample_seeds: bool = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.shown_url = masked(self.base_url)  # what errors (kept in the database) may name
         self.model = model
         self.api_key = api_key
         self.concurrency = concurrency
@@ -146,14 +147,14 @@ class OpenAICompletionsBackend:
                 if exc.code not in RETRY_STATUS or attempt == self.max_retries:
                     detail = exc.read()[:300].decode(errors="replace")
                     raise ServerError(
-                        f"{self.base_url}{path}: HTTP {exc.code}: {detail}", permanent=exc.code not in RETRY_STATUS
+                        f"{self.shown_url}{path}: HTTP {exc.code}: {detail}", permanent=exc.code not in RETRY_STATUS
                     ) from None
                 wait = _retry_after(exc.headers.get("Retry-After")) or self._backoff(attempt)
             except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
                 if _refused(exc):
-                    raise ServerError(f"{self.base_url}{path}: connection refused (is the server up?)") from None
+                    raise ServerError(f"{self.shown_url}{path}: connection refused (is the server up?)") from None
                 if attempt == self.max_retries:
-                    raise ServerError(f"{self.base_url}{path}: {exc}") from None
+                    raise ServerError(f"{self.shown_url}{path}: {exc}") from None
                 wait = self._backoff(attempt)
             self.retries += 1
             time.sleep(wait)
