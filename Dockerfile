@@ -10,6 +10,12 @@ COPY models models
 COPY workers workers
 COPY trainer trainer
 COPY migrations migrations
-RUN pip install --no-cache-dir ".[${EXTRAS}]"
+RUN pip install --no-cache-dir ".[${EXTRAS}]" \
+    && useradd --create-home --uid 10001 stepq \
+    && mkdir -p /runs && chown stepq /runs
+# An unprivileged user: a compromised task cannot own the container (mounted run folders
+# must be writable by uid 10001).
+USER stepq
+WORKDIR /home/stepq
 ENTRYPOINT ["stepq"]
 CMD ["--help"]

@@ -177,9 +177,14 @@ def base_judge(root: Path, train_rows: Sequence[dict[str, Any]], args: argparse.
     """Pretrained on solutions, then the verdict format with random verdicts."""
     from stepq.workers.seeds import derive_seed
     from stepq.workers.synthetic_policy import SyntheticPolicy, make_problem
-    from tests.tiny_models import build_tiny_model
+    from tests.tiny_models import build_tiny_llama, build_tiny_model
 
-    base = build_tiny_model(root / "base", seed=seed, n_positions=1024, n_embd=args.width, n_layer=args.layers)
+    if args.backbone == "llama":
+        base = build_tiny_llama(
+            root / "base", seed=seed, max_positions=1024, hidden_size=args.width, num_layers=args.layers
+        )
+    else:
+        base = build_tiny_model(root / "base", seed=seed, n_positions=1024, n_embd=args.width, n_layer=args.layers)
     policy = SyntheticPolicy(error_rate=0.0, recovery_rate=0.0)
     solutions = []
     for i in range(args.pretrain_problems):
@@ -387,6 +392,13 @@ def main() -> None:
     ap.add_argument("--rollouts", type=int, default=8, help="M, rollouts per prefix.")
     ap.add_argument("--recovery-rate", type=float, default=0.05)
     ap.add_argument("--heldout", type=int, default=300, help="Held-out ProcessBench samples.")
+    ap.add_argument(
+        "--backbone",
+        choices=["llama", "gpt2"],
+        default="llama",
+        help="llama: rotary positions, so the left padding of TRL's batches shifts nothing; gpt2's absolute "
+        "positions move with it (TRL's training pass passes no position ids), and it did not learn here.",
+    )
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--pretrain-problems", type=int, default=2000)

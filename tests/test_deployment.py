@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import click
@@ -54,7 +55,8 @@ def test_services_share_one_configuration() -> None:
     for name in ("migrate", "dispatcher", "worker", "trainer", "flower", "metrics"):
         env = services[name]["environment"]
         assert env["STEPQ_DATABASE_URL"].startswith("postgresql+psycopg://")
-        assert env["STEPQ_BROKER_URL"] == "redis://redis:6379/0"
+        assert env["STEPQ_BROKER_URL"].startswith("redis://:${REDIS_PASSWORD:?")
+        assert env["STEPQ_BROKER_URL"].endswith("@redis:6379/0")
     assert services["dispatcher"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
 
 
@@ -83,3 +85,28 @@ def test_the_trainer_launches_one_process_per_reserved_gpu() -> None:
     gpus = trainer["deploy"]["resources"]["reservations"]["devices"][0]["count"]
     command = trainer["command"]
     assert int(command[command.index("--processes") + 1]) == gpus
+
+
+def _secrets(value: object) -> list[str]:
+    """Every ``${VAR...}`` in a compose value whose name says it holds a secret."""
+    text = yaml.safe_dump(value)
+    return re.findall(r"\$\{((?:[A-Z_]*(?:PASSWORD|AUTH|SECRET|TOKEN|KEY)[A-Z_]*)[^}]*)\}", text)
+
+
+def test_the_compose_file_is_safe_on_a_shared_network() -> None:
+    """No port published beyond the host's loopback, no secret with a default (each one is a
+    required variable), no secret on a command line, and the stepq image runs unprivileged."""
+    compose = _compose()
+    for name, service in compose["services"].items():
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} beyond loopback"
+        command = " ".join(service.get("command", []) if isinstance(service.get("command"), list) else [])
+        assert "PASSWORD}" not in command and "AUTH}" not in command, f"{name}: a secret on its command line"
+    secrets = _secrets(compose)
+    assert secrets, "the compose file names its secrets"
+    for ref in secrets:
+        assert ":?" in ref and ":-" not in ref, f"${{{ref}}} has a default: make it required (${{VAR:?message}})"
+    assert "ports" not in compose["services"]["postgres"], "PostgreSQL is reached on the compose network only"
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    users = re.findall(r"^USER\s+(\S+)", dockerfile, re.MULTILINE)
+    assert users and users[-1] not in ("root", "0"), "the image runs as an unprivileged user"
