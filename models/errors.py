@@ -63,6 +63,12 @@ class BrokerError(StepqError):
     exit_code = 6
 
 
+class WorkFailed(StepqError):
+    """A run ended with work items failed: the labels are incomplete (``stepq retry``)."""
+
+    exit_code = 7
+
+
 class Busy(StepqError):
     """Another process holds what this command needs (a dispatcher, a training run): try later."""
 

@@ -140,6 +140,23 @@ def delete_trajectories_of(session: Session, problem_ids: Sequence[int]) -> int:
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
+def set_has_rollouts(session: Session, set_id: int) -> bool:
+    first = select(Rollout.id).where(Rollout.trajectory_id.in_(_set_trajectories(set_id))).limit(1)
+    return session.scalar(first) is not None
+
+
+def discard_rollouts(session: Session, set_id: int) -> int:
+    """Drop a set's rollouts with the Q-values and labels derived from them (Q(n), the
+    trajectories' own outcomes, stay): what ``--resample`` does before sampling again with new
+    settings, so no label mixes two generators.  Returns how many rollouts were dropped."""
+    tids = _set_trajectories(set_id)
+    chunk_ids = select(Chunk.id).where(Chunk.trajectory_id.in_(tids))
+    session.execute(delete(ChunkLabel).where(ChunkLabel.chunk_id.in_(chunk_ids)))
+    session.execute(delete(QValue).where(QValue.trajectory_id.in_(tids), QValue.source != "outcome"))
+    result = session.execute(delete(Rollout).where(Rollout.trajectory_id.in_(tids)))
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
 def regrade_outcomes(session: Session, trajectory_ids: Sequence[int], is_right: Any) -> None:
     """Trajectory outcomes graded again against their problem's (new) reference."""
     rows = session.execute(

@@ -346,6 +346,16 @@ def work_counts(session: Session) -> dict[str, int]:
     return {state: int(n) for state, n in rows}
 
 
+def failed_items(session: Session, set_id: int) -> tuple[int, str | None]:
+    """How many of a set's work items failed, and the latest of their errors."""
+    rows = session.execute(
+        select(RolloutWork.last_error)
+        .where(RolloutWork.state == FAILED, RolloutWork.trajectory_id.in_(_set_trajectories(set_id)))
+        .order_by(RolloutWork.id.desc())
+    ).all()
+    return len(rows), next((e for (e,) in rows if e), None)
+
+
 def work_troubles(session: Session) -> dict[int, dict[str, Any]]:
     """set id -> failed items, items backing off after a transient error, and the latest
     error; reads only failed and backing-off items (indexes on state and retry_at)."""

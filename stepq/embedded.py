@@ -8,7 +8,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from stepq.migrations import upgrade
 from stepq.models import Database, queries
-from stepq.models.errors import Busy, NotFoundError
+from stepq.models.errors import Busy, NotFoundError, WorkFailed
 from stepq.settings import Settings
 from stepq.status import collect, render
 from stepq.workers.annotate import WorkerRuntime
@@ -79,3 +79,10 @@ def run_embedded(
             f"on {100 * agree:.1f}% of {len(rows)} chunks"
         )
     echo(f"database: {db.safe_url}  (query the views: annotation_progress, chunk_q_values, work_queue)")
+    with db.session() as s:
+        failed, last_error = queries.failed_items(s, queries.get_set(s, set_name).id)
+    if failed:  # the labels are incomplete: a script must not take this run for a success
+        raise WorkFailed(
+            f"{failed} work items of set '{set_name}' failed (latest: {last_error}); see 'stepq status', and "
+            f"'stepq retry --set {set_name}' once the cause is fixed"
+        )

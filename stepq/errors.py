@@ -9,6 +9,7 @@ from stepq.models.errors import (
     NotFoundError,
     StepqError,
     TrainingBusy,
+    WorkFailed,
 )
 
 __all__ = [
@@ -20,4 +21,5 @@ __all__ = [
     "NotFoundError",
     "StepqError",
     "TrainingBusy",
+    "WorkFailed",
 ]

@@ -218,3 +218,55 @@ def test_a_failing_openai_server_url_keeps_its_password_out_of_the_database(tmp_
     status = run_stepq("status", env=env, cwd=tmp_path)
     everything = ran.stdout + ran.stderr + status.stdout + status.stderr
     assert "user:***@127.0.0.1:1" in everything and SECRET not in everything
+
+
+def test_a_changed_sampling_setting_is_refused_or_resampled_explicitly(tmp_path: Path) -> None:
+    """After a run, raising the temperature is refused (naming the change and both ways
+    forward); with --resample the set is sampled again: every rollout of the new generator,
+    the old ones gone from the Q-values and labels."""
+    env = clean_env(STEPQ_DATABASE_URL=f"sqlite:///{tmp_path / 's.db'}")
+
+    def stepq(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_stepq(*args, env=env, cwd=tmp_path, timeout=300)
+
+    assert stepq("run", "--set", "demo", "--synthetic", "8", "--rollouts", "4").returncode == 0
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+
+    def generators() -> dict[str, int]:
+        with db.engine.connect() as conn:
+            return dict(conn.execute(text("SELECT generator, count(*) FROM rollouts GROUP BY generator")).all())
+
+    before, counts = generators(), table_counts(db)
+    assert len(before) == 1 and "[t=1," in next(iter(before)), before
+    for change in (("--temperature", "0.7"), ("--max-tokens", "64")):
+        refused = stepq("annotate", "--set", "demo", "--rollouts", "4", *change)
+        assert refused.returncode == 2, refused.stderr
+        name = change[0].removeprefix("--").replace("-", "_")
+        assert f"{name} " in refused.stderr and "--resample" in refused.stderr and "new set" in refused.stderr
+        assert table_counts(db) == counts and generators() == before, "a refused command changes nothing"
+    resampled = stepq("annotate", "--set", "demo", "--rollouts", "4", "--temperature", "0.7", "--resample")
+    assert resampled.returncode == 0, resampled.stderr
+    assert generators() == {}, "the old generator's rollouts are out of the Q-values and labels"
+    ran = stepq("run", "--set", "demo", "--rollouts", "4")
+    assert ran.returncode == 0, ran.stderr
+    after = generators()
+    assert len(after) == 1 and "[t=0.7," in next(iter(after)) and sum(after.values()) == sum(before.values())
+    with db.engine.connect() as conn:
+        labelled = conn.execute(text("SELECT count(*) FROM chunk_labels")).scalar_one()
+        assert labelled == counts["chunk_labels"], "every chunk labelled again, from the new rollouts"
+
+
+def test_a_run_that_ends_with_failed_items_exits_non_zero(tmp_path: Path) -> None:
+    """A sampling change slipped past the guard (written to the database directly) makes every
+    item fail on the generator check: the run says so and exits 7, not 0."""
+    env = clean_env(STEPQ_DATABASE_URL=f"sqlite:///{tmp_path / 's.db'}", STEPQ_MAX_ATTEMPTS="1")
+    assert (
+        run_stepq("run", "--set", "demo", "--synthetic", "4", "--rollouts", "2", env=env, cwd=tmp_path).returncode == 0
+    )
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    with db.engine.begin() as conn:
+        conn.execute(text("UPDATE problem_sets SET sampling = '{\"temperature\": 0.5}'"))
+        conn.execute(text("UPDATE problem_sets SET rollouts_per_prefix = 3"))
+    ran = run_stepq("run", "--set", "demo", "--rollouts", "3", env=env, cwd=tmp_path, timeout=300)
+    assert ran.returncode == 7, (ran.stdout, ran.stderr)
+    assert "work items of set 'demo' failed" in ran.stderr and "stepq retry --set demo" in ran.stderr

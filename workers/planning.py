@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from stepq.models import Database, queries
 from stepq.models.errors import ConfigError, NotFoundError
-from stepq.workers.backends import check_config
+from stepq.workers.backends import SamplingParams, check_config
 from stepq.workers.budget import parse_budget
 from stepq.workers.labels import parse_rule
 from stepq.workers.synthetic_policy import is_synthetic_question
@@ -34,6 +34,24 @@ def require_synthetic_problems(session: Any, set_id: int, backend: str, set_name
         )
 
 
+def generation_changes(
+    before: tuple[str, dict[str, Any], dict[str, Any]], after: tuple[str, dict[str, Any], dict[str, Any]]
+) -> list[str]:
+    """What differs between two (backend, backend config, sampling) settings, in words;
+    sampling is compared as its effective values, so spelling out a default changes nothing."""
+    out = []
+    if before[0] != after[0]:
+        out.append(f"backend {before[0]} -> {after[0]}")
+    for key in sorted(set(before[1]) | set(after[1])):
+        if before[1].get(key) != after[1].get(key):
+            out.append(f"{key} {before[1].get(key)} -> {after[1].get(key)}")
+    old, new = SamplingParams.from_config(before[2]), SamplingParams.from_config(after[2])
+    for f in fields(old):
+        if getattr(old, f.name) != getattr(new, f.name):
+            out.append(f"{f.name} {getattr(old, f.name)} -> {getattr(new, f.name)}")
+    return out
+
+
 def configure_annotation(
     db: Database,
     set_name: str,
@@ -44,12 +62,16 @@ def configure_annotation(
     backend: str | None = None,
     backend_config: dict[str, Any] | None = None,
     sampling: dict[str, Any] | None = None,
+    resample: bool = False,
 ) -> PlanReport:
     """Set M (and optionally the rule, budget, backend and sampling), then plan work.
 
     New trajectories get work items; when M, the rule or the budget changed, the set's
     finished items are reopened, and each task works out from the stored rollouts what,
-    if anything, is still missing.
+    if anything, is still missing.  A Q-value is a mean over draws of one distribution, so
+    changing how a set with rollouts samples (backend, model, sampling) is refused unless
+    ``resample``: then its rollouts, and the Q-values and labels made of them, are discarded
+    and every item samples again with the new settings.
     """
     if backend is not None:
         check_config(backend, dict(backend_config or {}))
@@ -68,6 +90,7 @@ def configure_annotation(
             )
         require_synthetic_problems(s, pset.id, backend or pset.backend, set_name)
         before = (pset.rollouts_per_prefix, pset.label_rule, pset.budget_policy)
+        generation_before = (pset.backend, dict(pset.backend_config or {}), dict(pset.sampling or {}))
         pset.rollouts_per_prefix = m
         if rule is not None:
             pset.label_rule = parse_rule(rule).key
@@ -77,8 +100,20 @@ def configure_annotation(
             pset.backend, pset.backend_config = backend, dict(backend_config or {})
         if sampling:
             pset.sampling = {**pset.sampling, **sampling}
+        changed = generation_changes(generation_before, (pset.backend, pset.backend_config, pset.sampling))
+        discarded = False
+        if changed and queries.set_has_rollouts(s, pset.id):
+            if not resample:
+                raise ConfigError(
+                    f"set '{set_name}' has rollouts sampled with other settings ({'; '.join(changed)}): a Q-value "
+                    "must average draws of one distribution.  Either annotate a new set with the new settings, "
+                    "or pass --resample to discard this set's rollouts, Q-values and labels and sample them "
+                    "again with the new settings"
+                )
+            queries.discard_rollouts(s, pset.id)
+            discarded = True
         s.flush()
         planned = queries.plan_work(s, pset.id)
-        if (pset.rollouts_per_prefix, pset.label_rule, pset.budget_policy) != before:
+        if discarded or (pset.rollouts_per_prefix, pset.label_rule, pset.budget_policy) != before:
             planned += queries.reopen_set(s, pset.id)
         return PlanReport(pset.rollouts_per_prefix, pset.label_rule, pset.budget_policy, planned)

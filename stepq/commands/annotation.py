@@ -29,6 +29,12 @@ from stepq.workers.backends import BACKENDS as BACKEND_NAMES
 @click.option("--temperature", type=float, default=None, help="Rollout sampling temperature (default 1.0).")
 @click.option("--top-p", type=float, default=None)
 @click.option("--max-tokens", type=int, default=None, help="Most new tokens per rollout (default 8192).")
+@click.option(
+    "--resample",
+    is_flag=True,
+    help="With a changed backend, model or sampling on a set that has rollouts: discard its rollouts, Q-values and "
+    "labels and sample again with the new settings (without it such a change is refused).",
+)
 @friendly
 def annotate(
     set_name: str,
@@ -42,6 +48,7 @@ def annotate(
     temperature: float | None,
     top_p: float | None,
     max_tokens: int | None,
+    resample: bool,
 ) -> None:
     """Set a problem set's budget and plan its missing rollouts (only what is missing)."""
     from stepq.workers.planning import configure_annotation
@@ -60,6 +67,7 @@ def annotate(
         backend=backend,
         backend_config=config,
         sampling=sampling,
+        resample=resample,
     )
     click.echo(
         f"set '{set_name}': M={report.rollouts_per_prefix}, rule {report.label_rule}, "
