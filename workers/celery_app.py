@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from celery import Celery, signals
 
@@ -117,6 +118,23 @@ def create_app(
     return app
 
 
+PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0}
+"""A publish gives up after about two seconds: the dispatcher then unmarks what it could not
+publish and waits the outage out (``dispatcher.Outage``) instead of blocking in kombu's
+reconnect loop, which never ends (``broker_connection_max_retries=None``) and would hold the
+dispatcher lock unrenewed."""
+
+
+def _reachable(producer: Any) -> None:
+    """Connect now, retrying briefly: raises kombu's OperationalError when the broker is down."""
+    producer.connection.ensure_connection(
+        max_retries=PUBLISH_RETRY["max_retries"],
+        interval_start=PUBLISH_RETRY["interval_start"],
+        interval_step=PUBLISH_RETRY["interval_step"],
+        interval_max=PUBLISH_RETRY["interval_max"],
+    )
+
+
 def publisher(app: Celery, items_per_task: int = 1) -> Callable[[Sequence[int]], None]:
     """A function that publishes work item ids, ``items_per_task`` to a message; used by the
     dispatcher.  A task runs its items together: one engine call serves all of them."""
@@ -124,6 +142,7 @@ def publisher(app: Celery, items_per_task: int = 1) -> Callable[[Sequence[int]],
 
     def publish(ids: Sequence[int]) -> None:
         with app.producer_or_acquire() as producer:
+            _reachable(producer)
             for start in range(0, len(ids), items_per_task):
                 app.send_task(
                     TASK_NAME,
@@ -133,6 +152,7 @@ def publisher(app: Celery, items_per_task: int = 1) -> Callable[[Sequence[int]],
                     routing_key=queue,
                     producer=producer,
                     ignore_result=True,
+                    retry_policy=PUBLISH_RETRY,
                 )
 
     return publish
@@ -144,6 +164,7 @@ def search_publisher(app: Celery) -> Callable[[Sequence[int]], None]:
 
     def publish(ids: Sequence[int]) -> None:
         with app.producer_or_acquire() as producer:
+            _reachable(producer)
             for i in ids:
                 app.send_task(
                     SEARCH_TASK_NAME,
@@ -153,6 +174,7 @@ def search_publisher(app: Celery) -> Callable[[Sequence[int]], None]:
                     routing_key=queue,
                     producer=producer,
                     ignore_result=True,
+                    retry_policy=PUBLISH_RETRY,
                 )
 
     return publish

@@ -12,6 +12,10 @@ published again only when its message cannot still be waiting: the broker says i
 is empty (a flushed Redis, a lost message) and the item was queued a grace period ago.
 When the broker cannot say how deep its queue is, an item queued ``requeue_after_s`` ago is
 presumed lost.
+
+An outage is weathered, not fatal: a running dispatcher that cannot reach the broker or the
+database logs it, waits (doubling up to ``outage_backoff_max_s``) and tries again, keeping
+its lock whenever the database answers; nothing it could not publish stays marked queued.
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ class DispatchOptions:
     """A worker whose heartbeat is older than this is not counted."""
     sample_every_s: float = 5.0
     """How often the dispatcher records each set's progress (rates, ETAs, history)."""
+    outage_backoff_max_s: float = 30.0
+    """The longest wait between tries while the broker or the database is unreachable."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,9 @@ class Dispatcher:
         bound = self.bound()
         published = 0
         while True:
+            if published and not self.acquire():  # a long cycle renews its lock as it goes
+                log.warning("dispatcher lock lost mid-cycle; stopping this cycle")
+                break
             with self.db.session() as s:
                 room = o.batch if bound is None else self.room(bound - queries.queued_count(s))
                 ids = queries.pending_work_ids(s, room) if room > 0 else []
@@ -184,20 +193,70 @@ class Dispatcher:
         started = time.monotonic()
         published = 0
         waiting_logged = False
+        outage: Outage | None = None
         try:
             while not stop.is_set():
-                if not self.acquire():
-                    if not waiting_logged:
-                        log.info("another dispatcher holds the lock; waiting")
-                        waiting_logged = True
-                    if wait_s is not None and time.monotonic() - started > wait_s:
-                        return published
-                    stop.wait(min(1.0, interval_s))
+                try:
+                    if not self.acquire():
+                        if not waiting_logged:
+                            log.info("another dispatcher holds the lock; waiting")
+                            waiting_logged = True
+                        if wait_s is not None and time.monotonic() - started > wait_s:
+                            return published
+                        stop.wait(min(1.0, interval_s))
+                        continue
+                    published += self.cycle().published
+                except Exception as exc:
+                    what = outage_kind(exc)
+                    if once or what is None:
+                        raise
+                    outage = outage or Outage(what, time.monotonic())
+                    delay = outage.next_delay(self.options.outage_backoff_max_s)
+                    log.warning("%s unreachable (%s); trying again in %.0f s", what, _first_line(exc), delay)
+                    stop.wait(delay)
                     continue
-                published += self.cycle().published
+                if outage is not None:
+                    log.info("%s reachable again after %.0f s", outage.what, time.monotonic() - outage.since)
+                    outage = None
                 if once:
                     return published
                 stop.wait(interval_s)
         finally:
-            self.release()
+            try:
+                self.release()
+            except Exception as exc:  # the database is down: the lock expires by itself
+                log.warning("could not release the dispatcher lock: %s", _first_line(exc))
         return published
+
+
+@dataclass
+class Outage:
+    """An ongoing outage: what is down, since when, and the next wait (doubling)."""
+
+    what: str
+    since: float
+    delay: float = 0.5
+
+    def next_delay(self, ceiling: float) -> float:
+        self.delay = min(ceiling, self.delay * 2)
+        return self.delay
+
+
+def outage_kind(exc: BaseException) -> str | None:
+    """``broker`` or ``database`` when ``exc`` says that one cannot be reached now (worth
+    waiting out), None for anything else (a bug, a bad setting: let it surface)."""
+    from kombu.exceptions import OperationalError as KombuOperationalError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+    from sqlalchemy.exc import DBAPIError
+
+    if isinstance(exc, (BrokerError, KombuOperationalError, RedisConnectionError, RedisTimeoutError)):
+        return "broker"
+    if isinstance(exc, DBAPIError) and (exc.connection_invalidated or "OperationalError" in type(exc).__name__):
+        return "database"
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
