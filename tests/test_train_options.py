@@ -102,3 +102,21 @@ def test_the_judge_recipe_credits_the_paper_only_for_what_it_states() -> None:
         assert "stepq" in lines[chosen], chosen
     assert "# stepq: the paper does not say how its loss is normalised" in text
     assert "# stepq: the batch shape" in text
+
+
+def test_grpo_warns_about_a_model_whose_positions_left_padding_shifts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TRL's training pass gives no position ids to left-padded prompts: fine for rotary
+    positions, not for GPT-2's learned ones (the judge benchmark did not learn with GPT-2)."""
+    import logging
+
+    from stepq.trainer.training.grpo import warn_if_positions_shift
+    from tests.tiny_models import build_tiny_llama, build_tiny_model
+
+    with caplog.at_level(logging.WARNING, logger="stepq.trainer.training.grpo"):
+        warn_if_positions_shift(str(build_tiny_model(tmp_path / "gpt2")))
+        assert "absolute position embeddings" in caplog.text
+        caplog.clear()
+        warn_if_positions_shift(str(build_tiny_llama(tmp_path / "llama", hidden_size=64)))
+        assert caplog.text == ""

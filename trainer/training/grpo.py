@@ -7,6 +7,7 @@ final model is saved to ``OUTPUT/final``.
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,8 @@ from stepq.trainer.training.recipe import Recipe
 from stepq.trainer.training.records import ClassAccuracy
 from stepq.trainer.training.runs import FINAL, RunHandle, RunSpec, TrainOptions, TrainResult, recorded_run, run_trl
 
+log = logging.getLogger(__name__)
+
 __all__ = ["FINAL", "TrainOptions", "TrainResult", "judge_dataset", "train_judge"]
 
 
@@ -44,6 +47,29 @@ def judge_dataset(db: Database, snapshot: str | int, recipe: Recipe) -> Any:
     return Dataset.from_list(
         [{"prompt": prompt(r["prompt"]), "label": r["label"], "chunk_id": r["chunk_id"]} for r in rows]
     )
+
+
+ABSOLUTE_POSITIONS = ("gpt2", "opt", "gpt_bigcode", "biogpt", "gpt_neo")
+
+
+def warn_if_positions_shift(base_model: str) -> None:
+    """TRL pads GRPO prompts on the left and computes the training log-probabilities without
+    position ids: a model with learned absolute positions (GPT-2 and kin) then reads each
+    prompt at shifted positions, unlike when it generated, and (on the benchmark) did not
+    learn.  Rotary models (Llama, Qwen, ...) are unaffected: say so before hours are spent."""
+    from transformers import AutoConfig
+
+    try:
+        model_type = AutoConfig.from_pretrained(base_model).model_type
+    except (OSError, ValueError):
+        return
+    if model_type in ABSOLUTE_POSITIONS:
+        log.warning(
+            "%s is a %s model with absolute position embeddings: GRPO's left-padded batches shift its "
+            "positions in the training pass (TRL passes no position ids); prefer a rotary model",
+            base_model,
+            model_type,
+        )
 
 
 def train_judge(
@@ -67,6 +93,7 @@ def train_judge(
     def body(handle: RunHandle) -> tuple[str | None, int]:
         from trl import GRPOTrainer
 
+        warn_if_positions_shift(base_model)
         dataset = judge_dataset(db, snapshot, recipe)
         if handle.run_id is not None:  # the main rank: how this judge is prompted, for its evaluation
             settings = settings_for_training(
