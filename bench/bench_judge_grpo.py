@@ -94,19 +94,20 @@ def processbench_f1(pairs: Sequence[tuple[int, int]]) -> float:
 
 
 def write_processbench(
-    path: Path, problems: int, seed: int, policy: Any, exclude: frozenset[str] = frozenset()
+    path: Path, problems: int, seed: int, policy: Any, exclude: frozenset[str] = frozenset(), numbers: str = "default"
 ) -> list[dict[str, Any]]:
     """Held-out samples: fresh problems (another seed tag; none whose question is in
     ``exclude``, the annotated set's), one solution each, the label the first step the
     synthetic truth says is wrong (-1 if none)."""
     from stepq.workers.seeds import derive_seed
     from stepq.workers.synthetic_policy import ground_truth, make_problem
+    from stepq.workers.synthetic_set import NUMBERS
 
     samples = []
     for i in itertools.count():
         if len(samples) == problems:
             break
-        problem = make_problem(derive_seed("judge-grpo-heldout", seed, i))
+        problem = make_problem(derive_seed("judge-grpo-heldout", seed, i), numbers=NUMBERS[numbers])
         if problem.question in exclude:
             continue
         steps = policy.solve(problem, derive_seed("judge-grpo-heldout-solution", seed, i))
@@ -187,8 +188,10 @@ def base_judge(root: Path, train_rows: Sequence[dict[str, Any]], args: argparse.
         base = build_tiny_model(root / "base", seed=seed, n_positions=1024, n_embd=args.width, n_layer=args.layers)
     policy = SyntheticPolicy(error_rate=0.0, recovery_rate=0.0)
     solutions = []
+    from stepq.workers.synthetic_set import NUMBERS
+
     for i in range(args.pretrain_problems):
-        problem = make_problem(derive_seed("judge-grpo-pretrain", seed, i))
+        problem = make_problem(derive_seed("judge-grpo-pretrain", seed, i), numbers=NUMBERS[args.numbers])
         steps = policy.solve(problem, i)
         solutions.append((problem.question + "\n", "".join(s.text for s in steps)))
     loss = lm_train(base, solutions, args.pretrain_steps, 16, 1e-3, seed)
@@ -294,7 +297,8 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
         seed=seed,
         error_rate=0.15,
         recovery_rate=args.recovery_rate,
-        op_error_rates=OP_ERROR_RATES,
+        op_error_rates=OP_ERROR_RATES if args.numbers == "default" else None,
+        numbers=args.numbers,
     )
     configure_annotation(db, "judge", args.rollouts, rule=RULES[rule_name])
     run_in_process(db, WorkerRuntime(db, WorkerOptions(batch_rollouts=256, name="bench")))
@@ -304,11 +308,15 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
     records = snapshot_records(db, snapshot, JudgePrompt(JUDGE_TEMPLATE))
     print(f"  snapshot: {len(records[TRAIN])} training, {len(records[VALIDATION])} validation chunks", flush=True)
     policy = SyntheticPolicy(
-        error_rate=0.15, recovery_rate=args.recovery_rate, op_error_rates=tuple(OP_ERROR_RATES.items())
+        error_rate=0.15,
+        recovery_rate=args.recovery_rate,
+        op_error_rates=tuple(OP_ERROR_RATES.items()) if args.numbers == "default" else (),
     )
     seen = frozenset(r["problem"] for part in records.values() for r in part)
-    samples = write_processbench(run_dir / "heldout.json", args.heldout, seed, policy, seen)
-    write_processbench(run_dir / "tune.json", args.heldout // 2, seed + 1000, policy, seen)  # thresholds only
+    samples = write_processbench(run_dir / "heldout.json", args.heldout, seed, policy, seen, args.numbers)
+    write_processbench(
+        run_dir / "tune.json", args.heldout // 2, seed + 1000, policy, seen, args.numbers
+    )  # thresholds only
     tune_rows = random.Random(seed).sample(records[TRAIN], min(300, len(records[TRAIN])))
     base = base_judge(run_dir, records[TRAIN], args, seed)
     files = (run_dir / "heldout.json", run_dir / "tune.json")
@@ -391,6 +399,12 @@ def main() -> None:
     ap.add_argument("--problems", type=int, default=600, help="Training set problems (one trajectory each).")
     ap.add_argument("--rollouts", type=int, default=8, help="M, rollouts per prefix.")
     ap.add_argument("--recovery-rate", type=float, default=0.05)
+    ap.add_argument(
+        "--numbers",
+        choices=["default", "small"],
+        default="default",
+        help="small: one-digit additions and subtractions (one digit of arithmetic checks a step).",
+    )
     ap.add_argument("--heldout", type=int, default=300, help="Held-out ProcessBench samples.")
     ap.add_argument(
         "--backbone",

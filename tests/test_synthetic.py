@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import itertools
 import random
+from pathlib import Path
+
+from sqlalchemy import text
 
 from stepq.workers.backends import GenerationRequest, SamplingParams, make_backend
 from stepq.workers.grading import Grader
@@ -194,3 +197,36 @@ def test_slips_are_process_errors_that_leave_the_answer_alone() -> None:
         prompt = PROMPT_TEMPLATE.format(question=p.question)
         assert policy.continue_text(prompt, prefix, 3).endswith(f"\\boxed{{{p.answer}}}."), "slips are parsed through"
     assert slipped > 20
+
+
+def test_a_synthetic_set_of_small_numbers_is_annotated_from_its_own_problems(tmp_path: Path) -> None:
+    """``numbers="small"``: one-digit additions and subtractions from a two-digit start, kept in
+    the set's config (growing it with other numbers is refused), continued by the policy."""
+    import re
+
+    import pytest
+
+    from stepq.migrations import upgrade
+    from stepq.models import Database
+    from stepq.models.errors import ConfigError
+    from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+    from stepq.workers.in_process import run_in_process
+    from stepq.workers.planning import configure_annotation
+    from stepq.workers.synthetic_set import synth_set
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    upgrade(url)
+    db = Database(url)
+    synth_set(db, "small", problems=6, seed=1, numbers="small")
+    with pytest.raises(ConfigError, match="same settings"):
+        synth_set(db, "small", problems=7, seed=1)
+    configure_annotation(db, "small", 2)
+    run_in_process(db, WorkerRuntime(db, WorkerOptions(name="t")))
+    with db.engine.connect() as conn:
+        questions = [q for (q,) in conn.execute(text("SELECT question FROM problems"))]
+        rollouts = conn.execute(text("SELECT count(*) FROM rollouts")).scalar_one()
+    assert len(questions) == 6 and rollouts > 0
+    for q in questions:
+        start = int(re.match(r"Start with (\d+)\.", q).group(1))  # type: ignore[union-attr]
+        assert 30 <= start <= 60 and "Multiply" not in q
+        assert all(1 <= int(x) <= 9 for x in re.findall(r"(?:Add|Subtract) (\d+)\.", q))

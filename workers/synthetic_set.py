@@ -13,7 +13,13 @@ from stepq.workers.backends import SamplingParams, generator_id
 from stepq.workers.backends.synthetic import SyntheticBackend
 from stepq.workers.seeds import derive_seed
 from stepq.workers.segmentation import segment
-from stepq.workers.synthetic_policy import PROMPT_TEMPLATE, ground_truth, make_problem
+from stepq.workers.synthetic_policy import (
+    DEFAULT_NUMBERS,
+    PROMPT_TEMPLATE,
+    SMALL_NUMBERS,
+    ground_truth,
+    make_problem,
+)
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,11 @@ def _describe(backend: str, seed: int, config: Mapping[str, Any]) -> str:
     return f"seed {seed} ({settings})"
 
 
+NUMBERS = {"default": DEFAULT_NUMBERS, "small": SMALL_NUMBERS}
+"""``small``: one-digit additions and subtractions from a two-digit start, so one digit of
+arithmetic checks a step (``synthetic_policy.SMALL_NUMBERS``)."""
+
+
 def synth_set(
     db: Database,
     set_name: str,
@@ -41,6 +52,7 @@ def synth_set(
     latency_s: float = 0.0,
     op_error_rates: dict[str, float] | None = None,
     slip_rate: float = 0.0,
+    numbers: str = "default",
 ) -> SynthReport:
     """Idempotent: the same arguments give the same rows; more problems add only the new."""
     config: dict[str, Any] = {"error_rate": error_rate, "recovery_rate": recovery_rate, "latency_s": latency_s}
@@ -48,6 +60,10 @@ def synth_set(
         config["op_error_rates"] = dict(op_error_rates)
     if slip_rate:
         config["slip_rate"] = slip_rate
+    if numbers != "default":  # the problems' numbers (the policy reads them from the text)
+        if numbers not in NUMBERS:
+            raise ConfigError(f"unknown numbers '{numbers}' (one of: {', '.join(NUMBERS)})")
+        config["numbers"] = numbers
     policy = SyntheticBackend.from_config(config).policy
     # The trajectories are drawn exactly as the backend draws rollouts, so they are
     # samples of the same distribution (the adaptive budget counts them as such).
@@ -55,15 +71,20 @@ def synth_set(
     new_p = new_t = 0
     with db.session() as s:
         pset = queries.ensure_set(s, set_name, backend="synthetic", backend_config=config, seed=seed)
+        stored = dict(pset.backend_config or {})
         if (pset.backend, pset.seed) != ("synthetic", seed) or (
-            pset.backend == "synthetic" and {k: pset.backend_config.get(k) for k in config} != config
+            pset.backend == "synthetic" and {k: stored.get(k) for k in {*config, *stored}} != config
         ):
             raise ConfigError(
                 f"set '{set_name}' exists with {_describe(pset.backend, pset.seed, pset.backend_config)}; "
                 f"'stepq synth' would add problems of {_describe('synthetic', seed, config)}: "
                 "use the same settings to grow it, or another --set"
             )
-        specs = [(f"synth-{seed}-{i}", make_problem(derive_seed("problem", seed, i))) for i in range(problems)]
+        drawn_from = NUMBERS[numbers]
+        specs = [
+            (f"synth-{seed}-{i}", make_problem(derive_seed("problem", seed, i), numbers=drawn_from))
+            for i in range(problems)
+        ]
         new_p = queries.insert_ignore(
             s,
             Problem,
