@@ -29,6 +29,7 @@ import argparse
 import itertools
 import json
 import random
+import shutil
 import statistics
 import tempfile
 import time
@@ -195,6 +196,7 @@ def base_judge(root: Path, train_rows: Sequence[dict[str, Any]], args: argparse.
         steps = policy.solve(problem, i)
         solutions.append((problem.question + "\n", "".join(s.text for s in steps)))
     loss = lm_train(base, solutions, args.pretrain_steps, 16, 1e-3, seed)
+    shutil.copytree(base, root / "backbone")  # the pretrained LM, before the format: the PRM's backbone
     # every prompt with both verdicts in the same batch: the base learns the format and that
     # either verdict is as likely, whatever the prompt (a random verdict, with no drift)
     verdicts = [(r["prompt"], f" \\boxed{{{v}}}") for r in train_rows for v in ("Positive", "Negative")]
@@ -266,6 +268,55 @@ def evaluate(
         "thresholded_processbench_f1_ci": bootstrap(pairs_t, processbench_f1, seed),
         "outputs": judge.stats.outputs,
         "no_verdict": judge.stats.no_verdict,
+    }
+
+
+def outcome_prm(
+    db: Any,
+    run_dir: Path,
+    files: tuple[Path, Path],
+    samples: Sequence[dict[str, Any]],
+    args: argparse.Namespace,
+    seed: int,
+) -> dict[str, Any]:
+    """The discriminative PRM on the same set, from its outcome labels alone (every trajectory
+    and rollout with an answer), on the same pretrained backbone, scored on the same held-out
+    file with a threshold chosen on the tuning file: the comparison StepWiser draws."""
+    from stepq.trainer.evaluation import processbench as pb
+    from stepq.trainer.evaluation.judge_spec import JudgeSpec, build_judge
+    from stepq.trainer.prm.train import set_outcomes, train_prm
+    from stepq.trainer.training.recipe import Recipe
+
+    examples = set_outcomes(db, "judge")
+    recipe = Recipe.parse(
+        f"""method: prm
+model: {run_dir / "backbone"}
+trainer:
+  aggregate: asymmetric
+  head: mlp
+  learning_rate: {args.prm_lr}
+  warmup_steps: {args.prm_steps // 10}
+  batch_size: 32
+  epochs: 1000
+  max_steps: {args.prm_steps}
+  save_steps: {args.prm_steps}
+  logging_steps: 100
+  seed: {seed}
+"""
+    )
+    started = time.perf_counter()
+    result = train_prm(db, examples, "outcomes:judge", recipe, run_dir / "prm")
+    built = build_judge(JudgeSpec(kind="prm", model=str(result.final_model)))
+    report = pb.evaluate([files[0]], built.judge, scoring=True, tune_file=files[1])
+    pairs = [(s["label"], report["predictions"][s["id"]]) for s in samples]
+    built.close()
+    return {
+        "examples": len(examples),
+        "steps": result.global_step,
+        "threshold": report["threshold"],
+        "processbench_f1": processbench_f1(pairs),
+        "processbench_f1_ci": bootstrap(pairs, processbench_f1, seed),
+        "train_s": round(time.perf_counter() - started),
     }
 
 
@@ -349,6 +400,7 @@ trainer:
     result = train_judge(db, snapshot, recipe, run_dir / "run", TrainOptions())
     train_s = time.perf_counter() - trained_at
     after = evaluate(result.final_model, records[VALIDATION], tune_rows, *files, samples, seed)
+    prm = outcome_prm(db, run_dir, files, samples, args, seed) if args.prm_steps else None
     return {
         "seed": seed,
         "rule": rule_name,
@@ -358,6 +410,7 @@ trainer:
         "random_guess_f1": random_guess_f1(samples, seed),
         "base": before,
         "trained": after,
+        "prm": prm,
         "grpo_steps": result.global_step,
         "train_s": round(train_s),
         "total_s": round(time.perf_counter() - started),
@@ -388,6 +441,12 @@ def show(r: dict[str, Any]) -> None:
         print(
             f"  {name:<8} {ci(m['thresholded_balanced_accuracy'], m['thresholded_balanced_accuracy_ci']):>32} "
             f"{ci(m['thresholded_processbench_f1'], m['thresholded_processbench_f1_ci']):>36}"
+        )
+    if r.get("prm"):
+        p = r["prm"]
+        print(
+            f"  outcome PRM ({p['examples']} solutions, {p['steps']} steps, {p['train_s']} s): ProcessBench F1 "
+            f"{ci(p['processbench_f1'], p['processbench_f1_ci'])} at threshold {p['threshold']:.3f} tuned elsewhere"
         )
     print(f"  chance: balanced accuracy 50.0, random first-error guess F1 {r['random_guess_f1']:.1f}")
 
@@ -429,11 +488,14 @@ def main() -> None:
     ap.add_argument("--prompts-per-step", type=int, default=16)
     ap.add_argument("--format-lr", type=float, default=1e-3)
     ap.add_argument("--lr", type=float, default=2e-4)
+    ap.add_argument("--prm-steps", type=int, default=1000, help="The outcome PRM's steps (0: no PRM).")
+    ap.add_argument("--prm-lr", type=float, default=1e-3)
     ap.add_argument("--quick", action="store_true", help="Tiny sizes: checks the chain runs, measures nothing.")
     ap.add_argument("--keep", type=Path, default=None, help="Keep the databases and models here.")
     args = ap.parse_args()
     if args.quick:
         args.problems, args.heldout, args.pretrain_steps, args.format_steps, args.steps = 60, 40, 60, 30, 6
+        args.prm_steps = 10
         args.pretrain_problems = 200
     seeds = [int(s) for s in args.seeds.split(",")]
     rules = [r.strip() for r in args.rules.split(",")]
