@@ -85,13 +85,15 @@ def record_turn(
     return True
 
 
-def renew_owner_searches(session: Session, owner: str, ttl: float) -> int:
-    """Extend every search lease a worker process holds: its heartbeat, so one turn longer than
-    the lease (w candidates, each pair judged twice by a model) does not lose the search."""
+def renew_owner_searches(session: Session, owner: str, ttl: float, ids: Sequence[int]) -> int:
+    """Extend the leases on the searches ``ids`` (those a task runs now) that this process
+    holds: its heartbeat, so one turn longer than the lease does not lose the search."""
+    if not ids:
+        return 0
     now = epoch()
     result = session.execute(
         update(StepSearch)
-        .where(StepSearch.lease_owner == owner, StepSearch.state == RUNNING)
+        .where(StepSearch.id.in_(list(ids)), StepSearch.lease_owner == owner, StepSearch.state == RUNNING)
         .values(lease_expires_at=now + ttl, updated_at=now)
         .execution_options(synchronize_session=False)
     )

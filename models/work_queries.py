@@ -209,12 +209,15 @@ def hand_back(session: Session, work_id: int, owner: str) -> bool:
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
-def renew_owner_leases(session: Session, owner: str, ttl: float) -> int:
-    """Extend every lease a worker process holds: its heartbeat, so one long ``generate``
-    call does not lose the work."""
+def renew_owner_leases(session: Session, owner: str, ttl: float, ids: Sequence[int]) -> int:
+    """Extend the leases on ``ids`` that this worker process holds: its heartbeat, so one long
+    ``generate`` call does not lose the work.  Only the items a task is working on now are
+    named, so an item whose task has ended for any reason is never kept alive."""
+    if not ids:
+        return 0
     result = session.execute(
         update(RolloutWork)
-        .where(RolloutWork.lease_owner == owner, RolloutWork.state == RUNNING)
+        .where(RolloutWork.id.in_(list(ids)), RolloutWork.lease_owner == owner, RolloutWork.state == RUNNING)
         .values(lease_expires_at=epoch() + ttl)
         .execution_options(synchronize_session=False)
     )

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+import pytest
 from sqlalchemy import select
 
 from stepq.models import ChunkLabel, Database, Rollout, RolloutWork, queries
@@ -222,3 +223,44 @@ def test_a_worker_with_another_generator_refuses_the_trajectory(any_db: Database
     with any_db.session() as s:
         generators = {g for (g,) in s.execute(select(Rollout.generator))}
     assert len(generators) == 1, "nothing was mixed in"
+
+
+def test_an_error_escaping_a_task_after_its_first_claim_leaves_nothing_running(any_db: Database) -> None:
+    """The second item's context cannot be loaded (a database error, say): the exception
+    escapes the task, and the first item, already claimed, is released with the error counted
+    (an attempt, a backoff), not left running with a lease the heartbeat renews for ever."""
+    first, second = _setup(any_db, problems=2)[:2]
+    rt = WorkerRuntime(any_db, WorkerOptions(name="w", lease_ttl_s=300))
+    original = queries.load_work_context
+    calls: list[int] = []
+
+    def flaky(session: object, trajectory_id: int) -> object:
+        calls.append(trajectory_id)
+        if len(calls) == 2:
+            raise RuntimeError("connection reset while loading the item")
+        return original(session, trajectory_id)  # type: ignore[arg-type]
+
+    queries.load_work_context = flaky  # type: ignore[assignment]
+    try:
+        with pytest.raises(RuntimeError, match="connection reset"):  # it escapes the task
+            run_work_items(rt, [first, second])
+    finally:
+        queries.load_work_context = original  # type: ignore[assignment]
+    item = _item(any_db, first)
+    assert item.state != "running" and item.attempts == 1 and "connection reset" in (item.last_error or "")
+    assert rt.heartbeat.beat() == 0, "no lease is renewed once no task holds the item"
+    rt.close()
+
+
+def test_the_heartbeat_renews_only_what_running_tasks_hold(any_db: Database) -> None:
+    """An item this process claimed but no task holds (a task that died) is not renewed."""
+    held, orphan = _setup(any_db, problems=2)[:2]
+    rt = WorkerRuntime(any_db, WorkerOptions(name="w", lease_ttl_s=300))
+    with any_db.session() as s:
+        assert queries.claim_work(s, held, rt.name, 300) is not None
+        assert queries.claim_work(s, orphan, rt.name, 300) is not None
+    assert rt.heartbeat.beat() == 0
+    with rt.holding([held]):
+        assert rt.heartbeat.beat() == 1
+    assert rt.heartbeat.beat() == 0
+    rt.close()

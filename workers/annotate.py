@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,6 +82,7 @@ class WorkerRuntime:
         # lease must never be mistaken for another process's.
         self.name = f"{self.label}@{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._held: set[int] = set()
+        self._held_searches: set[int] = set()
         self._held_lock = threading.Lock()
         self.engine_s = 0.0
         """Seconds spent inside generate calls (metrics: engine time per worker)."""
@@ -100,6 +101,7 @@ class WorkerRuntime:
             busy=lambda: len(self._held),
             backend=lambda: self._generator,
             totals=lambda: (self.engine_s, dict(self.grades)),
+            held=self.held_now,
         )
 
     def request_stop(self) -> None:
@@ -115,14 +117,22 @@ class WorkerRuntime:
         return len(self._held)
 
     @contextmanager
-    def holding(self, work_ids: list[int]) -> Iterator[None]:
+    def holding(self, work_ids: list[int], searches: Sequence[int] = ()) -> Iterator[None]:
+        """While the block runs the heartbeat renews these items' (and searches') leases; once
+        it ends, however it ends, nothing renews them."""
         with self._held_lock:
             self._held.update(work_ids)
+            self._held_searches.update(searches)
         try:
             yield
         finally:
             with self._held_lock:
                 self._held.difference_update(work_ids)
+                self._held_searches.difference_update(searches)
+
+    def held_now(self) -> tuple[list[int], list[int]]:
+        with self._held_lock:
+            return sorted(self._held), sorted(self._held_searches)
 
     def backend_for(self, pset: ProblemSet) -> GenerationBackend:
         """The set's policy (or the worker's own engine), kept warm across tasks."""
@@ -331,12 +341,31 @@ def run_work_items(rt: WorkerRuntime, work_ids: list[int]) -> dict[int, WorkOutc
     in its own transaction, with "done" in the last one.  A failure fails only the item it
     belongs to.  While this runs, the runtime's heartbeat keeps the leases alive.
     """
-    with rt.holding(work_ids), bind(worker=rt.name, item=work_ids[0] if len(work_ids) == 1 else work_ids):
-        return _run(rt, work_ids)
-
-
-def _run(rt: WorkerRuntime, work_ids: list[int]) -> dict[int, WorkOutcome]:
     outcomes: dict[int, WorkOutcome] = {}
+    claimed: list[int] = []
+    with rt.holding(work_ids), bind(worker=rt.name, item=work_ids[0] if len(work_ids) == 1 else work_ids):
+        try:
+            return _run(rt, work_ids, outcomes, claimed)
+        except BaseException as exc:
+            # whatever escaped (a database error loading the next item, a bug, SystemExit):
+            # what this task claimed and did not finish goes back, with the error counted
+            _release_unfinished(rt, [w for w in claimed if w not in outcomes], exc)
+            raise
+
+
+def _release_unfinished(rt: WorkerRuntime, work_ids: list[int], exc: BaseException) -> None:
+    """Fail-or-retry each item (an attempt counted, backoff) so a deterministic error cannot
+    loop; if even that cannot be written, the lease, no longer renewed, expires on its own."""
+    for work_id in work_ids:
+        try:
+            _fail(rt, work_id, exc if isinstance(exc, Exception) else RuntimeError(type(exc).__name__))
+        except Exception as err:
+            log.warning("could not release work item %s (%s); its lease will expire", work_id, err)
+
+
+def _run(
+    rt: WorkerRuntime, work_ids: list[int], outcomes: dict[int, WorkOutcome], claimed: list[int]
+) -> dict[int, WorkOutcome]:
     jobs: list[TrajectoryJob] = []
     for work_id in work_ids:
         if rt.stopping.is_set():  # not claimed: the dispatcher publishes it again
@@ -344,6 +373,8 @@ def _run(rt: WorkerRuntime, work_ids: list[int]) -> dict[int, WorkOutcome]:
             continue
         with rt.db.session() as s:
             trajectory_id = queries.claim_work(s, work_id, rt.name, rt.options.lease_ttl_s)
+            if trajectory_id is not None:
+                claimed.append(work_id)
             ctx = queries.load_work_context(s, trajectory_id) if trajectory_id is not None else None
         if ctx is None:
             outcomes[work_id] = WorkOutcome("skipped")

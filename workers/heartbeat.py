@@ -23,7 +23,8 @@ log = logging.getLogger("stepq.worker")
 
 
 class Heartbeat:
-    """Beats every ``interval_s`` until stopped; each beat renews the process's leases."""
+    """Beats every ``interval_s`` until stopped; each beat renews the leases of the work the
+    process's running tasks hold now (``held``: work item ids, search ids), nothing else."""
 
     def __init__(
         self,
@@ -36,10 +37,11 @@ class Heartbeat:
         busy: Callable[[], int],
         backend: Callable[[], str],
         totals: Callable[[], tuple[float, dict[str, int]]] = lambda: (0.0, {}),
+        held: Callable[[], tuple[list[int], list[int]]] = lambda: ([], []),
     ) -> None:
         self.db, self.name, self.label = db, name, label
         self.interval_s, self.lease_ttl_s = interval_s, lease_ttl_s
-        self.busy, self.backend, self.totals = busy, backend, totals
+        self.busy, self.backend, self.totals, self.held = busy, backend, totals, held
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.beats = 0
@@ -48,8 +50,9 @@ class Heartbeat:
         """One beat; returns how many leases it renewed."""
         engine_s, grades = self.totals()
         with self.db.session() as s:
-            renewed = queries.renew_owner_leases(s, self.name, self.lease_ttl_s)
-            renewed += search_queries.renew_owner_searches(s, self.name, self.lease_ttl_s)
+            items, searches = self.held()
+            renewed = queries.renew_owner_leases(s, self.name, self.lease_ttl_s, items)
+            renewed += search_queries.renew_owner_searches(s, self.name, self.lease_ttl_s, searches)
             queries.heartbeat(
                 s,
                 self.name,

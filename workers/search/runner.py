@@ -47,6 +47,13 @@ def run_searches(rt: WorkerRuntime, ids: Sequence[int]) -> dict[int, str]:
 
 
 def run_search(rt: WorkerRuntime, search_id: int) -> str:
+    """Run one search to its end under its lease; the heartbeat renews the lease only while
+    this runs (a search whose task died for any reason expires and is taken over)."""
+    with rt.holding([], [search_id]):
+        return _run_search(rt, search_id)
+
+
+def _run_search(rt: WorkerRuntime, search_id: int) -> str:
     ttl = rt.options.lease_ttl_s
     with rt.db.session() as s:
         search = sq.claim_search(s, search_id, rt.name, ttl)
@@ -80,8 +87,10 @@ def run_search(rt: WorkerRuntime, search_id: int) -> str:
             prefix, finished = replay(turns)
             turn_no += 1
         return "done"
-    except (GenerationError, ConfigError) as exc:
-        permanent = isinstance(exc, ConfigError) or exc.permanent
+    except Exception as exc:  # an attempt counted, retried with backoff unless permanent
+        permanent = isinstance(exc, ConfigError) or (isinstance(exc, GenerationError) and exc.permanent)
+        log.error("step search %s failed (%s): %s: %s", search_id, "permanent" if permanent else "will retry",
+                  type(exc).__name__, exc)
         with rt.db.session() as s:
             sq.release_search(
                 s,
