@@ -146,6 +146,12 @@ def recover_searches(session: Session, now: float, lost_before: float | None, ma
     return int(reset or 0)
 
 
+def queued_search_count(session: Session) -> int:
+    """Searches marked queued: each one a broker message (waiting, or reserved by a worker
+    that has not claimed it yet), counted against the broker's one bound."""
+    return int(session.scalar(select(func.count()).select_from(StepSearch).where(StepSearch.state == QUEUED)) or 0)
+
+
 def queue_pending_searches(session: Session, limit: int) -> list[int]:
     """Mark up to ``limit`` pending searches queued (their ids are then published)."""
     ids = list(

@@ -303,3 +303,34 @@ def test_a_search_defaults_to_the_methods_settings() -> None:
     shown = CliRunner().invoke(main, ["search", "start", "--help"]).output
     assert "--max-turns INTEGER RANGE" in shown and "[default: 20;" in " ".join(shown.split())
     assert "[default: each-verdict]" in " ".join(shown.split())
+
+
+def test_searches_share_the_brokers_bound_with_rollout_work(sqlite: Database) -> None:
+    """300 pending searches and no worker: one cycle publishes no more than the bound (2
+    messages per live worker, at least 2), and queued rollout work counts against it too.
+    A message queued long ago is found lost even while the queue holds other messages."""
+    from stepq.workers.dispatcher import Dispatcher, DispatchOptions
+    from stepq.workers.search.plan import SearchPlan, start_search
+    from stepq.workers.synthetic_set import synth_set
+
+    synth_set(sqlite, "b", problems=300, seed=1)
+    assert start_search(sqlite, SearchPlan("b", "n")) == 300
+    searches: list[int] = []
+    items: list[int] = []
+    options = DispatchOptions(messages_per_worker=2, min_messages=2, requeue_after_s=60.0)
+    dispatcher = Dispatcher(
+        sqlite, items.extend, options=options, queue_depth=lambda: 3, publish_searches=searches.extend
+    )
+    dispatcher.cycle()
+    assert len(searches) == 2, "the bound: 2 messages with no live worker"
+    dispatcher.cycle()
+    assert len(searches) == 2, "nothing more while those two are queued"
+    with sqlite.engine.begin() as conn:  # published long ago, never delivered: lost
+        conn.execute(text("UPDATE step_searches SET enqueued_at = enqueued_at - 3600 WHERE state = 'queued'"))
+    dispatcher.cycle()
+    assert len(searches) == 4 and sorted(searches[2:]) == sorted(searches[:2]), "republished, queue not empty"
+    from stepq.workers.planning import configure_annotation
+
+    configure_annotation(sqlite, "b", 2)  # 300 rollout items pending now, the bound already full
+    dispatcher.cycle()
+    assert items == [], "queued searches count against the one bound"

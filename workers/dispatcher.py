@@ -9,9 +9,9 @@ The broker stays bounded: the dispatcher keeps only as many items queued as the 
 workers (from their heartbeats) can take soon, a few messages each, and tops the queue up
 as it drains; a multi-day backlog waits in the database, not in Redis.  A queued item is
 published again only when its message cannot still be waiting: the broker says its queue
-is empty (a flushed Redis, a lost message) and the item was queued a grace period ago.
-When the broker cannot say how deep its queue is, an item queued ``requeue_after_s`` ago is
-presumed lost.
+is empty (a flushed Redis, a lost message) and the item was queued a grace period ago, or,
+whatever the queue holds (searches are long tasks), once it was queued ``requeue_after_s``
+ago.  Rollout items and step searches share that one bound.
 
 An outage is weathered, not fatal: a running dispatcher that cannot reach the broker or the
 database logs it, waits (doubling up to ``outage_backoff_max_s``) and tries again, keeping
@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from stepq.models import Database, epoch, queries
 from stepq.models import search_queries as sq
@@ -102,12 +103,9 @@ class Dispatcher:
                 queries.record_progress(s, now)
                 self._sampled_at = now
         depth = self.queue_depth()
-        requeued = 0
-        if depth is None or depth == 0:  # depth > 0: every queued message may still be waiting
-            cutoff = now - (o.lost_grace_s if depth == 0 else o.requeue_after_s)
-            with self.db.session() as s:
-                requeued = queries.requeue_stale(s, cutoff)
-                queries.count_event(s, "messages_lost", requeued)
+        with self.db.session() as s:
+            requeued = queries.requeue_stale(s, self.lost_before(now, depth))
+            queries.count_event(s, "messages_lost", requeued)
         bound = self.bound()
         published = 0
         while True:
@@ -115,7 +113,7 @@ class Dispatcher:
                 log.warning("dispatcher lock lost mid-cycle; stopping this cycle")
                 break
             with self.db.session() as s:
-                room = o.batch if bound is None else self.room(bound - queries.queued_count(s))
+                room = o.batch if bound is None else self.room(bound - self.queued_items(s))
                 ids = queries.pending_work_ids(s, room) if room > 0 else []
                 claimed = queries.mark_queued(s, ids, epoch())
             if not claimed:
@@ -136,15 +134,30 @@ class Dispatcher:
             log.info("dispatch: %s", report)
         return report
 
+    def lost_before(self, now: float, depth: int | None) -> float:
+        """Queued before this, a message is presumed lost: a grace period when the broker says
+        its queue is empty; else ``requeue_after_s``, long enough that a bounded queue has
+        surely delivered it (so lost messages are found even while other work waits in the
+        queue).  A message that was only slow is harmless: the claim lets one worker in."""
+        o = self.options
+        return now - (o.lost_grace_s if depth == 0 else o.requeue_after_s)
+
+    def queued_items(self, session: Any) -> int:
+        """Work items queued, in item units, counting queued searches too (one message each,
+        worth ``items_per_message`` items): one bound for every kind of queue work."""
+        searches = sq.queued_search_count(session) if self.publish_searches is not None else 0
+        return queries.queued_count(session) + searches * self.options.items_per_message
+
     def search_cycle(self, now: float, depth: int | None) -> int:
         """Step searches: recover those whose worker died or whose message is gone, and
-        publish the pending ones (one long task each: one per search name and problem)."""
+        publish the pending ones within the broker's bound (one long task each)."""
         o = self.options
         assert self.publish_searches is not None
-        lost_before = None if depth else now - (o.lost_grace_s if depth == 0 else o.requeue_after_s)
+        bound = self.bound()
         with self.db.session() as s:
-            sq.recover_searches(s, now, lost_before, o.max_attempts)
-            ids = sq.queue_pending_searches(s, o.batch)
+            sq.recover_searches(s, now, self.lost_before(now, depth), o.max_attempts)
+            free = o.batch if bound is None else (bound - self.queued_items(s)) // o.items_per_message
+            ids = sq.queue_pending_searches(s, min(o.batch, free)) if free > 0 else []
         if ids:
             try:
                 self.publish_searches(ids)
