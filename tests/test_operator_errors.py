@@ -270,3 +270,16 @@ def test_a_run_that_ends_with_failed_items_exits_non_zero(tmp_path: Path) -> Non
     ran = run_stepq("run", "--set", "demo", "--rollouts", "3", env=env, cwd=tmp_path, timeout=300)
     assert ran.returncode == 7, (ran.stdout, ran.stderr)
     assert "work items of set 'demo' failed" in ran.stderr and "stepq retry --set demo" in ran.stderr
+
+
+def test_a_worker_refuses_to_start_without_a_working_math_verify(tmp_path: Path) -> None:
+    """A broken math-verify would grade every answer only it can check as wrong, silently: the
+    worker's start-up self-test refuses (exit 2) before any work is taken."""
+    broken = tmp_path / "broken"
+    (broken / "math_verify").mkdir(parents=True)
+    (broken / "math_verify" / "__init__.py").write_text("raise ImportError('a broken install')\n")
+    assert _stepq(tmp_path, "db", "upgrade").returncode == 0
+    env = {"PYTHONPATH": str(broken), "STEPQ_BROKER_URL": "redis://127.0.0.1:1/0", "STEPQ_BROKER_WAIT_S": "1"}
+    proc = _stepq(tmp_path, "worker", env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "math-verify does not grade here" in proc.stderr

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from stepq.models.errors import ConfigError
 from stepq.workers.verify_process import VerifyProcesses
 
 _SPACES = re.compile(r"\s+")
@@ -84,6 +85,18 @@ class Grader:
     def close(self) -> None:
         """Stop the verify child processes (started on first use)."""
         self._children.close()
+
+    def self_test(self) -> None:
+        """Grade two answers only math-verify can (an equivalent fraction, a wrong one): a
+        broken math-verify install would grade every such answer as a timeout or an error,
+        i.e. wrong, and quietly turn right rollouts into negatives.  Raises ConfigError."""
+        right = self.grade("so the answer is \\boxed{\\frac{1}{2}}", "0.5")
+        wrong = self.grade("so the answer is \\boxed{\\frac{1}{3}}", "0.5")
+        if (right.reward, right.method, wrong.reward, wrong.method) != (1, "verify", 0, "verify"):
+            raise ConfigError(
+                f"math-verify does not grade here (1/2 vs 0.5 graded {right.method}, 1/3 vs 0.5 graded "
+                f"{wrong.method}): check its install (pip install 'math-verify[antlr4_13_2]')"
+            )
 
     def grade(self, completion: str, reference: str) -> Grade:
         boxed = extract_boxed(completion)

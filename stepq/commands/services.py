@@ -92,6 +92,11 @@ def worker(
     open_db(settings).dispose()
     if backend:
         check_config(backend, backend_config(model, base_url, backend_options))
+    grader = Grader(timeout_s=max(settings.grade_timeout_s, 10))  # a cold sympy import takes seconds
+    try:
+        grader.self_test()  # refuse to run (exit 2) rather than grade every hard answer as wrong
+    finally:
+        grader.close()
     wait_for_broker(settings.broker_url, settings.broker_wait_s)
     config = backend_config(
         model,
