@@ -361,19 +361,31 @@ def failed_items(session: Session, set_id: int) -> tuple[int, str | None]:
 
 def work_troubles(session: Session) -> dict[int, dict[str, Any]]:
     """set id -> failed items, items backing off after a transient error, and the latest
-    error; reads only failed and backing-off items (indexes on state and retry_at)."""
+    error.  Counted in the database (one row per set and state) and one error read per set,
+    so a status or metrics scrape costs the same with ten failed items or a million."""
     out: dict[int, dict[str, Any]] = {}
     troubled = or_(RolloutWork.state == FAILED, RolloutWork.retry_at.is_not(None))
-    rows = session.execute(
-        select(Problem.problem_set_id, RolloutWork.id, RolloutWork.state, RolloutWork.last_error)
-        .join(Trajectory, Trajectory.id == RolloutWork.trajectory_id)
-        .join(Problem, Problem.id == Trajectory.problem_id)
-        .where(troubled)
-        .order_by(RolloutWork.id)
+
+    def joined(*columns: Any) -> Any:
+        return (
+            select(*columns)
+            .join(Trajectory, Trajectory.id == RolloutWork.trajectory_id)
+            .join(Problem, Problem.id == Trajectory.problem_id)
+            .where(troubled)
+        )
+
+    failed = RolloutWork.state == FAILED
+    counts = session.execute(
+        joined(Problem.problem_set_id, failed, func.count()).group_by(Problem.problem_set_id, failed)
     )
-    for sid, _, state, error in rows:
+    for sid, is_failed, n in counts:
         entry = out.setdefault(sid, {"failed": 0, "retrying": 0, "last_error": None})
-        entry["failed" if state == FAILED else "retrying"] += 1
-        if error:
-            entry["last_error"] = error
+        entry["failed" if is_failed else "retrying"] += int(n)
+    for sid in out:
+        out[sid]["last_error"] = session.scalar(
+            joined(RolloutWork.last_error)
+            .where(Problem.problem_set_id == sid, RolloutWork.last_error.is_not(None))
+            .order_by(RolloutWork.id.desc())
+            .limit(1)
+        )
     return out
