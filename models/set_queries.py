@@ -266,8 +266,22 @@ def unannotated_trajectories(session: Session, set_id: int) -> tuple[list[tuple[
     return todo, int(annotated or 0)
 
 
-def replace_chunks(session: Session, trajectory_id: int, chunks: Sequence[str], method: str) -> None:
-    """Cut a trajectory anew (only safe while it has no rollouts)."""
+def replace_chunks(session: Session, trajectory_id: int, chunks: Sequence[str], method: str) -> bool:
+    """Cut a trajectory anew, if it is still unannotated: checked here, in the transaction that
+    replaces the chunks (the trajectory row locked), not minutes earlier before slow segmenter
+    calls, so a set planned for annotation meanwhile keeps the chunks its work was planned on.
+    Returns whether it was cut."""
+    session.execute(select(Trajectory.id).where(Trajectory.id == trajectory_id).with_for_update())
+    annotated = session.scalar(
+        select(
+            or_(
+                select(RolloutWork.id).where(RolloutWork.trajectory_id == trajectory_id).exists(),
+                select(Rollout.id).where(Rollout.trajectory_id == trajectory_id).exists(),
+            )
+        )
+    )
+    if annotated:
+        return False
     session.execute(delete(Chunk).where(Chunk.trajectory_id == trajectory_id))
     session.execute(
         update(Trajectory).where(Trajectory.id == trajectory_id).values(n_chunks=len(chunks), segmentation=method)
@@ -277,6 +291,7 @@ def replace_chunks(session: Session, trajectory_id: int, chunks: Sequence[str], 
         Chunk,
         [{"trajectory_id": trajectory_id, "idx": i + 1, "text": c, "ground_truth": None} for i, c in enumerate(chunks)],
     )
+    return True
 
 
 def labels_with_truth(session: Session, set_id: int, rule: str) -> list[tuple[bool, bool]]:

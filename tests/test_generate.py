@@ -222,3 +222,25 @@ def test_resegment_leaves_a_trajectory_annotated_without_rollouts(sqlite: Databa
     assert (report.resegmented, report.skipped_annotated) == (0, 12)
     with sqlite.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM chunk_labels")).scalar_one() == labels_before
+
+
+def test_a_set_planned_while_the_segmenter_runs_keeps_its_chunks(any_db: Database) -> None:
+    """The eligibility check sits in the transaction that replaces the chunks: a set planned
+    for annotation while the (slow) segmenting model ran is left as its work was planned."""
+    from stepq.workers.generate import resegment_set
+    from stepq.workers.planning import configure_annotation
+    from stepq.workers.synthetic_set import synth_set
+
+    synth_set(any_db, "race", problems=4, seed=3)
+
+    class PlansMidway(StandInSegmenter):
+        """Annotation is planned while this segmenter is still answering."""
+
+        def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
+            configure_annotation(any_db, "race", 2)
+            return super().generate(requests, params)
+
+    report = resegment_set(any_db, "race", "llm", segmenter=PlansMidway())
+    assert (report.resegmented, report.skipped_annotated) == (0, 4)
+    with any_db.session() as s:
+        assert {t.segmentation for t in s.scalars(select(Trajectory))} == {"step-markers"}

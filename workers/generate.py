@@ -152,11 +152,15 @@ def resegment_set(
     with db.session() as s:
         todo, skipped = queries.unannotated_trajectories(s, queries.get_set(s, set_name).id)
     methods: dict[str, int] = {}
+    cut = 0
     for start in range(0, len(todo), batch):
         part = todo[start : start + batch]
         segs = _segment([t for _, t in part], method, segmenter)
         with db.session() as s:
             for (tid, _), seg in zip(part, segs, strict=True):
-                queries.replace_chunks(s, tid, seg.chunks, seg.method)
+                if not queries.replace_chunks(s, tid, seg.chunks, seg.method):
+                    skipped += 1  # planned for annotation while the segmenter ran
+                    continue
+                cut += 1
                 methods[seg.method] = methods.get(seg.method, 0) + 1
-    return ResegmentReport(len(todo), skipped, methods)
+    return ResegmentReport(cut, skipped, methods)
