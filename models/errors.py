@@ -1,7 +1,7 @@
 """The one exception tree for errors a user should see as a message, not a traceback.
 
-It lives in the lowest layer because every layer raises these; ``stepq.errors``
-re-exports it for the CLI, which turns each into a one-line message and an exit code.
+It lives in the lowest layer because every layer raises these, and only here; the CLI
+(``stepq.commands.base.friendly``) turns each into a one-line message and an exit code.
 """
 
 from __future__ import annotations
