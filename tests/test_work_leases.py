@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from sqlalchemy import update
 
 from stepq.models import Database, RolloutWork, queries
-from stepq.workers.annotate import WorkerOptions, WorkerRuntime, first_batch, run_work_item
+from stepq.workers.annotate import WorkerOptions, WorkerRuntime, next_batch, run_work_item
 from stepq.workers.dispatcher import Dispatcher, DispatchOptions
 from stepq.workers.synthetic_set import synth_set
 
@@ -24,9 +24,9 @@ def _setup(db: Database, problems: int = 3, m: int = 2) -> None:
 
 def test_first_batch_takes_whole_prefixes_in_order() -> None:
     requests = {2: list(range(7)), 0: [0, 1, 2], 1: [0, 1, 2]}
-    assert first_batch(requests, 4) == [(0, [0, 1, 2]), (1, [0])]
-    assert first_batch(requests, 100) == [(0, [0, 1, 2]), (1, [0, 1, 2]), (2, list(range(7)))]
-    assert first_batch({}, 8) == []
+    assert next_batch(requests, 4) == [(0, [0, 1, 2]), (1, [0])]
+    assert next_batch(requests, 100) == [(0, [0, 1, 2]), (1, [0, 1, 2]), (2, list(range(7)))]
+    assert next_batch({}, 8) == []
 
 
 def test_claim_is_exclusive_until_the_lease_expires(any_db: Database) -> None:

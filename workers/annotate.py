@@ -164,7 +164,7 @@ class WorkOutcome:
     status: str  # done | skipped | lost | failed | retry | handed-back
 
 
-def first_batch(requests: dict[int, list[int]], size: int) -> list[tuple[int, list[int]]]:
+def next_batch(requests: dict[int, list[int]], size: int) -> list[tuple[int, list[int]]]:
     """The next generate call: whole prefixes in order, about ``size`` rollouts, so the
     engine's prefix cache serves each prefix's M samples together."""
     batch: list[tuple[int, list[int]]] = []
@@ -215,7 +215,7 @@ class TrajectoryJob:
 
     def next_requests(self) -> list[GenerationRequest]:
         """The next batch: the whole round when it fits, so a crash never splits one."""
-        self.batch = first_batch(self.decision.requests, self.rt.options.batch_rollouts)
+        self.batch = next_batch(self.decision.requests, self.rt.options.batch_rollouts)
         if not self.batch and not self.decision.done:
             raise RuntimeError(f"budget policy {self.policy.spec} asked for nothing new yet is not done")
         pset, problem, traj = self.ctx.problem_set, self.ctx.problem, self.ctx.trajectory
