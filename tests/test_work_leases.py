@@ -22,7 +22,7 @@ def _setup(db: Database, problems: int = 3, m: int = 2) -> None:
         queries.plan_work(s, pset.id)
 
 
-def test_first_batch_takes_whole_prefixes_in_order() -> None:
+def test_next_batch_takes_whole_prefixes_in_order() -> None:
     requests = {2: list(range(7)), 0: [0, 1, 2], 1: [0, 1, 2]}
     assert next_batch(requests, 4) == [(0, [0, 1, 2]), (1, [0])]
     assert next_batch(requests, 100) == [(0, [0, 1, 2]), (1, [0, 1, 2]), (2, list(range(7)))]
