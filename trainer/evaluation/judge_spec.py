@@ -50,7 +50,7 @@ class BuiltJudge:
     @property
     def scoring(self) -> bool:
         """Scores every step (thresholds apply) rather than accepting or rejecting it."""
-        return hasattr(self.judge, "score_solutions")
+        return judges.is_scoring(self.judge)
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"judge": getattr(self.judge, "name", "?")}

@@ -16,7 +16,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from stepq.trainer.judge.prompt import NEGATIVE, POSITIVE, JudgePrompt, parse_verdict
 from stepq.workers.backends.base import Completion, GenerationBackend, GenerationRequest, SamplingParams
@@ -35,9 +35,24 @@ class StepItem:
 
 
 class StepJudge(Protocol):
+    """Any judge: a verdict per step (True right, False wrong, None no verdict)."""
+
     name: str
 
     def judge(self, items: Sequence[StepItem]) -> list[bool | None]: ...
+
+
+@runtime_checkable
+class ScoringJudge(StepJudge, Protocol):
+    """A judge that also scores every step of whole solutions (a PRM's probabilities, a
+    generative judge's P(Positive)): what thresholds, ProcessBench scoring and Best-of-N
+    aggregation read."""
+
+    def score_solutions(self, solutions: Sequence[tuple[str, Sequence[str]]]) -> list[list[float | None]]: ...
+
+
+def is_scoring(judge: StepJudge) -> bool:
+    return isinstance(judge, ScoringJudge)
 
 
 @dataclass

@@ -12,7 +12,7 @@ from stepq.models.errors import ConfigError
 from stepq.models.snapshots import VALIDATION
 from stepq.trainer.evaluation.best_of_n import BestOfNRow, Candidate, best_of_n
 from stepq.trainer.evaluation.chunk_reset import PolicyProblem, chunk_reset
-from stepq.trainer.evaluation.judges import AcceptAll, StepItem, StepJudge, judge_stats
+from stepq.trainer.evaluation.judges import AcceptAll, ScoringJudge, StepItem, StepJudge, judge_stats
 from stepq.trainer.snapshots.export import snapshot_records
 from stepq.workers.backends import SamplingParams, make_backend
 
@@ -61,7 +61,7 @@ def set_best_of_n(db: Database, name: str, judge: StepJudge, ns: Sequence[int], 
     # every step of every trajectory goes to the judge in one call: one engine batch, not one
     # call per trajectory
     flat: list[list[float]]
-    if hasattr(judge, "score_solutions"):
+    if isinstance(judge, ScoringJudge):
         rows = judge.score_solutions([(t["question"], t["chunks"]) for t in trajs])
         flat = [[0.0 if x is None else float(x) for x in row] for row in rows]
     else:
