@@ -54,10 +54,8 @@ class Settings:
     visibility_timeout_s: int = 12 * 3600
     """Redis visibility timeout; must exceed the lease TTL."""
     requeue_after_s: float = 900.0
-    """A queued item (or search) this old is presumed lost and published again even while the
-    broker's queue holds other messages (the queue is bounded, so it would have been
-    delivered), and whenever the queue depth cannot be read; a slow message is harmless, the
-    claim lets one worker in."""
+    """Only for a broker whose queue depth cannot be read (not Redis): a queued item or search
+    this old is presumed lost."""
     lost_grace_s: float = 10.0
     """A queued item is published again when the broker queue is empty and it was queued
     this long ago (its message is surely lost)."""

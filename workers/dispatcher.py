@@ -9,9 +9,9 @@ The broker stays bounded: the dispatcher keeps only as many items queued as the 
 workers (from their heartbeats) can take soon, a few messages each, and tops the queue up
 as it drains; a multi-day backlog waits in the database, not in Redis.  A queued item is
 published again only when its message cannot still be waiting: the broker says its queue
-is empty (a flushed Redis, a lost message) and the item was queued a grace period ago, or,
-whatever the queue holds (searches are long tasks), once it was queued ``requeue_after_s``
-ago.  Rollout items and step searches share that one bound.
+is empty (a flushed Redis, a lost message) and the item was queued a grace period ago.
+When the broker cannot say how deep its queue is, an item queued ``requeue_after_s`` ago is
+presumed lost.  Rollout items and step searches share that one bound.
 
 An outage is weathered, not fatal: a running dispatcher that cannot reach the broker or the
 database logs it, waits (doubling up to ``outage_backoff_max_s``) and tries again, keeping
@@ -103,9 +103,12 @@ class Dispatcher:
                 queries.record_progress(s, now)
                 self._sampled_at = now
         depth = self.queue_depth()
-        with self.db.session() as s:
-            requeued = queries.requeue_stale(s, self.lost_before(now, depth))
-            queries.count_event(s, "messages_lost", requeued)
+        requeued = 0
+        lost_before = self.lost_before(now, depth)
+        if lost_before is not None:
+            with self.db.session() as s:
+                requeued = queries.requeue_stale(s, lost_before)
+                queries.count_event(s, "messages_lost", requeued)
         bound = self.bound()
         published = 0
         while True:
@@ -134,12 +137,14 @@ class Dispatcher:
             log.info("dispatch: %s", report)
         return report
 
-    def lost_before(self, now: float, depth: int | None) -> float:
+    def lost_before(self, now: float, depth: int | None) -> float | None:
         """Queued before this, a message is presumed lost: a grace period when the broker says
-        its queue is empty; else ``requeue_after_s``, long enough that a bounded queue has
-        surely delivered it (so lost messages are found even while other work waits in the
-        queue).  A message that was only slow is harmless: the claim lets one worker in."""
+        its queue is empty, ``requeue_after_s`` when it cannot say; None while the queue holds
+        messages (any queued one may still be waiting: republishing it would break the bound
+        and publish twice)."""
         o = self.options
+        if depth is not None and depth > 0:
+            return None
         return now - (o.lost_grace_s if depth == 0 else o.requeue_after_s)
 
     def queued_items(self, session: Any) -> int:
