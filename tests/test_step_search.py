@@ -338,3 +338,27 @@ def test_searches_share_the_brokers_bound_with_rollout_work(sqlite: Database) ->
     configure_annotation(sqlite, "b", 2)  # 300 rollout items pending now, the bound already full
     dispatcher.cycle()
     assert items == [], "queued searches count against the one bound"
+
+
+def test_a_search_on_problems_its_set_cannot_continue_is_refused_at_start(tmp_path: Path) -> None:
+    """Ingested problems whose set still samples with the synthetic policy: refused when the
+    search is started (exit 2), not as an internal error once it runs."""
+    env = _env(f"sqlite:///{tmp_path / 's.db'}")
+    problems = tmp_path / "p.jsonl"
+    problems.write_text('{"question": "What is 2 + 2?", "answer": "4"}\n')
+    assert _stepq(env, tmp_path, "ingest", str(problems), "--set", "g").returncode == 0
+    started = _stepq(
+        env,
+        tmp_path,
+        "search",
+        "start",
+        "--set",
+        "g",
+        "--name",
+        "n",
+        "--judge-backend",
+        "hf",
+        "--judge-model",
+        str(tmp_path),
+    )
+    assert started.returncode == 2 and "synthetic backend cannot continue" in started.stderr, started.stderr

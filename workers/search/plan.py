@@ -13,6 +13,7 @@ from stepq.models import Database, epoch, queries
 from stepq.models import search_queries as sq
 from stepq.models.errors import ConfigError
 from stepq.workers.annotate import WorkerRuntime
+from stepq.workers.planning import require_synthetic_problems
 from stepq.workers.prompts import load_template, render
 from stepq.workers.search.pairwise import EACH_VERDICT, SCORINGS
 from stepq.workers.search.runner import ORACLE, run_search
@@ -49,6 +50,8 @@ def start_search(db: Database, plan: SearchPlan) -> int:
         template = load_template(plan.template or ("synthetic" if pset.backend == "synthetic" else "step"))
         if plan.judge_backend == ORACLE and pset.backend != "synthetic":
             raise ConfigError("the synthetic-oracle judge only knows the synthetic policy's problems")
+        if plan.policy_model is None:  # the set's own policy must be able to continue its problems
+            require_synthetic_problems(s, pset.id, pset.backend, plan.set_name)
         if plan.policy_model is not None and pset.backend not in MODEL_BACKENDS:
             raise ConfigError(f"set '{plan.set_name}' samples with the {pset.backend} backend, which loads no model")
         rows = [
