@@ -4,7 +4,8 @@ Per seed and label rule:
 1. a synthetic set with recovery and steps of different difficulty (per-operation error
    rates), annotated through the real task code (Monte Carlo labels, not the truth), and a
    balanced snapshot split by problem;
-2. the base judge: a tiny character-level LM pretrained on synthetic solutions, then taught
+2. the base judge: a tiny character-level Llama (rotary positions: TRL's left-padded GRPO
+   batches shift a GPT-2's learned positions) pretrained on synthetic solutions, then taught
    only the verdict format with **random** verdicts (so it knows how to answer, not what);
 3. ``train_judge`` (what ``stepq train`` runs) with the shipped GRPO objective (verdict-match
    reward, clip-higher 0.2/0.28, no KL, loss_type grpo), model size and lengths scaled down;
@@ -13,11 +14,15 @@ Per seed and label rule:
    official ProcessBench F1 on a held-out synthetic ProcessBench file written here (problems
    never trained on; first-error labels from the synthetic policy's step truth), each with a
    95% bootstrap interval over problems, against chance (50%; a uniformly random first-error
-   guess).
+   guess);
+5. the outcome-supervised discriminative PRM on the same set's outcome labels, same backbone,
+   same held-out file.
 
-    OMP_NUM_THREADS=2 python -m bench.bench_judge_grpo                   # seeds 0,1,2, Abs-Q
+    OMP_NUM_THREADS=1 python -m bench.bench_judge_grpo                   # seeds 0,1,2, Abs-Q
     python -m bench.bench_judge_grpo --rules abs-q,rel-ratio,rel-effective --seeds 0
-    python -m bench.bench_judge_grpo --quick                             # a 2-minute smoke run
+    python -m bench.bench_judge_grpo --quick                             # a one-minute smoke run
+
+docs/benchmarks/judge_grpo.md holds the figures.
 
 Prints a table per run and one JSON object on its last line.  Keeps nothing unless
 ``--keep DIR`` is given.
