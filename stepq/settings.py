@@ -72,6 +72,10 @@ class Settings:
     """Python logging level."""
     log_format: str = "text"
     """text, or json: one JSON object per line with worker, set and item."""
+    generate_timeout_s: float = 1800.0
+    """A worker's generate call (or search turn) still running after this long is presumed hung
+    (an engine or server that stopped answering): the worker hands its work back and exits
+    with code 69 for its supervisor to restart it.  0 turns the deadline off."""
     trainer_lease_ttl_s: float = 120.0
     """A trainer's claim on a training run (and a trainer service's on its lineage) lasts this
     long without a step; a killed trainer's run is taken over after it."""
@@ -128,6 +132,8 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{PREFIX}{name.upper()} must be positive")
+        if self.generate_timeout_s < 0:
+            raise ConfigError(f"{PREFIX}GENERATE_TIMEOUT_S must be >= 0 (0: no deadline)")
         if self.visibility_timeout_s <= self.lease_ttl_s:
             raise ConfigError(f"{PREFIX}VISIBILITY_TIMEOUT_S must exceed {PREFIX}LEASE_TTL_S")
 
@@ -144,6 +150,7 @@ class Settings:
             name=name,
             heartbeat_s=self.heartbeat_s,
             retry_backoff_s=self.retry_backoff_s,
+            generate_timeout_s=self.generate_timeout_s,
         )
 
     def celery_options(self) -> CeleryOptions:

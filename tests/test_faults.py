@@ -4,6 +4,7 @@ running.  (More cases live beside the features they exercise: ``test_queue_integ
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -109,3 +110,32 @@ def test_a_broker_outage_stops_nothing_for_good(cluster: Cluster, pg: Database, 
     assert_exact(pg, "outage", 12)
     with pg.engine.connect() as conn:
         assert not conn.execute(text("SELECT count(*) FROM rollout_work WHERE state = 'running'")).scalar_one()
+
+
+def test_a_hung_generate_call_hands_its_work_back_and_another_worker_finishes(cluster: Cluster, pg: Database) -> None:
+    """An engine that stops answering (here: 60 s a rollout) would keep its items running for
+    ever, their leases renewed by the heartbeat.  Past STEPQ_GENERATE_TIMEOUT_S the worker
+    hands them back and exits 69; a healthy worker then finishes them exactly."""
+    cluster.cli("synth", "--set", "hang", "--problems", "3", "--seed", "5", "--latency-s", "60")
+    cluster.cli("annotate", "--set", "hang", "--rollouts", "2")
+    hung_env = {**cluster.env, "STEPQ_GENERATE_TIMEOUT_S": "3"}
+    log = (cluster.logs / "dispatcher.log").open("wb")
+    cluster.procs.append(
+        subprocess.Popen([sys.executable, "-m", "stepq", "dispatch"], env=cluster.env, stdout=log, stderr=log)
+    )
+    stuck_log = (cluster.logs / "stuck.log").open("wb")
+    stuck = subprocess.Popen(
+        [sys.executable, "-m", "stepq", "worker", "--name", "stuck"], env=hung_env, stdout=stuck_log, stderr=stuck_log
+    )
+    cluster.procs.append(stuck)
+    assert stuck.wait(timeout=120) == 69, (cluster.logs / "stuck.log").read_text()[-2000:]
+    assert "did not return within 3 s" in (cluster.logs / "stuck.log").read_text()
+    with pg.engine.connect() as conn:
+        running = conn.execute(text("SELECT count(*) FROM rollout_work WHERE state = 'running'")).scalar_one()
+    assert running == 0, "the hung worker handed its items back"
+    healthy = json.dumps({"error_rate": 0.1, "recovery_rate": 0.001, "latency_s": 0.0})
+    with pg.engine.begin() as conn:  # the engine answers again (latency is not part of the generator)
+        conn.execute(text("UPDATE problem_sets SET backend_config = :c"), {"c": healthy})
+    cluster.start_worker("healthy")
+    wait_for(lambda: _all_done(pg), 180, "the healthy worker to finish the handed-back items")
+    assert_exact(pg, "hang", 2)

@@ -41,6 +41,8 @@ from stepq.workers.qvalues import TrajectoryLabeller
 from stepq.workers.seeds import derive_seed
 
 log = logging.getLogger("stepq.worker")
+GENERATE_TIMEOUT_EXIT = 69
+"""EX_UNAVAILABLE: the engine stopped answering; the supervisor (Celery, compose) restarts us."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,10 @@ class WorkerOptions:
     """Seconds between heartbeats (at most a third of the lease, whatever is set)."""
     retry_backoff_s: float = 5.0
     """A transient failure's first wait before the item is tried again (doubling, capped)."""
+    generate_timeout_s: float = 0.0
+    """A generate call (or a search turn) still running after this long is presumed hung: its
+    work is handed back and the process exits (``GENERATE_TIMEOUT_EXIT``) for its supervisor to
+    restart it.  0: no deadline."""
 
     @property
     def heartbeat_interval_s(self) -> float:
@@ -133,6 +139,46 @@ class WorkerRuntime:
     def held_now(self) -> tuple[list[int], list[int]]:
         with self._held_lock:
             return sorted(self._held), sorted(self._held_searches)
+
+    @contextmanager
+    def deadline(self, what: str) -> Iterator[None]:
+        """Bound a call that may hang in an engine or a server (``generate_timeout_s``): the
+        heartbeat would renew its leases for ever, so past the deadline the work goes back
+        and the process goes down (a thread stuck in native code cannot be stopped)."""
+        limit = self.options.generate_timeout_s
+        if not limit:
+            yield
+            return
+        timer = threading.Timer(limit, self._deadline_passed, args=(what, limit))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+
+    def _deadline_passed(self, what: str, limit: float) -> None:
+        from stepq.models import search_queries
+
+        items, searches = self.held_now()
+        log.error(
+            "%s did not return within %.0f s (STEPQ_GENERATE_TIMEOUT_S): handing back %d work items and %d "
+            "searches, and exiting for the supervisor to restart this worker",
+            what,
+            limit,
+            len(items),
+            len(searches),
+        )
+        try:
+            with self.db.session() as s:
+                for work_id in items:
+                    queries.hand_back(s, work_id, self.name)
+                for search_id in searches:
+                    search_queries.hand_back_search(s, search_id, self.name)
+        except Exception as exc:  # their leases, no longer renewed once we are gone, expire
+            log.error("could not hand the work back (%s); its leases will expire", exc)
+        logging.shutdown()
+        os._exit(GENERATE_TIMEOUT_EXIT)
 
     def backend_for(self, pset: ProblemSet) -> GenerationBackend:
         """The set's policy (or the worker's own engine), kept warm across tasks."""
@@ -396,7 +442,8 @@ def _run(
         still: list[TrajectoryJob] = []
         for (_, params), members in groups.items():
             started = time.monotonic()
-            generated = _generate_isolated(members[0][0].backend, members, params)
+            with rt.deadline(f"generate ({len(members)} trajectories)"):
+                generated = _generate_isolated(members[0][0].backend, members, params)
             rt.engine_s += time.monotonic() - started
             for job, reqs, result in generated:
                 try:

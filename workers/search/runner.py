@@ -76,7 +76,8 @@ def _run_search(rt: WorkerRuntime, search_id: int) -> str:
                 with rt.db.session() as s:
                     sq.hand_back_search(s, search_id, rt.name)
                 return "handed-back"
-            turn = next_turn(spec, turn_no, prefix, policy, params, judge)
+            with rt.deadline(f"step search {search_id} turn {turn_no}"):
+                turn = next_turn(spec, turn_no, prefix, policy, params, judge)
             finished = turn.action == FINISH
             outcome = "finished" if finished else ("exhausted" if turn_no + 1 >= spec.max_turns else None)
             with rt.db.session() as s:
