@@ -90,8 +90,13 @@ def _run_search(rt: WorkerRuntime, search_id: int) -> str:
         return "done"
     except Exception as exc:  # an attempt counted, retried with backoff unless permanent
         permanent = isinstance(exc, ConfigError) or (isinstance(exc, GenerationError) and exc.permanent)
-        log.error("step search %s failed (%s): %s: %s", search_id, "permanent" if permanent else "will retry",
-                  type(exc).__name__, exc)
+        log.error(
+            "step search %s failed (%s): %s: %s",
+            search_id,
+            "permanent" if permanent else "will retry",
+            type(exc).__name__,
+            exc,
+        )
         with rt.db.session() as s:
             sq.release_search(
                 s,
