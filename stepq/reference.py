@@ -1,8 +1,8 @@
-"""The CLI and configuration references in ``docs/reference/``, generated from the click
+"""The CLI and configuration references in ``docs/``, generated from the click
 commands and the ``Settings`` object, so they cannot drift from the code: a test regenerates
 them and fails on any difference.
 
-    python -m stepq.reference          # rewrite docs/reference/*.md
+    python -m stepq.reference          # rewrite docs/cli-reference.md, docs/configuration.md
     python -m stepq.reference --check  # exit 1 if they are stale
 """
 
@@ -20,10 +20,10 @@ import click
 from stepq.settings import PREFIX, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGETS = {"cli.md": "cli_reference", "configuration.md": "configuration_reference"}
+TARGETS = {"cli-reference.md": "cli_reference", "configuration.md": "configuration_reference"}
 OTHER_VARIABLES = {
     "STEPQ_DEBUG": "1: an unforeseen error (exit 70) prints its traceback.",
-    "STEPQ_DATA_DIR": "Where benchmarks that read full public data sets find them.",
+    "STEPQ_DATA_DIR": "A folder with the full public data sets for benchmarks (without it, the shipped slices).",
     "STEPQ_TRACE_DIR": "A training run writes each rank's prompts there (to check how DDP shares them).",
     "STEPQ_FLOWER_BASIC_AUTH": "docker-compose: Flower's user:password (it has no default).",
 }
@@ -64,7 +64,7 @@ def cli_reference() -> str:
         "# CLI reference",
         "",
         "Generated from the commands by `python -m stepq.reference`; do not edit by hand. The",
-        "[commands guide](../commands.md) explains exit codes and how the commands fit together.",
+        "[commands guide](commands.md) explains exit codes and how the commands fit together.",
         "",
     ]
     for path, command in _commands(main, ("stepq",)):
@@ -120,7 +120,7 @@ def configuration_reference() -> str:
 
 def generated() -> dict[Path, str]:
     module = sys.modules[__name__]
-    return {ROOT / "docs" / "reference" / name: getattr(module, fn)() for name, fn in TARGETS.items()}
+    return {ROOT / "docs" / name: getattr(module, fn)() for name, fn in TARGETS.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
