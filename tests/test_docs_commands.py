@@ -144,8 +144,9 @@ def test_the_readme_is_a_front_door_and_no_path_leads_outside_the_repository() -
 
 @pytest.mark.unit
 def test_the_generated_references_match_the_code() -> None:
-    """docs/cli-reference.md and docs/configuration.md are generated from the click commands and the Settings object: a new
-    option or setting without regenerating (``python -m stepq.reference``) fails here."""
+    """docs/cli-reference.md and docs/configuration.md are generated from the click commands
+    and the Settings object: a new option or setting without regenerating
+    (``python -m stepq.reference``) fails here."""
     from stepq.reference import generated
 
     stale = [
