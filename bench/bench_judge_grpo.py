@@ -184,6 +184,7 @@ def base_judge(root: Path, train_rows: Sequence[dict[str, Any]], args: argparse.
     """Pretrained on solutions, then the verdict format with random verdicts."""
     from stepq.workers.seeds import derive_seed
     from stepq.workers.synthetic_policy import SyntheticPolicy, make_problem
+    from stepq.workers.synthetic_set import NUMBERS
     from tests.tiny_models import build_tiny_llama, build_tiny_model
 
     if args.backbone == "llama":
@@ -194,8 +195,6 @@ def base_judge(root: Path, train_rows: Sequence[dict[str, Any]], args: argparse.
         base = build_tiny_model(root / "base", seed=seed, n_positions=1024, n_embd=args.width, n_layer=args.layers)
     policy = SyntheticPolicy(error_rate=0.0, recovery_rate=0.0)
     solutions = []
-    from stepq.workers.synthetic_set import NUMBERS
-
     for i in range(args.pretrain_problems):
         problem = make_problem(derive_seed("judge-grpo-pretrain", seed, i), numbers=NUMBERS[args.numbers])
         steps = policy.solve(problem, i)

@@ -131,7 +131,7 @@ class Dispatcher:
             if len(ids) < room:
                 break
         if self.publish_searches is not None:
-            published += self.search_cycle(now, depth)
+            published += self.search_cycle(now, depth, bound)
         report = CycleReport(planned, expired, failed, requeued, published, bound)
         if any((planned, expired, failed, requeued, published)):
             log.info("dispatch: %s", report)
@@ -153,12 +153,11 @@ class Dispatcher:
         searches = sq.queued_search_count(session) if self.publish_searches is not None else 0
         return queries.queued_count(session) + searches * self.options.items_per_message
 
-    def search_cycle(self, now: float, depth: int | None) -> int:
+    def search_cycle(self, now: float, depth: int | None, bound: int | None) -> int:
         """Step searches: recover those whose worker died or whose message is gone, and
-        publish the pending ones within the broker's bound (one long task each)."""
+        publish the pending ones within the cycle's broker bound (one long task each)."""
         o = self.options
         assert self.publish_searches is not None
-        bound = self.bound()
         with self.db.session() as s:
             sq.recover_searches(s, now, self.lost_before(now, depth), o.max_attempts)
             free = o.batch if bound is None else (bound - self.queued_items(s)) // o.items_per_message
@@ -266,11 +265,11 @@ def outage_kind(exc: BaseException) -> str | None:
     from kombu.exceptions import OperationalError as KombuOperationalError
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
-    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.exc import DBAPIError, OperationalError
 
     if isinstance(exc, (BrokerError, KombuOperationalError, RedisConnectionError, RedisTimeoutError)):
         return "broker"
-    if isinstance(exc, DBAPIError) and (exc.connection_invalidated or "OperationalError" in type(exc).__name__):
+    if isinstance(exc, OperationalError) or (isinstance(exc, DBAPIError) and exc.connection_invalidated):
         return "database"
     return None
 

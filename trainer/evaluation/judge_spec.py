@@ -50,7 +50,7 @@ class BuiltJudge:
     @property
     def scoring(self) -> bool:
         """Scores every step (thresholds apply) rather than accepting or rejecting it."""
-        return judges.is_scoring(self.judge)
+        return isinstance(self.judge, judges.ScoringJudge)
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"judge": getattr(self.judge, "name", "?")}

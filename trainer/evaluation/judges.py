@@ -51,10 +51,6 @@ class ScoringJudge(StepJudge, Protocol):
     def score_solutions(self, solutions: Sequence[tuple[str, Sequence[str]]]) -> list[list[float | None]]: ...
 
 
-def is_scoring(judge: StepJudge) -> bool:
-    return isinstance(judge, ScoringJudge)
-
-
 @dataclass
 class JudgeStats:
     """What a generative judge wrote: outputs, those with no parseable verdict, those cut by
