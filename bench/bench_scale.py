@@ -30,11 +30,14 @@ from collections.abc import Callable, Iterator, Sequence
 from sqlalchemy import text
 
 from bench.common import emit, scratch_pg
-from stepq.models import Database, queries
+from stepq.models import Database, jobs, queries
+from stepq.models.work import ROLLOUT_WORK
 from stepq.status import collect
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime, run_work_item
 from stepq.workers.backends import Completion, GenerationRequest, SamplingParams
 from stepq.workers.dispatcher import Dispatcher, DispatchOptions
+from stepq.workers.queue import Outlet
+from stepq.workers.work_kinds import ROLLOUTS
 
 CHUNKS = 7
 M = 16
@@ -191,7 +194,7 @@ def measure(rollouts: int, repeat: int) -> dict[str, float | int]:
             queries.heartbeat(s, "bench", hostname="h", pid=1, backend="instant", busy_items=0)
         status_s = _median(lambda: collect(db), repeat)
         published: list[int] = []
-        dispatcher = Dispatcher(db, published.extend, options=DispatchOptions(items_per_message=4))
+        dispatcher = Dispatcher(db, [Outlet(ROLLOUTS, published.extend, 4)], options=DispatchOptions())
         dispatcher.cycle()  # planning flags and first publish out of the way
 
         def one_cycle() -> None:
@@ -202,7 +205,7 @@ def measure(rollouts: int, repeat: int) -> dict[str, float | int]:
         cycle_s = _median(one_cycle, repeat)
         rt = WorkerRuntime(db, WorkerOptions(name="bench", batch_rollouts=PER_TRAJECTORY), backend_override=Instant())
         with db.session() as s:
-            todo = queries.pending_work_ids(s, repeat)
+            todo = jobs.pending_ids(s, ROLLOUT_WORK, repeat)
         task_times = []
         for work_id in todo:
             start = time.perf_counter()

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import and_, delete, func, or_, select, text, update
+from sqlalchemy import and_, delete, func, select, text, update
 from sqlalchemy.orm import Session
 
+from stepq.models import leases
 from stepq.models.base import epoch
 from stepq.models.counters import EventCount, LabelCounters, ProgressSample, SetCounters
 from stepq.models.problems import Problem, ProblemSet
@@ -23,18 +24,13 @@ from stepq.models.work import Lock, RolloutWork, Worker
 
 def acquire_lock(session: Session, name: str, owner: str, ttl: float) -> bool:
     """Take or renew a named lease; True when ``owner`` holds it afterwards."""
-    now = epoch()
-    insert_ignore(session, Lock, [{"name": name, "owner": owner, "expires_at": now + ttl}])
-    session.execute(
-        update(Lock)
-        .where(Lock.name == name, or_(Lock.owner == owner, Lock.expires_at < now))
-        .values(owner=owner, expires_at=now + ttl)
-    )
-    return session.scalar(select(Lock.owner).where(Lock.name == name)) == owner
+    insert_ignore(session, Lock, [{"name": name, "lease_owner": owner, "lease_expires_at": epoch() + ttl}])
+    leases.take(session, Lock, Lock.name == name, owner, ttl, reentrant=True)
+    return session.scalar(select(Lock.lease_owner).where(Lock.name == name)) == owner
 
 
 def release_lock(session: Session, name: str, owner: str) -> None:
-    session.execute(delete(Lock).where(Lock.name == name, Lock.owner == owner))
+    session.execute(delete(Lock).where(Lock.name == name, Lock.lease_owner == owner))
 
 
 def heartbeat(
@@ -273,4 +269,4 @@ def event_counts(session: Session) -> dict[str, int]:
 
 def lock_holder(session: Session, name: str) -> str | None:
     """Who holds a named lease now (None: nobody, or it expired)."""
-    return session.scalar(select(Lock.owner).where(Lock.name == name, Lock.expires_at >= epoch()))
+    return session.scalar(select(Lock.lease_owner).where(Lock.name == name, Lock.lease_expires_at >= epoch()))

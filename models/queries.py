@@ -3,10 +3,12 @@
 Tasks, the dispatcher and the CLI call these; none of them builds SQL of its own.  All
 writes are idempotent: inserts ignore conflicts on the natural unique keys, and state
 changes are conditional updates whose row count says whether this process won.  They live
-by concept in ``set_queries`` (sets, problems, trajectories), ``work_queries`` (planning and
-the work lifecycle), ``rollout_queries`` (rollouts, Q-values, labels) and ``fleet_queries``
+by concept in ``set_queries`` (sets, problems, trajectories), ``work_queries`` (planning
+rollout work), ``rollout_queries`` (rollouts, Q-values, labels) and ``fleet_queries``
 (locks, events, workers, progress), with the shared statements in ``sql``; the trainer's
-are in ``training_queries`` and step search's in ``search_queries``.
+are in ``training_queries`` and step search's in ``search_queries``.  The job queue's
+lifecycle, common to every kind of queue work, is ``jobs`` (on top of the ``leases``
+primitive that training runs and locks use too).
 """
 
 from __future__ import annotations
@@ -70,38 +72,19 @@ from stepq.models.sql import (
     insert_ignore,
 )
 from stepq.models.work_queries import (
-    MAX_BACKOFF_S,
-    claim_work,
-    fail_or_retry,
-    failed_items,
-    finish_work,
-    hand_back,
-    mark_queued,
     mark_trajectory_counted,
-    next_retry_at,
-    pending_work_ids,
     plan_work,
-    queued_count,
-    renew_lease,
-    renew_owner_leases,
     reopen_set,
     reopen_trajectories,
-    requeue_stale,
-    reschedule_expired,
-    retry_failed,
     trajectory_counted,
-    unmark_queued,
     work_counts,
-    work_troubles,
 )
 
 __all__ = [
-    "MAX_BACKOFF_S",
     "WorkContext",
     "_insert",
     "acquire_lock",
     "add_trajectory",
-    "claim_work",
     "count_event",
     "delete_set",
     "delete_trajectories_of",
@@ -109,12 +92,8 @@ __all__ = [
     "ensure_set",
     "event_counts",
     "existing_problem_ids",
-    "fail_or_retry",
-    "failed_items",
-    "finish_work",
     "flag_for_planning",
     "get_set",
-    "hand_back",
     "heartbeat",
     "ingested_texts",
     "insert_ignore",
@@ -124,11 +103,8 @@ __all__ = [
     "live_workers",
     "load_work_context",
     "lock_holder",
-    "mark_queued",
     "mark_trajectory_counted",
-    "next_retry_at",
     "pause_set",
-    "pending_work_ids",
     "plan_work",
     "policy_outcomes",
     "problem_contents",
@@ -136,19 +112,13 @@ __all__ = [
     "progress",
     "progress_history",
     "progress_since",
-    "queued_count",
     "record_progress",
     "recount",
     "regrade_outcomes",
     "release_lock",
-    "renew_lease",
-    "renew_owner_leases",
     "reopen_set",
     "reopen_trajectories",
     "replace_chunks",
-    "requeue_stale",
-    "reschedule_expired",
-    "retry_failed",
     "rollout_rewards",
     "rollouts_to_regrade",
     "segmentation_stats",
@@ -161,12 +131,10 @@ __all__ = [
     "trajectory_ids_of",
     "trajectory_keys",
     "unannotated_trajectories",
-    "unmark_queued",
     "update_grades",
     "update_problems",
     "upsert_labels",
     "upsert_q_values",
     "work_counts",
-    "work_troubles",
     "worker_stopped",
 ]

@@ -1,7 +1,7 @@
 """Step search: one search per (search name, problem), its turns, and the step preference
 pairs they yield.
 
-A search is queue work with a database lease, like a trajectory's rollouts: the broker only
+A search is a job of the queue (``jobs``), like a trajectory's rollouts: the broker only
 carries its id.  Each turn is written once (unique per search and turn number) in the same
 transaction that checks the lease, so a crashed worker's search resumes at its next turn
 and no pair is ever written twice.
@@ -16,6 +16,7 @@ from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from stepq.models.base import Base
+from stepq.models.jobs import JobTable, LeasedJob
 
 ADVANCE = "advance"
 FINISH = "finish"
@@ -24,7 +25,7 @@ RESAMPLE = "resample"
 """All candidates tied with nothing to roll back to: sample again from the same prefix."""
 
 
-class StepSearch(Base):
+class StepSearch(LeasedJob, Base):
     __tablename__ = "step_searches"
     __table_args__ = (
         UniqueConstraint("name", "problem_id"),
@@ -43,6 +44,8 @@ class StepSearch(Base):
     judge_backend: Mapped[str] = mapped_column(String(40))
     judge_config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     scoring: Mapped[str] = mapped_column(String(20), server_default="both-orders")
+    """How a candidate's score counts the judge's verdicts (``pairwise.SCORINGS``); the server
+    default is what searches from before the column did."""
     policy_model: Mapped[str | None] = mapped_column(Text, nullable=True)
     """The policy, when not the set's own model: a round of the method's loop searches with
     the model the previous round trained (on the set's backend)."""
@@ -50,18 +53,18 @@ class StepSearch(Base):
         ForeignKey("training_runs.id", ondelete="SET NULL"), nullable=True, index=True
     )
     """The training run that produced the policy and judge of this search (a round k+1)."""
-    """How a candidate's score counts the judge's verdicts (``pairwise.SCORINGS``); the server
-    default is what searches from before the column did."""
-    state: Mapped[str] = mapped_column(String(20), default="pending")
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    lease_owner: Mapped[str | None] = mapped_column(String(200), nullable=True)
-    lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    enqueued_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     outcome: Mapped[str | None] = mapped_column(String(20), nullable=True)
     """``finished`` (a final answer was kept) or ``exhausted`` (``max_turns`` reached)."""
-    error: Mapped[str | None] = mapped_column(Text, nullable=True)
     updated_at: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+STEP_SEARCHES = JobTable(
+    "searches",
+    StepSearch,
+    set_of=lambda: StepSearch.problem_set_id,
+    in_set=lambda set_id: StepSearch.problem_set_id == set_id,
+)
 
 
 class SearchTurn(Base):

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, insert, or_, select, text, update
+from sqlalchemy import func, insert, select, text
 from sqlalchemy.orm import Session
 
+from stepq.models import leases
 from stepq.models.base import epoch
 from stepq.models.errors import NotFoundError
 from stepq.models.problems import Problem, ProblemSet
@@ -296,30 +297,12 @@ def create_run(session: Session, **fields: Any) -> int:
 def claim_run(session: Session, run_id: int, owner: str, ttl: float, host: str) -> bool:
     """Take the run's lease when it is free, expired or ours; False while another process
     trains it (its checkpoints must have one writer)."""
-    now = epoch()
-    result = session.execute(
-        update(TrainingRun)
-        .where(
-            TrainingRun.id == run_id,
-            or_(
-                TrainingRun.lease_owner.is_(None),
-                TrainingRun.lease_owner == owner,
-                TrainingRun.lease_expires_at < now,
-            ),
-        )
-        .values(lease_owner=owner, lease_expires_at=now + ttl, host=host, status=RUN_RUNNING, updated_at=now)
-    )
-    return bool(result.rowcount)  # type: ignore[attr-defined]
+    values = {"host": host, "status": RUN_RUNNING, "updated_at": epoch()}
+    return leases.take(session, TrainingRun, TrainingRun.id == run_id, owner, ttl, reentrant=True, **values)
 
 
 def renew_run(session: Session, run_id: int, owner: str, ttl: float, **values: Any) -> bool:
-    now = epoch()
-    result = session.execute(
-        update(TrainingRun)
-        .where(TrainingRun.id == run_id, TrainingRun.lease_owner == owner)
-        .values(lease_expires_at=now + ttl, updated_at=now, **values)
-    )
-    return bool(result.rowcount)  # type: ignore[attr-defined]
+    return bool(leases.renew(session, TrainingRun, TrainingRun.id == run_id, owner, ttl, updated_at=epoch(), **values))
 
 
 def record_checkpoint(session: Session, run_id: int, owner: str, ttl: float, path: str, step: int) -> bool:
@@ -332,17 +315,17 @@ def record_checkpoint(session: Session, run_id: int, owner: str, ttl: float, pat
 
 def end_run(session: Session, run_id: int, owner: str, *, error: str | None = None) -> None:
     now = epoch()
-    session.execute(
-        update(TrainingRun)
-        .where(TrainingRun.id == run_id, TrainingRun.lease_owner == owner)
-        .values(
-            status=RUN_FAILED if error else RUN_DONE,
-            error=error,
-            lease_owner=None,
-            lease_expires_at=None,
-            updated_at=now,
-            finished_at=None if error else now,
-        )
+    status = RUN_FAILED if error else RUN_DONE
+    finished = None if error else now
+    leases.release(
+        session,
+        TrainingRun,
+        TrainingRun.id == run_id,
+        owner,
+        status=status,
+        error=error,
+        updated_at=now,
+        finished_at=finished,
     )
 
 

@@ -4,24 +4,22 @@ and the workers that hold leases."""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, false, func
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, func, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from stepq.models.base import Base
-
-PENDING = "pending"
-QUEUED = "queued"
-RUNNING = "running"
-DONE = "done"
-FAILED = "failed"
+from stepq.models.jobs import JobTable, LeasedJob
+from stepq.models.problems import Problem
+from stepq.models.trajectories import Trajectory
 
 
-class RolloutWork(Base):
-    """The rollouts a trajectory still needs, as one schedulable unit.
+class RolloutWork(LeasedJob, Base):
+    """The rollouts a trajectory still needs, as one job of the queue (``jobs``).
 
     The broker only carries ``id``; everything else (what is missing, who holds it, until
-    when) is here, so losing the broker loses no work.  Lease times are epoch seconds.
+    when) is here, so losing the broker loses no work.
     """
 
     __tablename__ = "rollout_work"
@@ -36,30 +34,38 @@ class RolloutWork(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     trajectory_id: Mapped[int] = mapped_column(ForeignKey("trajectories.id", ondelete="CASCADE"), unique=True)
     target_m: Mapped[int] = mapped_column(Integer)
-    state: Mapped[str] = mapped_column(String(20), default=PENDING)
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    enqueue_count: Mapped[int] = mapped_column(Integer, default=0)
-    enqueued_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    lease_owner: Mapped[str | None] = mapped_column(String(200), nullable=True)
-    lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     trajectory_is_sample: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     """Whether the budget counts the trajectory as one of its own prefixes' samples."""
-    retry_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    """A transient failure's backoff: the item is not published again before this moment."""
-    rerun: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
-    """The set's settings changed while the item ran: it goes back to pending, not done."""
+
+
+def _trajectories_of(set_id: int) -> Any:
+    return (
+        select(Trajectory.id).join(Problem, Problem.id == Trajectory.problem_id).where(Problem.problem_set_id == set_id)
+    )
+
+
+ROLLOUT_WORK = JobTable(
+    "rollouts",
+    RolloutWork,
+    set_of=lambda: (
+        select(Problem.problem_set_id)
+        .join(Trajectory, Trajectory.problem_id == Problem.id)
+        .where(Trajectory.id == RolloutWork.trajectory_id)
+        .correlate(RolloutWork)
+        .scalar_subquery()
+    ),
+    in_set=lambda set_id: RolloutWork.trajectory_id.in_(_trajectories_of(set_id)),
+)
 
 
 class Lock(Base):
-    """A named lease (e.g. ``dispatcher``) so only one process acts at a time."""
+    """A named lease (e.g. ``dispatcher``) so only one process acts at a time (``leases``)."""
 
     __tablename__ = "locks"
 
     name: Mapped[str] = mapped_column(String(100), primary_key=True)
-    owner: Mapped[str] = mapped_column(String(200))
-    expires_at: Mapped[float] = mapped_column(Float)
+    lease_owner: Mapped[str] = mapped_column(String(200))
+    lease_expires_at: Mapped[float] = mapped_column(Float)
 
 
 class Worker(Base):

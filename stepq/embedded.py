@@ -7,8 +7,9 @@ from collections.abc import Callable
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from stepq.migrations import upgrade
-from stepq.models import Database, queries
+from stepq.models import Database, jobs, queries
 from stepq.models.errors import Busy, NotFoundError, WorkFailed
+from stepq.models.work import ROLLOUT_WORK
 from stepq.settings import Settings
 from stepq.status import collect, render
 from stepq.workers.annotate import WorkerRuntime
@@ -80,7 +81,7 @@ def run_embedded(
         )
     echo(f"database: {db.safe_url}  (query the views: annotation_progress, chunk_q_values, work_queue)")
     with db.session() as s:
-        failed, last_error = queries.failed_items(s, queries.get_set(s, set_name).id)
+        failed, last_error = jobs.failed_in_set(s, ROLLOUT_WORK, queries.get_set(s, set_name).id)
     if failed:  # the labels are incomplete: a script must not take this run for a success
         raise WorkFailed(
             f"{failed} work items of set '{set_name}' failed (latest: {last_error}); see 'stepq status', and "

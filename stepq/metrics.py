@@ -16,7 +16,8 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from stepq.models import Database, queries
+from stepq.models import Database, jobs, queries
+from stepq.models.work import ROLLOUT_WORK
 from stepq.status import WORKER_LIVE_S, collect
 
 STATES = ("pending", "queued", "running", "done", "failed")
@@ -33,7 +34,7 @@ class StepqCollector(Collector):
         report = collect(self.db)
         with self.db.session() as s:
             events = queries.event_counts(s)
-            troubles = queries.work_troubles(s)
+            troubles = jobs.troubles(s, ROLLOUT_WORK)
             workers = queries.live_workers(s, time.time() - WORKER_LIVE_S)
         rollouts = CounterMetricFamily("stepq_rollouts", "Rollouts stored, per set", labels=["set"])
         planned = GaugeMetricFamily(

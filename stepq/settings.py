@@ -162,7 +162,6 @@ class Settings:
             max_attempts=self.max_attempts,
             requeue_after_s=self.requeue_after_s,
             lost_grace_s=self.lost_grace_s,
-            items_per_message=self.items_per_task,
             messages_per_worker=self.messages_per_worker,
             worker_live_s=max(30.0, 3 * self.heartbeat_s),
         )

@@ -11,7 +11,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from stepq.models import Database, queries
+from stepq.models import Database, jobs, queries
+from stepq.models.work import ROLLOUT_WORK
 
 RATE_WINDOW_S = 60.0
 """Rates are measured from the oldest progress sample this recent (the dispatcher writes them)."""
@@ -27,7 +28,7 @@ def collect(db: Database, queue_depth: Callable[[], int | None] | None = None) -
         earlier = queries.progress_since(s, now - RATE_WINDOW_S)
         work = queries.work_counts(s)
         workers = queries.live_workers(s, time.time() - WORKER_LIVE_S)
-        troubles = queries.work_troubles(s)
+        troubles = jobs.troubles(s, ROLLOUT_WORK)
     sets = []
     for r in rows:
         rate = _rate(r, earlier.get(r["problem_set_id"]), now)

@@ -119,3 +119,15 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval:
 def table_counts(db: Database) -> dict[str, int]:
     with db.engine.connect() as conn:
         return {t: int(conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one()) for t in TABLES}
+
+
+def outlets(rollouts: Callable[..., None], searches: Callable[..., None] | None = None, per_message: int = 1) -> list:
+    """A dispatcher's outlets publishing into test callables: rollout work ``per_message`` ids
+    to a message, and (when given) step searches."""
+    from stepq.workers.queue import Outlet
+    from stepq.workers.work_kinds import ROLLOUTS, SEARCHES
+
+    out = [Outlet(ROLLOUTS, rollouts, per_message)]
+    if searches is not None:
+        out.append(Outlet(SEARCHES, searches, 1))
+    return out

@@ -11,6 +11,7 @@ import redis
 
 from stepq.settings import Settings
 from stepq.workers.celery_app import TASK_NAME, CeleryOptions, create_app, publisher, redis_queue_depth
+from stepq.workers.work_kinds import SEARCHES
 from tests.helpers import REDIS_URL
 
 
@@ -20,7 +21,7 @@ def test_configuration_for_long_gpu_tasks() -> None:
     assert conf.accept_content == ["json"] and conf.task_serializer == "json"
     assert conf.task_acks_late is True and conf.worker_prefetch_multiplier == 1
     assert conf.broker_transport_options["visibility_timeout"] == 7200
-    assert TASK_NAME in app.tasks
+    assert TASK_NAME in app.tasks and SEARCHES.task_name in app.tasks, "one task per kind of queue work"
     settings = Settings.from_env({"STEPQ_DATABASE_URL": "sqlite:///x.db"})
     assert settings.celery_options().visibility_timeout_s > settings.lease_ttl_s
 
@@ -28,7 +29,7 @@ def test_configuration_for_long_gpu_tasks() -> None:
 def test_published_messages_are_json_on_the_queue_list(redis_client: redis.Redis) -> None:
     queue = f"stepq.test.{uuid.uuid4().hex[:6]}"
     app = create_app(CeleryOptions(REDIS_URL, queue))
-    publisher(app, items_per_task=2)([11, 12, 13])
+    publisher(app, per_message=2)([11, 12, 13])
     depth = redis_queue_depth(REDIS_URL, queue)
     assert depth() == 2
     raw = [json.loads(m) for m in redis_client.lrange(queue, 0, -1)]

@@ -22,6 +22,7 @@ from stepq.workers.planning import configure_annotation
 from stepq.workers.qvalues import relabel_set
 from stepq.workers.regrade import regrade_set
 from stepq.workers.synthetic_set import synth_set
+from tests.helpers import outlets
 
 FIELDS = (
     "problems",
@@ -107,7 +108,7 @@ def test_dispatcher_plans_only_flagged_sets(pg: Database) -> None:
 
     synth_set(pg, "p", problems=4, seed=1)
     configure_annotation(pg, "p", 2)
-    d = Dispatcher(pg, lambda ids: None)
+    d = Dispatcher(pg, outlets(lambda ids: None))
     assert d.cycle().planned == 0, "annotate planned it; nothing is flagged"
     synth_set(pg, "p", problems=6, seed=1)  # two new trajectories flag the set
     assert d.cycle().planned == 2

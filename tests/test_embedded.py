@@ -7,7 +7,8 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from stepq.models import Database, Rollout, queries
+from stepq.models import Database, Rollout, jobs, queries
+from stepq.models.work import ROLLOUT_WORK
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
 from stepq.workers.in_process import run_in_process
 from stepq.workers.labels import parse_rule
@@ -93,7 +94,7 @@ def test_a_failing_backend_marks_work_failed_after_max_attempts(sqlite: Database
     assert time.monotonic() - started >= 0.2, "the retry waited out its backoff"
     with sqlite.session() as s:
         assert queries.work_counts(s) == {"failed": 2}
-        assert queries.retry_failed(s) == 2
+        assert jobs.retry_failed(s, ROLLOUT_WORK) == 2
 
 
 def _labels(db: Database, name: str) -> dict[tuple[str, int, str], bool]:

@@ -15,12 +15,16 @@ from collections.abc import Callable, Sequence
 import pytest
 from sqlalchemy import select
 
-from stepq.models import ChunkLabel, Database, Rollout, RolloutWork, queries
+from stepq.models import ChunkLabel, Database, Rollout, RolloutWork, jobs, queries
 from stepq.models.errors import GenerationError
+from stepq.models.jobs import JobTable
+from stepq.models.search import STEP_SEARCHES
+from stepq.models.work import ROLLOUT_WORK
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime, run_work_item, run_work_items
 from stepq.workers.backends import Completion, GenerationRequest, SamplingParams
 from stepq.workers.backends.synthetic import SyntheticBackend
 from stepq.workers.planning import configure_annotation
+from stepq.workers.queue import RetryPolicy
 from stepq.workers.synthetic_set import synth_set
 from tests.pipeline_checks import assert_exact
 
@@ -29,7 +33,7 @@ def _setup(db: Database, problems: int = 3, m: int = 2, rule: str | None = None)
     synth_set(db, "f", problems=problems, seed=4)
     configure_annotation(db, "f", m, rule=rule)
     with db.session() as s:
-        return queries.pending_work_ids(s, 100)
+        return jobs.pending_ids(s, ROLLOUT_WORK, 100)
 
 
 class Slow(SyntheticBackend):
@@ -72,10 +76,10 @@ def _item(db: Database, work_id: int) -> RolloutWork:
         return item
 
 
-def _claim(db: Database, claim: Callable[..., object], item_id: int) -> object:
+def _claim(db: Database, table: JobTable, item_id: int) -> bool:
     """What a second worker does once a lease looks expired."""
     with db.session() as s:
-        return claim(s, item_id, "thief", ttl=60)
+        return jobs.claim(s, table, item_id, "thief", ttl=60)
 
 
 def _claimed_while_running(
@@ -98,9 +102,9 @@ def test_heartbeat_keeps_the_lease_through_a_generate_call_longer_than_it(pg: Da
     options = WorkerOptions(name="slow", lease_ttl_s=1.0, batch_rollouts=1000)
     rt = WorkerRuntime(pg, options, backend_override=Slow(delay_s=2.5)).start()
     stolen = _claimed_while_running(
-        lambda: run_work_item(rt, work_id).status, lambda: _claim(pg, queries.claim_work, work_id), rt
+        lambda: run_work_item(rt, work_id).status, lambda: _claim(pg, ROLLOUT_WORK, work_id), rt
     )
-    assert stolen == ("done", None), "the heartbeat renewed the lease while generate ran"
+    assert stolen == ("done", False), "the heartbeat renewed the lease while generate ran"
     assert _item(pg, work_id).attempts == 1
     assert_exact(pg, "f", 2)
 
@@ -114,7 +118,7 @@ def test_without_a_heartbeat_that_lease_is_lost(pg: Database) -> None:
     t.start()
     time.sleep(1.8)
     with pg.session() as s:
-        assert queries.claim_work(s, work_id, "thief", ttl=60) is not None
+        assert jobs.claim(s, ROLLOUT_WORK, work_id, "thief", ttl=60)
     t.join()
     assert result == ["lost"]
 
@@ -129,12 +133,10 @@ def test_heartbeat_keeps_a_step_search_through_a_turn_longer_than_its_lease(pg: 
     synth_set(pg, "f", problems=1, seed=4)
     assert start_search(pg, SearchPlan("f", "n", max_turns=1)) == 1
     with pg.session() as s:
-        (search_id,) = sq.queue_pending_searches(s, 10)
+        (search_id,) = jobs.mark_queued(s, STEP_SEARCHES, jobs.pending_ids(s, STEP_SEARCHES, 10), time.time())
     rt = WorkerRuntime(pg, WorkerOptions(name="slow", lease_ttl_s=1.0), backend_override=Slow(delay_s=2.5)).start()
-    stolen = _claimed_while_running(
-        lambda: run_search(rt, search_id), lambda: _claim(pg, sq.claim_search, search_id), rt
-    )
-    assert stolen == ("done", None), "the heartbeat renewed the search's lease during the turn"
+    stolen = _claimed_while_running(lambda: run_search(rt, search_id), lambda: _claim(pg, STEP_SEARCHES, search_id), rt)
+    assert stolen == ("done", False), "the heartbeat renewed the search's lease during the turn"
     with pg.session() as s:
         assert len(sq.search_turns(s, search_id)) == 1
 
@@ -167,17 +169,17 @@ def test_a_transient_failure_retries_only_its_item_after_a_backoff(pg: Database)
     item = _item(pg, ids[0])
     assert item.state == "pending" and item.retry_at is not None and item.retry_at >= before + 30
     with pg.session() as s:
-        assert queries.pending_work_ids(s, 10) == [], "backing off: not published yet"
-        assert queries.pending_work_ids(s, 10, now=item.retry_at + 1) == [ids[0]]
+        assert jobs.pending_ids(s, ROLLOUT_WORK, 10) == [], "backing off: not published yet"
+        assert jobs.pending_ids(s, ROLLOUT_WORK, 10, now=item.retry_at + 1) == [ids[0]]
 
 
 def test_fail_or_retry_leaves_an_item_another_worker_now_owns(any_db: Database) -> None:
     (work_id, *_) = _setup(any_db, problems=1)
     with any_db.session() as s:
-        assert queries.claim_work(s, work_id, "a", ttl=-1) is not None  # a's lease is already over
-        assert queries.claim_work(s, work_id, "b", ttl=60) is not None
+        assert jobs.claim(s, ROLLOUT_WORK, work_id, "a", ttl=-1)  # a's lease is already over
+        assert jobs.claim(s, ROLLOUT_WORK, work_id, "b", ttl=60)
     with any_db.session() as s:
-        assert queries.fail_or_retry(s, work_id, "a", "boom", max_attempts=1) == "lost"
+        assert jobs.fail_or_retry(s, ROLLOUT_WORK, work_id, "a", "boom", RetryPolicy(max_attempts=1).decide) == "lost"
     item = _item(any_db, work_id)
     assert (item.state, item.lease_owner, item.last_error) == ("running", "b", None)
 
@@ -185,10 +187,10 @@ def test_fail_or_retry_leaves_an_item_another_worker_now_owns(any_db: Database) 
 def test_a_rule_change_while_an_item_runs_reaches_it(any_db: Database) -> None:
     (work_id,) = _setup(any_db, problems=1, rule="abs-q")
     with any_db.session() as s:
-        assert queries.claim_work(s, work_id, "old", ttl=60) is not None
+        assert jobs.claim(s, ROLLOUT_WORK, work_id, "old", ttl=60)
     configure_annotation(any_db, "f", 2, rule="rel-ratio")  # while "old" runs under abs-q
     with any_db.session() as s:
-        assert queries.finish_work(s, work_id, "old")
+        assert jobs.finish(s, ROLLOUT_WORK, work_id, "old")
     assert _item(any_db, work_id).state == "pending", "it ran under the old rule: it runs again"
     assert run_work_item(WorkerRuntime(any_db, WorkerOptions(name="new")), work_id).status == "done"
     with any_db.session() as s:
@@ -200,7 +202,7 @@ def test_a_rule_change_while_an_item_runs_reaches_it(any_db: Database) -> None:
 def test_raising_m_while_an_item_runs_keeps_its_lease_and_reruns_it(any_db: Database) -> None:
     (work_id,) = _setup(any_db, problems=1, m=2)
     with any_db.session() as s:
-        assert queries.claim_work(s, work_id, "w", ttl=60) is not None
+        assert jobs.claim(s, ROLLOUT_WORK, work_id, "w", ttl=60)
     configure_annotation(any_db, "f", 4)
     item = _item(any_db, work_id)
     assert (item.state, item.lease_owner, item.target_m, item.rerun) == ("running", "w", 4, True)
@@ -257,10 +259,10 @@ def test_the_heartbeat_renews_only_what_running_tasks_hold(any_db: Database) -> 
     held, orphan = _setup(any_db, problems=2)[:2]
     rt = WorkerRuntime(any_db, WorkerOptions(name="w", lease_ttl_s=300))
     with any_db.session() as s:
-        assert queries.claim_work(s, held, rt.name, 300) is not None
-        assert queries.claim_work(s, orphan, rt.name, 300) is not None
+        assert jobs.claim(s, ROLLOUT_WORK, held, rt.name, 300)
+        assert jobs.claim(s, ROLLOUT_WORK, orphan, rt.name, 300)
     assert rt.heartbeat.beat() == 0
-    with rt.holding([held]):
+    with rt.held.holding(ROLLOUT_WORK, [held]):
         assert rt.heartbeat.beat() == 1
     assert rt.heartbeat.beat() == 0
     rt.close()

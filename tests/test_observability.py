@@ -19,8 +19,9 @@ from prometheus_client.registry import CollectorRegistry
 
 from stepq.logs import JsonFormatter
 from stepq.metrics import StepqCollector
-from stepq.models import Database, queries
+from stepq.models import Database, jobs, queries
 from stepq.models.errors import GenerationError
+from stepq.models.work import ROLLOUT_WORK
 from stepq.status import watch
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime, run_work_items
 from stepq.workers.backends import Completion, GenerationRequest, SamplingParams
@@ -29,7 +30,7 @@ from stepq.workers.dispatcher import Dispatcher
 from stepq.workers.in_process import run_in_process
 from stepq.workers.planning import configure_annotation
 from stepq.workers.synthetic_set import synth_set
-from tests.helpers import clean_env
+from tests.helpers import clean_env, outlets
 
 
 def _samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -109,7 +110,7 @@ def test_json_log_lines_name_the_worker_set_and_item(sqlite: Database) -> None:
     synth_set(sqlite, "logged", problems=1, seed=1)
     configure_annotation(sqlite, "logged", 2)
     with sqlite.session() as s:
-        (work_id,) = queries.pending_work_ids(s, 5)
+        (work_id,) = jobs.pending_ids(s, ROLLOUT_WORK, 5)
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter())
@@ -142,10 +143,10 @@ def test_status_shows_failed_and_retrying_items_with_the_last_error(sqlite: Data
     synth_set(sqlite, "t", problems=2, seed=1)
     configure_annotation(sqlite, "t", 2)
     with sqlite.session() as s:
-        ids = queries.pending_work_ids(s, 5)
+        ids = jobs.pending_ids(s, ROLLOUT_WORK, 5)
     rt = WorkerRuntime(sqlite, WorkerOptions(name="x", max_attempts=5), backend_override=_FailsAll())
     run_work_items(rt, ids[:1])
-    Dispatcher(sqlite, lambda ids: None).cycle()
+    Dispatcher(sqlite, outlets(lambda ids: None)).cycle()
     (row,) = collect(sqlite)["sets"]
     assert (row["failed"], row["retrying"]) == (1, 0)
     assert "HTTP 400" in row["last_error"]

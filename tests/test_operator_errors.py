@@ -14,7 +14,7 @@ from stepq.models import Database, RolloutWork, queries
 from stepq.workers.dispatcher import Dispatcher
 from stepq.workers.planning import configure_annotation
 from stepq.workers.synthetic_set import synth_set
-from tests.helpers import DATA, PG_SERVER, clean_env, run_stepq, table_counts
+from tests.helpers import DATA, PG_SERVER, clean_env, outlets, run_stepq, table_counts
 
 
 def _stepq(
@@ -106,7 +106,7 @@ def test_synth_onto_a_set_of_another_seed_is_refused(tmp_path: Path) -> None:
 def test_run_while_a_dispatcher_runs_is_busy_and_creates_nothing(tmp_path: Path) -> None:
     assert _stepq(tmp_path, "db", "upgrade").returncode == 0
     db = _db(tmp_path)
-    holder = Dispatcher(db, lambda ids: None, name="the-other-dispatcher")
+    holder = Dispatcher(db, outlets(lambda ids: None), name="the-other-dispatcher")
     assert holder.acquire()
     proc = _stepq(tmp_path, "run", "--set", "d", "--synthetic", "3")
     assert proc.returncode == 75 and "the-other-dispatcher" in _one_line(proc)
@@ -147,7 +147,7 @@ def test_pause_resume_and_delete_a_set(any_db: Database) -> None:
     with any_db.session() as s:
         assert queries.pause_set(s, "stop", True)
         stop_items = set(queries.set_trajectory_ids(s, queries.get_set(s, "stop").id))
-    d = Dispatcher(any_db, published.extend)
+    d = Dispatcher(any_db, outlets(published.extend))
     d.options = type(d.options)(messages_per_worker=None)
     d.cycle()
     with any_db.session() as s:

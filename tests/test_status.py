@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from stepq.models import Database, queries
+from stepq.models import Database, jobs, queries
+from stepq.models.work import ROLLOUT_WORK
 from stepq.status import collect, render
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
 from stepq.workers.in_process import run_in_process
@@ -20,7 +21,7 @@ def test_rate_and_eta_use_the_real_elapsed_time(any_db: Database) -> None:
         queries.record_progress(s, sampled_at)  # the dispatcher's sample, 10 s ago: 0 rollouts
     half = WorkerRuntime(any_db, WorkerOptions(name="t"))
     with any_db.session() as s:
-        ids = queries.pending_work_ids(s, 10)
+        ids = jobs.pending_ids(s, ROLLOUT_WORK, 10)
     from stepq.workers.annotate import run_work_items
 
     run_work_items(half, ids)
@@ -52,7 +53,7 @@ def test_live_busy_and_idle_workers(pg: Database) -> None:
     gone = WorkerRuntime(pg, WorkerOptions(name="gone")).start()
     gone.close()  # a clean exit: not live any more
     try:
-        with busy.holding([1, 2]):
+        with busy.held.holding(ROLLOUT_WORK, [1, 2]):
             busy.start()
             report = collect(pg)
     finally:

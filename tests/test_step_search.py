@@ -28,7 +28,7 @@ from stepq.workers.search.pairwise import (
 )
 from stepq.workers.search.step_search import replay, surviving_pairs
 from stepq.workers.synthetic_policy import step_is_right
-from tests.helpers import Cluster, clean_env, run_stepq, wait_for
+from tests.helpers import Cluster, clean_env, outlets, run_stepq, wait_for
 
 
 def test_parse_preference_takes_the_last_verdict() -> None:
@@ -260,7 +260,6 @@ def test_step_search_through_the_queue_survives_a_sigkill(
 
 
 def test_a_failing_search_gives_up_after_max_attempts_and_a_hand_back_costs_none(sqlite: Database) -> None:
-    from stepq.models import search_queries as sq
     from stepq.models.search import StepSearch
     from stepq.workers.search.plan import SearchPlan, start_search
     from stepq.workers.synthetic_set import synth_set
@@ -274,20 +273,26 @@ def test_a_failing_search_gives_up_after_max_attempts_and_a_hand_back_costs_none
             row = s.scalars(select(StepSearch)).one()
             return row.state, row.attempts
 
+    from stepq.models import jobs
+    from stepq.models.search import STEP_SEARCHES
+    from stepq.workers.queue import RetryPolicy
+
     with sqlite.session() as s:
-        (sid,) = sq.queue_pending_searches(s, 10)
+        (sid,) = jobs.mark_queued(s, STEP_SEARCHES, jobs.pending_ids(s, STEP_SEARCHES, 10), 0.0)
+    policy = RetryPolicy(max_attempts=2, backoff_s=0.0)
     for attempt in (1, 2):
         with sqlite.session() as s:
-            assert sq.claim_search(s, sid, "w", 60) is not None
+            assert jobs.claim(s, STEP_SEARCHES, sid, "w", 60)
         with sqlite.session() as s:
-            sq.release_search(s, sid, "w", error="timeout", permanent=False, max_attempts=2)
+            outcome = jobs.fail_or_retry(s, STEP_SEARCHES, sid, "w", "timeout", policy.decide)
+        assert outcome == ("retry" if attempt == 1 else "failed")
         assert state() == (("pending", 1) if attempt == 1 else ("failed", 2))
     with sqlite.session() as s:
         s.execute(update(StepSearch).values(state="pending", attempts=0))
     with sqlite.session() as s:
-        assert sq.claim_search(s, sid, "w", 60) is not None
+        assert jobs.claim(s, STEP_SEARCHES, sid, "w", 60)
     with sqlite.session() as s:
-        sq.hand_back_search(s, sid, "w")
+        assert jobs.hand_back(s, STEP_SEARCHES, sid, "w")
     assert state() == ("pending", 0), "a stopping worker's hand-back is not an attempt"
 
 
@@ -320,7 +325,7 @@ def test_searches_share_the_brokers_bound_with_rollout_work(sqlite: Database) ->
     options = DispatchOptions(messages_per_worker=2, min_messages=2, requeue_after_s=60.0)
     depth = [3]
     dispatcher = Dispatcher(
-        sqlite, items.extend, options=options, queue_depth=lambda: depth[0], publish_searches=searches.extend
+        sqlite, outlets(items.extend, searches.extend), options=options, queue_depth=lambda: depth[0]
     )
     dispatcher.cycle()
     assert len(searches) == 2, "the bound: 2 messages with no live worker"

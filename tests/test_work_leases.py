@@ -7,10 +7,12 @@ from collections.abc import Sequence
 
 from sqlalchemy import update
 
-from stepq.models import Database, RolloutWork, queries
+from stepq.models import Database, RolloutWork, jobs, queries
+from stepq.models.work import ROLLOUT_WORK
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime, next_batch, run_work_item
 from stepq.workers.dispatcher import Dispatcher, DispatchOptions
 from stepq.workers.synthetic_set import synth_set
+from tests.helpers import outlets
 
 
 def _setup(db: Database, problems: int = 3, m: int = 2) -> None:
@@ -32,24 +34,24 @@ def test_next_batch_takes_whole_prefixes_in_order() -> None:
 def test_claim_is_exclusive_until_the_lease_expires(any_db: Database) -> None:
     _setup(any_db)
     with any_db.session() as s:
-        wid = queries.pending_work_ids(s, 1)[0]
-        assert queries.claim_work(s, wid, "a", ttl=60) is not None
-        assert queries.claim_work(s, wid, "b", ttl=60) is None
+        wid = jobs.pending_ids(s, ROLLOUT_WORK, 1)[0]
+        assert jobs.claim(s, ROLLOUT_WORK, wid, "a", ttl=60)
+        assert not jobs.claim(s, ROLLOUT_WORK, wid, "b", ttl=60)
         s.execute(update(RolloutWork).where(RolloutWork.id == wid).values(lease_expires_at=0))
-        assert queries.claim_work(s, wid, "b", ttl=60) is not None
+        assert jobs.claim(s, ROLLOUT_WORK, wid, "b", ttl=60)
         item = s.get(RolloutWork, wid, populate_existing=True)
         assert item is not None and item.lease_owner == "b" and item.attempts == 2
-        assert not queries.renew_lease(s, wid, "a", 60), "the old owner lost it"
-        assert not queries.finish_work(s, wid, "a")
-        assert queries.finish_work(s, wid, "b")
-        assert queries.claim_work(s, wid, "c", ttl=60) is None, "done work is not claimed again"
+        assert not jobs.renew(s, ROLLOUT_WORK, [wid], "a", 60), "the old owner lost it"
+        assert not jobs.finish(s, ROLLOUT_WORK, wid, "a")
+        assert jobs.finish(s, ROLLOUT_WORK, wid, "b")
+        assert not jobs.claim(s, ROLLOUT_WORK, wid, "c", ttl=60), "done work is not claimed again"
 
 
 def test_a_redelivered_task_is_a_no_op(any_db: Database) -> None:
     _setup(any_db)
     rt = WorkerRuntime(any_db, WorkerOptions(name="x"))
     with any_db.session() as s:
-        wid = queries.pending_work_ids(s, 1)[0]
+        wid = jobs.pending_ids(s, ROLLOUT_WORK, 1)[0]
     assert run_work_item(rt, wid).status == "done"
     assert run_work_item(rt, wid).status == "skipped"
 
@@ -57,7 +59,7 @@ def test_a_redelivered_task_is_a_no_op(any_db: Database) -> None:
 def test_concurrent_deliveries_write_each_rollout_once(pg: Database) -> None:
     _setup(pg, problems=1, m=6)
     with pg.session() as s:
-        wid = queries.pending_work_ids(s, 1)[0]
+        wid = jobs.pending_ids(s, ROLLOUT_WORK, 1)[0]
     results: list[str] = []
 
     def deliver(name: str) -> None:
@@ -77,15 +79,15 @@ def test_concurrent_deliveries_write_each_rollout_once(pg: Database) -> None:
 def test_expired_leases_are_rescheduled_and_give_up_after_max_attempts(any_db: Database) -> None:
     _setup(any_db, problems=1)
     published: list[int] = []
-    d = Dispatcher(any_db, published.extend, options=DispatchOptions(max_attempts=2))
+    d = Dispatcher(any_db, outlets(published.extend), options=DispatchOptions(max_attempts=2))
     assert d.cycle().published == 1
     wid = published[0]
     with any_db.session() as s:
-        queries.claim_work(s, wid, "dead", ttl=-1)
+        jobs.claim(s, ROLLOUT_WORK, wid, "dead", ttl=-1)
     report = d.cycle()
     assert (report.expired, report.published) == (1, 1)
     with any_db.session() as s:
-        queries.claim_work(s, wid, "dead-again", ttl=-1)
+        jobs.claim(s, ROLLOUT_WORK, wid, "dead-again", ttl=-1)
     report = d.cycle()
     assert (report.failed, report.published) == (1, 0)
     with any_db.session() as s:
@@ -98,7 +100,7 @@ def test_queued_items_are_republished_when_the_broker_is_empty(any_db: Database)
     depth: list[int | None] = [5]
     d = Dispatcher(
         any_db,
-        published.extend,
+        outlets(published.extend),
         queue_depth=lambda: depth[0],
         options=DispatchOptions(lost_grace_s=0.0, requeue_after_s=3600),
     )
@@ -119,7 +121,7 @@ def test_publish_failure_puts_items_back_to_pending(any_db: Database) -> None:
 
     from stepq.models.errors import BrokerError
 
-    d = Dispatcher(any_db, broken)
+    d = Dispatcher(any_db, outlets(broken))
     try:
         d.cycle()
         raise AssertionError("expected BrokerError")
@@ -130,8 +132,8 @@ def test_publish_failure_puts_items_back_to_pending(any_db: Database) -> None:
 
 
 def test_only_one_dispatcher_holds_the_lock(any_db: Database) -> None:
-    a = Dispatcher(any_db, lambda ids: None, name="a")
-    b = Dispatcher(any_db, lambda ids: None, name="b")
+    a = Dispatcher(any_db, outlets(lambda ids: None), name="a")
+    b = Dispatcher(any_db, outlets(lambda ids: None), name="b")
     assert a.acquire() and a.acquire(), "renewable by its owner"
     assert not b.acquire()
     assert b.run(once=True, wait_s=0.5) == 0, "b waited and gave up"

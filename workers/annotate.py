@@ -15,15 +15,17 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepq.models import Database, queries
+from stepq.models import Database, jobs, queries
 from stepq.models.errors import ConfigError, GenerationError, LeaseLost
 from stepq.models.problems import ProblemSet
 from stepq.models.rollouts import Rollout
+from stepq.models.work import ROLLOUT_WORK, RolloutWork
+from stepq.workers import queue
 from stepq.workers.backends import (
     Completion,
     GenerationBackend,
@@ -37,6 +39,7 @@ from stepq.workers.grading import Grader
 from stepq.workers.heartbeat import Heartbeat
 from stepq.workers.labels import parse_rule
 from stepq.workers.logcontext import bind
+from stepq.workers.queue import HeldJobs, RetryPolicy
 from stepq.workers.qvalues import TrajectoryLabeller
 from stepq.workers.seeds import derive_seed
 
@@ -87,9 +90,9 @@ class WorkerRuntime:
         # Unique per process: every host may run workers under the same --name, and a
         # lease must never be mistaken for another process's.
         self.name = f"{self.label}@{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-        self._held: set[int] = set()
-        self._held_searches: set[int] = set()
-        self._held_lock = threading.Lock()
+        self.held = HeldJobs()
+        """The jobs (of every kind) this process's running tasks hold: what the heartbeat renews."""
+        self.retry = RetryPolicy(self.options.max_attempts, self.options.retry_backoff_s)
         self.engine_s = 0.0
         """Seconds spent inside generate calls (metrics: engine time per worker)."""
         self.grades: Counter[str] = Counter()
@@ -104,10 +107,10 @@ class WorkerRuntime:
             label=self.label,
             interval_s=self.options.heartbeat_interval_s,
             lease_ttl_s=self.options.lease_ttl_s,
-            busy=lambda: len(self._held),
+            busy=lambda: len(self.held),
             backend=lambda: self._generator,
             totals=lambda: (self.engine_s, dict(self.grades)),
-            held=self.held_now,
+            held=self.held,
         )
 
     def request_stop(self) -> None:
@@ -120,25 +123,7 @@ class WorkerRuntime:
 
     @property
     def busy_items(self) -> int:
-        return len(self._held)
-
-    @contextmanager
-    def holding(self, work_ids: list[int], searches: Sequence[int] = ()) -> Iterator[None]:
-        """While the block runs the heartbeat renews these items' (and searches') leases; once
-        it ends, however it ends, nothing renews them."""
-        with self._held_lock:
-            self._held.update(work_ids)
-            self._held_searches.update(searches)
-        try:
-            yield
-        finally:
-            with self._held_lock:
-                self._held.difference_update(work_ids)
-                self._held_searches.difference_update(searches)
-
-    def held_now(self) -> tuple[list[int], list[int]]:
-        with self._held_lock:
-            return sorted(self._held), sorted(self._held_searches)
+        return len(self.held)
 
     @contextmanager
     def deadline(self, what: str) -> Iterator[None]:
@@ -158,23 +143,16 @@ class WorkerRuntime:
             timer.cancel()
 
     def _deadline_passed(self, what: str, limit: float) -> None:
-        from stepq.models import search_queries
-
-        items, searches = self.held_now()
+        held = self.held.now()
         log.error(
-            "%s did not return within %.0f s (STEPQ_GENERATE_TIMEOUT_S): handing back %d work items and %d "
-            "searches, and exiting for the supervisor to restart this worker",
+            "%s did not return within %.0f s (STEPQ_GENERATE_TIMEOUT_S): handing back %s, and exiting for the "
+            "supervisor to restart this worker",
             what,
             limit,
-            len(items),
-            len(searches),
+            ", ".join(f"{len(ids)} {table.name} jobs" for table, ids in held.items()) or "nothing",
         )
         try:
-            with self.db.session() as s:
-                for work_id in items:
-                    queries.hand_back(s, work_id, self.name)
-                for search_id in searches:
-                    search_queries.hand_back_search(s, search_id, self.name)
+            queue.hand_back(self.db, held, self.name)
         except Exception as exc:  # their leases, no longer renewed once we are gone, expire
             log.error("could not hand the work back (%s); its leases will expire", exc)
         logging.shutdown()
@@ -299,7 +277,7 @@ class TrajectoryJob:
                     }
                 )
         with rt.db.session() as s:
-            if not queries.renew_lease(s, self.work_id, rt.name, opts.lease_ttl_s):
+            if not jobs.renew(s, ROLLOUT_WORK, [self.work_id], rt.name, opts.lease_ttl_s):
                 raise LeaseLost(f"lease on work item {self.work_id} was taken over")
             queries.insert_ignore(s, Rollout, rows)
             if self.first:
@@ -320,33 +298,12 @@ class TrajectoryJob:
                 grades=dict(rt.grades),
             )
             if self.decision.done:  # the last batch commits together with "done"
-                queries.finish_work(s, self.work_id, rt.name)
+                jobs.finish(s, ROLLOUT_WORK, self.work_id, rt.name)
         return self.decision.done
 
 
 def _fail(rt: WorkerRuntime, work_id: int, exc: Exception, set_name: str | None = None) -> str:
-    """Record a failed item: permanent errors fail it at once, others retry with backoff."""
-    permanent = isinstance(exc, ConfigError) or (isinstance(exc, GenerationError) and exc.permanent)
-    log.error(
-        "work item %s failed (%s): %s: %s",
-        work_id,
-        "permanent" if permanent else "will retry",
-        type(exc).__name__,
-        exc,
-        extra={"item": work_id, "set": set_name},
-    )
-    with rt.db.session() as s:
-        outcome = queries.fail_or_retry(
-            s,
-            work_id,
-            rt.name,
-            f"{type(exc).__name__}: {exc}",
-            rt.options.max_attempts,
-            permanent=permanent,
-            backoff_s=rt.options.retry_backoff_s,
-        )
-        queries.count_event(s, {"failed": "items_failed", "retry": "retries"}.get(outcome, "lost_leases"))
-    return outcome
+    return queue.fail(rt.db, ROLLOUT_WORK, work_id, rt.name, exc, rt.retry, set=set_name)
 
 
 def _generate_isolated(
@@ -389,52 +346,46 @@ def run_work_items(rt: WorkerRuntime, work_ids: list[int]) -> dict[int, WorkOutc
     """
     outcomes: dict[int, WorkOutcome] = {}
     claimed: list[int] = []
-    with rt.holding(work_ids), bind(worker=rt.name, item=work_ids[0] if len(work_ids) == 1 else work_ids):
+    with (
+        rt.held.holding(ROLLOUT_WORK, work_ids),
+        bind(worker=rt.name, item=work_ids[0] if len(work_ids) == 1 else work_ids),
+    ):
         try:
             return _run(rt, work_ids, outcomes, claimed)
         except BaseException as exc:
             # whatever escaped (a database error loading the next item, a bug, SystemExit):
             # what this task claimed and did not finish goes back, with the error counted
-            _release_unfinished(rt, [w for w in claimed if w not in outcomes], exc)
+            unsettled = [w for w in claimed if w not in outcomes]
+            queue.release_unfinished(rt.db, ROLLOUT_WORK, unsettled, rt.name, exc, rt.retry)
             raise
-
-
-def _release_unfinished(rt: WorkerRuntime, work_ids: list[int], exc: BaseException) -> None:
-    """Fail-or-retry each item (an attempt counted, backoff) so a deterministic error cannot
-    loop; if even that cannot be written, the lease, no longer renewed, expires on its own."""
-    for work_id in work_ids:
-        try:
-            _fail(rt, work_id, exc if isinstance(exc, Exception) else RuntimeError(type(exc).__name__))
-        except Exception as err:
-            log.warning("could not release work item %s (%s); its lease will expire", work_id, err)
 
 
 def _run(
     rt: WorkerRuntime, work_ids: list[int], outcomes: dict[int, WorkOutcome], claimed: list[int]
 ) -> dict[int, WorkOutcome]:
-    jobs: list[TrajectoryJob] = []
+    active: list[TrajectoryJob] = []
     for work_id in work_ids:
         if rt.stopping.is_set():  # not claimed: the dispatcher publishes it again
             outcomes[work_id] = WorkOutcome("skipped")
             continue
         with rt.db.session() as s:
-            trajectory_id = queries.claim_work(s, work_id, rt.name, rt.options.lease_ttl_s)
-            if trajectory_id is not None:
+            ctx = None
+            if jobs.claim(s, ROLLOUT_WORK, work_id, rt.name, rt.options.lease_ttl_s):
                 claimed.append(work_id)
-            ctx = queries.load_work_context(s, trajectory_id) if trajectory_id is not None else None
+                ctx = queries.load_work_context(s, s.get_one(RolloutWork, work_id).trajectory_id)
         if ctx is None:
             outcomes[work_id] = WorkOutcome("skipped")
             continue
         try:
-            jobs.append(TrajectoryJob(rt, work_id, ctx))
+            active.append(TrajectoryJob(rt, work_id, ctx))
         except Exception as exc:
             outcomes[work_id] = WorkOutcome(_fail(rt, work_id, exc))
-    while jobs:
+    while active:
         if rt.stopping.is_set():
-            _hand_back(rt, jobs, outcomes)
+            _hand_back(rt, active, outcomes)
             break
         groups: dict[tuple[int, SamplingParams], list[tuple[TrajectoryJob, list[GenerationRequest]]]] = {}
-        for job in jobs:
+        for job in active:
             try:
                 groups.setdefault((id(job.backend), job.params), []).append((job, job.next_requests()))
             except Exception as exc:
@@ -458,17 +409,16 @@ def _run(
                     outcomes[job.work_id] = WorkOutcome("lost")
                 except Exception as exc:
                     outcomes[job.work_id] = WorkOutcome(_fail(rt, job.work_id, exc, job.set_name))
-        jobs = still
+        active = still
     return outcomes
 
 
-def _hand_back(rt: WorkerRuntime, jobs: list[TrajectoryJob], outcomes: dict[int, WorkOutcome]) -> None:
+def _hand_back(rt: WorkerRuntime, trajectories: list[TrajectoryJob], outcomes: dict[int, WorkOutcome]) -> None:
     """The worker is stopping: return the items it holds (their committed batches stay)."""
-    with rt.db.session() as s:
-        for job in jobs:
-            queries.hand_back(s, job.work_id, rt.name)
-            outcomes[job.work_id] = WorkOutcome("handed-back")
-    log.info("stopping: handed back %d work items after the batch in flight", len(jobs))
+    queue.hand_back(rt.db, {ROLLOUT_WORK: [job.work_id for job in trajectories]}, rt.name)
+    for job in trajectories:
+        outcomes[job.work_id] = WorkOutcome("handed-back")
+    log.info("stopping: handed back %d work items after the batch in flight", len(trajectories))
 
 
 def run_work_item(rt: WorkerRuntime, work_id: int) -> WorkOutcome:

@@ -24,9 +24,10 @@ from typing import Any
 from celery import Celery, signals
 
 from stepq.workers.annotate import WorkerRuntime
+from stepq.workers.queue import JobKind, Outlet
+from stepq.workers.work_kinds import KINDS, ROLLOUTS
 
-TASK_NAME = "stepq.annotate_trajectory"
-SEARCH_TASK_NAME = "stepq.step_search"
+TASK_NAME = ROLLOUTS.task_name
 DEFAULT_QUEUE = "stepq.rollouts"
 
 
@@ -99,20 +100,8 @@ def create_app(
         signals.worker_shutdown.connect(close_runtime, weak=False)
     app.stepq_runtime = runtime  # type: ignore[attr-defined]
 
-    @app.task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True)
-    def annotate_trajectory(self: object, work_ids: list[int] | int) -> str:
-        from stepq.workers.annotate import run_work_items
-
-        ids = [int(work_ids)] if isinstance(work_ids, int) else [int(i) for i in work_ids]
-        outcomes = run_work_items(runtime(), ids)
-        return ",".join(f"{i}:{o.status}" for i, o in outcomes.items())
-
-    @app.task(name=SEARCH_TASK_NAME, bind=True, acks_late=True, ignore_result=True)
-    def step_search(self: object, search_ids: list[int] | int) -> str:
-        from stepq.workers.search.runner import run_searches
-
-        ids = [int(search_ids)] if isinstance(search_ids, int) else [int(i) for i in search_ids]
-        return ",".join(f"{i}:{o}" for i, o in run_searches(runtime(), ids).items())
+    for kind in KINDS:  # one thin task per kind of queue work
+        _register(app, kind, runtime)
 
     app.stepq_queue = options.queue  # type: ignore[attr-defined]
     return app
@@ -135,18 +124,25 @@ def _reachable(producer: Any) -> None:
     )
 
 
-def publisher(app: Celery, items_per_task: int = 1) -> Callable[[Sequence[int]], None]:
-    """A function that publishes work item ids, ``items_per_task`` to a message; used by the
-    dispatcher.  A task runs its items together: one engine call serves all of them."""
+def _register(app: Celery, kind: JobKind, runtime: Callable[[], WorkerRuntime]) -> None:
+    @app.task(name=kind.task_name, bind=True, acks_late=True, ignore_result=True)
+    def run(self: object, job_ids: list[int] | int) -> str:
+        ids = [int(job_ids)] if isinstance(job_ids, int) else [int(i) for i in job_ids]
+        return ",".join(f"{i}:{status}" for i, status in kind.handler()(runtime(), ids).items())
+
+
+def publisher(app: Celery, kind: JobKind = ROLLOUTS, per_message: int = 1) -> Callable[[Sequence[int]], None]:
+    """A function that publishes one kind's job ids, ``per_message`` to a message; used by the
+    dispatcher.  A task runs its jobs together (for rollouts: one engine call serves them)."""
     queue: str = app.stepq_queue  # type: ignore[attr-defined]
 
     def publish(ids: Sequence[int]) -> None:
         with app.producer_or_acquire() as producer:
             _reachable(producer)
-            for start in range(0, len(ids), items_per_task):
+            for start in range(0, len(ids), per_message):
                 app.send_task(
-                    TASK_NAME,
-                    args=[[int(i) for i in ids[start : start + items_per_task]]],
+                    kind.task_name,
+                    args=[[int(i) for i in ids[start : start + per_message]]],
                     queue=queue,
                     exchange="",
                     routing_key=queue,
@@ -158,26 +154,14 @@ def publisher(app: Celery, items_per_task: int = 1) -> Callable[[Sequence[int]],
     return publish
 
 
-def search_publisher(app: Celery) -> Callable[[Sequence[int]], None]:
-    """Publishes step search ids, one search to a message (a search is a long task)."""
-    queue: str = app.stepq_queue  # type: ignore[attr-defined]
-
-    def publish(ids: Sequence[int]) -> None:
-        with app.producer_or_acquire() as producer:
-            _reachable(producer)
-            for i in ids:
-                app.send_task(
-                    SEARCH_TASK_NAME,
-                    args=[[int(i)]],
-                    queue=queue,
-                    exchange="",
-                    routing_key=queue,
-                    producer=producer,
-                    ignore_result=True,
-                    retry_policy=PUBLISH_RETRY,
-                )
-
-    return publish
+def outlets(app: Celery, rollouts_per_message: int) -> list[Outlet]:
+    """Every kind of queue work, each published through this app (rollouts several to a
+    message, as the settings say; every other kind as its ``per_message``)."""
+    out = []
+    for kind in KINDS:
+        per = rollouts_per_message if kind is ROLLOUTS else kind.per_message
+        out.append(Outlet(kind, publisher(app, kind, per), per))
+    return out
 
 
 def wait_for_broker(broker_url: str, wait_s: float) -> None:

@@ -11,7 +11,8 @@ as it drains; a multi-day backlog waits in the database, not in Redis.  A queued
 published again only when its message cannot still be waiting: the broker says its queue
 is empty (a flushed Redis, a lost message) and the item was queued a grace period ago.
 When the broker cannot say how deep its queue is, an item queued ``requeue_after_s`` ago is
-presumed lost.  Rollout items and step searches share that one bound.
+presumed lost.  Every kind of queue work (``work_kinds``: rollouts, step searches) shares
+that one bound, counted in messages; each cycle starts with the next kind.
 
 An outage is weathered, not fatal: a running dispatcher that cannot reach the broker or the
 database logs it, waits (doubling up to ``outage_backoff_max_s``) and tries again, keeping
@@ -29,9 +30,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stepq.models import Database, epoch, queries
-from stepq.models import search_queries as sq
+from stepq.models import Database, epoch, jobs, queries
 from stepq.models.errors import BrokerError
+from stepq.workers.queue import Outlet
 
 log = logging.getLogger("stepq.dispatcher")
 
@@ -48,7 +49,6 @@ class DispatchOptions:
     lost_grace_s: float = 10.0
     """When the broker queue is empty, queued items older than this are surely lost."""
     batch: int = 500
-    items_per_message: int = 1
     messages_per_worker: int | None = 2
     """Messages kept queued per live worker; None publishes everything pending (embedded)."""
     min_messages: int = 2
@@ -72,70 +72,82 @@ class CycleReport:
 
 
 class Dispatcher:
+    """Publishes every kind of queue work (``outlets``: one per kind) within one broker bound."""
+
     def __init__(
         self,
         db: Database,
-        publish: Callable[[Sequence[int]], None],
+        outlets: Sequence[Outlet],
         *,
         options: DispatchOptions | None = None,
         queue_depth: Callable[[], int | None] | None = None,
         name: str | None = None,
-        publish_searches: Callable[[Sequence[int]], None] | None = None,
     ) -> None:
         self.db = db
-        self.publish = publish
-        self.publish_searches = publish_searches
+        self.outlets = list(outlets)
         self.options = options or DispatchOptions()
         self.queue_depth = queue_depth or (lambda: None)
         self.name = name or f"dispatcher@{socket.gethostname()}:{os.getpid()}"
         self._sampled_at = 0.0
+        self._turn = 0
 
     def cycle(self) -> CycleReport:
         """One pass; call only while holding the lock (``run`` does)."""
         o = self.options
         now = epoch()
+        expired = failed = 0
         with self.db.session() as s:
             planned = queries.plan_work(s)
-            expired, failed = queries.reschedule_expired(s, now, o.max_attempts)
+            for outlet in self.outlets:
+                back, gave_up = jobs.expire_leases(s, outlet.kind.table, now, o.max_attempts)
+                expired, failed = expired + back, failed + gave_up
             queries.count_event(s, "lease_expiries", expired + failed)
             queries.count_event(s, "items_failed", failed)
             if now - self._sampled_at >= o.sample_every_s:
                 queries.record_progress(s, now)
                 self._sampled_at = now
-        depth = self.queue_depth()
         requeued = 0
-        lost_before = self.lost_before(now, depth)
+        lost_before = self.lost_before(now, self.queue_depth())
         if lost_before is not None:
             with self.db.session() as s:
-                requeued = queries.requeue_stale(s, lost_before)
+                requeued = sum(jobs.requeue_lost(s, outlet.kind.table, lost_before) for outlet in self.outlets)
                 queries.count_event(s, "messages_lost", requeued)
         bound = self.bound()
+        published = 0
+        # Each cycle starts with the next kind, so one kind's backlog cannot starve another's.
+        self._turn = (self._turn + 1) % max(1, len(self.outlets))
+        for outlet in self.outlets[self._turn :] + self.outlets[: self._turn]:
+            published += self.publish_pending(outlet, bound)
+        report = CycleReport(planned, expired, failed, requeued, published, bound)
+        if any((planned, expired, failed, requeued, published)):
+            log.info("dispatch: %s", report)
+        return report
+
+    def publish_pending(self, outlet: Outlet, bound: int | None) -> int:
+        """Mark pending jobs of one kind queued and publish them, while the bound has room."""
+        table, per = outlet.kind.table, outlet.per_message
+        batch = max(per, self.options.batch // per * per)
         published = 0
         while True:
             if published and not self.acquire():  # a long cycle renews its lock as it goes
                 log.warning("dispatcher lock lost mid-cycle; stopping this cycle")
                 break
             with self.db.session() as s:
-                room = o.batch if bound is None else self.room(bound - self.queued_items(s))
-                ids = queries.pending_work_ids(s, room) if room > 0 else []
-                claimed = queries.mark_queued(s, ids, epoch())
+                room = batch if bound is None else min(batch, (bound - self.queued_messages(s)) * per)
+                ids = jobs.pending_ids(s, table, room) if room > 0 else []
+                claimed = jobs.mark_queued(s, table, ids, epoch())
             if not claimed:
                 break
             try:
-                self.publish(claimed)
+                outlet.publish(claimed)
             except Exception as exc:
                 with self.db.session() as s:
-                    queries.unmark_queued(s, claimed)
+                    jobs.unmark_queued(s, table, claimed)
                 raise BrokerError(f"cannot publish to the broker: {exc}") from exc
             published += len(claimed)
             if len(ids) < room:
                 break
-        if self.publish_searches is not None:
-            published += self.search_cycle(now, depth, bound)
-        report = CycleReport(planned, expired, failed, requeued, published, bound)
-        if any((planned, expired, failed, requeued, published)):
-            log.info("dispatch: %s", report)
-        return report
+        return published
 
     def lost_before(self, now: float, depth: int | None) -> float | None:
         """Queued before this, a message is presumed lost: a grace period when the broker says
@@ -147,44 +159,19 @@ class Dispatcher:
             return None
         return now - (o.lost_grace_s if depth == 0 else o.requeue_after_s)
 
-    def queued_items(self, session: Any) -> int:
-        """Work items queued, in item units, counting queued searches too (one message each,
-        worth ``items_per_message`` items): one bound for every kind of queue work."""
-        searches = sq.queued_search_count(session) if self.publish_searches is not None else 0
-        return queries.queued_count(session) + searches * self.options.items_per_message
-
-    def search_cycle(self, now: float, depth: int | None, bound: int | None) -> int:
-        """Step searches: recover those whose worker died or whose message is gone, and
-        publish the pending ones within the cycle's broker bound (one long task each)."""
-        o = self.options
-        assert self.publish_searches is not None
-        with self.db.session() as s:
-            sq.recover_searches(s, now, self.lost_before(now, depth), o.max_attempts)
-            free = o.batch if bound is None else (bound - self.queued_items(s)) // o.items_per_message
-            ids = sq.queue_pending_searches(s, min(o.batch, free)) if free > 0 else []
-        if ids:
-            try:
-                self.publish_searches(ids)
-            except Exception as exc:
-                with self.db.session() as s:
-                    sq.unqueue_searches(s, ids)
-                raise BrokerError(f"cannot publish to the broker: {exc}") from exc
-        return len(ids)
-
-    def room(self, free: int) -> int:
-        """Items to publish into ``free`` queued slots: whole messages only, so the queue
-        holds at most bound / items_per_message messages while a backlog lasts."""
-        per = self.options.items_per_message
-        return min(self.options.batch // per * per or per, free // per * per)
+    def queued_messages(self, session: Any) -> int:
+        """Messages in the broker (waiting, or reserved by a worker that has not claimed their
+        jobs yet), over every kind: the one bound counts them all."""
+        return sum(-(-jobs.queued_count(session, o.kind.table) // o.per_message) for o in self.outlets)
 
     def bound(self) -> int | None:
-        """How many items may be queued at once: a few messages per live worker."""
+        """How many messages may be queued at once: a few per live worker."""
         o = self.options
         if o.messages_per_worker is None:
             return None
         with self.db.session() as s:
             live = queries.live_worker_count(s, epoch() - o.worker_live_s)
-        return o.items_per_message * max(o.min_messages, o.messages_per_worker * live)
+        return max(o.min_messages, o.messages_per_worker * live)
 
     def acquire(self) -> bool:
         with self.db.session() as s:

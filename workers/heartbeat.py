@@ -1,5 +1,5 @@
-"""A worker process's heartbeat: it keeps the process visible and its leases (rollout work,
-step searches) alive.
+"""A worker process's heartbeat: it keeps the process visible and the leases of the jobs its
+tasks hold (of every kind of queue work) alive.
 
 Without it a lease would be renewed only when a batch commits, and one ``generate`` call
 longer than the lease (a slow server, a long batch) would lose the work it is doing.  The
@@ -16,15 +16,16 @@ import socket
 import threading
 from collections.abc import Callable
 
-from stepq.models import Database, queries, search_queries
+from stepq.models import Database, queries
 from stepq.workers.logcontext import bind
+from stepq.workers.queue import HeldJobs
 
 log = logging.getLogger("stepq.worker")
 
 
 class Heartbeat:
-    """Beats every ``interval_s`` until stopped; each beat renews the leases of the work the
-    process's running tasks hold now (``held``: work item ids, search ids), nothing else."""
+    """Beats every ``interval_s`` until stopped; each beat renews the leases of the jobs the
+    process's running tasks hold now (``held``), nothing else."""
 
     def __init__(
         self,
@@ -37,11 +38,12 @@ class Heartbeat:
         busy: Callable[[], int],
         backend: Callable[[], str],
         totals: Callable[[], tuple[float, dict[str, int]]] = lambda: (0.0, {}),
-        held: Callable[[], tuple[list[int], list[int]]] = lambda: ([], []),
+        held: HeldJobs | None = None,
     ) -> None:
         self.db, self.name, self.label = db, name, label
         self.interval_s, self.lease_ttl_s = interval_s, lease_ttl_s
-        self.busy, self.backend, self.totals, self.held = busy, backend, totals, held
+        self.busy, self.backend, self.totals = busy, backend, totals
+        self.held = held if held is not None else HeldJobs()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.beats = 0
@@ -50,9 +52,7 @@ class Heartbeat:
         """One beat; returns how many leases it renewed."""
         engine_s, grades = self.totals()
         with self.db.session() as s:
-            items, searches = self.held()
-            renewed = queries.renew_owner_leases(s, self.name, self.lease_ttl_s, items)
-            renewed += search_queries.renew_owner_searches(s, self.name, self.lease_ttl_s, searches)
+            renewed = self.held.renew(s, self.name, self.lease_ttl_s)
             queries.heartbeat(
                 s,
                 self.name,

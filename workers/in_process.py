@@ -1,7 +1,8 @@
 """The embedded default: the dispatcher and the task code run in this process.
 
-No broker and no worker processes; the dispatcher publishes into a local list and the
-same ``run_work_item`` a Celery worker runs drains it.  Used by ``stepq run`` and tests.
+No broker and no worker processes; the dispatcher publishes into a local list and the same
+handlers a Celery worker runs drain it.  Used by ``stepq run`` (rollouts), ``stepq search
+run`` (step searches) and tests.
 """
 
 from __future__ import annotations
@@ -11,29 +12,41 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from stepq.models import Database, epoch, queries
-from stepq.workers.annotate import WorkerRuntime, run_work_items
+from stepq.models import Database, epoch, jobs
+from stepq.workers.annotate import WorkerRuntime
 from stepq.workers.dispatcher import Dispatcher, DispatchOptions
+from stepq.workers.queue import JobKind, Outlet
+from stepq.workers.work_kinds import ROLLOUTS
 
 
 def run_in_process(
     db: Database,
     runtime: WorkerRuntime,
     *,
+    kinds: Sequence[JobKind] = (ROLLOUTS,),
     on_item: Callable[[int, str], None] | None = None,
     options: DispatchOptions | None = None,
     items_per_task: int = 1,
 ) -> dict[str, int]:
-    """Run every pending work item to the end; returns outcome counts."""
-    inbox: deque[int] = deque()
+    """Run every pending job of these kinds to the end; returns outcome counts."""
+    inbox: deque[tuple[JobKind, list[int]]] = deque()
 
-    def publish(ids: Sequence[int]) -> None:
-        inbox.extend(ids)
+    def outlet(kind: JobKind) -> Outlet:
+        per = items_per_task if kind is ROLLOUTS else kind.per_message
+
+        def publish(ids: Sequence[int]) -> None:
+            inbox.extend((kind, list(ids[i : i + per])) for i in range(0, len(ids), per))
+
+        return Outlet(kind, publish, per)
 
     # No broker to keep bounded: each cycle hands over everything pending.
     unbounded = replace(options or DispatchOptions(), messages_per_worker=None)
     dispatcher = Dispatcher(
-        db, publish, options=unbounded, queue_depth=lambda: len(inbox), name=f"embedded:{runtime.name}"
+        db,
+        [outlet(kind) for kind in kinds],
+        options=unbounded,
+        queue_depth=lambda: len(inbox),
+        name=f"embedded:{runtime.name}",
     )
     outcomes: dict[str, int] = {}
     if not dispatcher.acquire():
@@ -45,18 +58,18 @@ def run_in_process(
             dispatcher.cycle()
             if not inbox:
                 with db.session() as s:
-                    wake = queries.next_retry_at(s)
-                if wake is None:
+                    wakes = [w for kind in kinds if (w := jobs.next_retry_at(s, kind.table)) is not None]
+                if not wakes:
                     break
-                time.sleep(min(max(0.0, wake - epoch()), 60.0))  # a retry is backing off
+                time.sleep(min(max(0.0, min(wakes) - epoch()), 60.0))  # a retry is backing off
                 continue
             while inbox:
-                ids = [inbox.popleft() for _ in range(min(items_per_task, len(inbox)))]
-                for work_id, outcome in run_work_items(runtime, ids).items():
-                    outcomes[outcome.status] = outcomes.get(outcome.status, 0) + 1
+                kind, ids = inbox.popleft()
+                for job_id, status in kind.handler()(runtime, ids).items():
+                    outcomes[status] = outcomes.get(status, 0) + 1
                     if on_item:
-                        on_item(work_id, outcome.status)
-                dispatcher.acquire()  # renew the lock between items
+                        on_item(job_id, status)
+                dispatcher.acquire()  # renew the lock between tasks
     finally:
         dispatcher.release()
     return outcomes

@@ -129,14 +129,18 @@ def regrade(set_name: str, only: str) -> None:
 @click.option("--set", "set_name", default=None, help="Only this problem set (default: all).")
 @friendly
 def retry(set_name: str | None) -> None:
-    """Give failed work items another round of attempts (after fixing what made them fail)."""
+    """Give failed jobs (work items, step searches) another round of attempts (after fixing
+    what made them fail)."""
     from stepq.models import queries
+    from stepq.workers.work_kinds import retry_failed
 
     database = open_db(load_settings())
     with database.session() as s:
         set_id = queries.get_set(s, set_name).id if set_name else None
-        n = queries.retry_failed(s, set_id)
-    click.echo(f"{n} failed work items are pending again")
+        counts = retry_failed(s, set_id)
+    click.echo(f"{counts.get('rollouts', 0)} failed work items are pending again")
+    if counts.get("searches"):
+        click.echo(f"{counts['searches']} failed step searches are pending again")
 
 
 @main.command()

@@ -141,7 +141,7 @@ def worker(
 def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
     """Publish missing work (rollouts, step searches) to the broker; only one dispatcher
     acts at a time."""
-    from stepq.workers.celery_app import create_app, publisher, redis_queue_depth, search_publisher, wait_for_broker
+    from stepq.workers.celery_app import create_app, outlets, redis_queue_depth, wait_for_broker
     from stepq.workers.dispatcher import Dispatcher
 
     settings = load_settings()
@@ -151,10 +151,9 @@ def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
     app = create_app(settings.celery_options())
     dispatcher = Dispatcher(
         database,
-        publisher(app, settings.items_per_task),
+        outlets(app, settings.items_per_task),
         options=settings.dispatch_options(),
         queue_depth=redis_queue_depth(settings.broker_url, settings.queue),
-        publish_searches=search_publisher(app),
     )
     try:
         published = dispatcher.run(once=once, interval_s=interval or settings.dispatch_interval_s, wait_s=wait)

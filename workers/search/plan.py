@@ -4,19 +4,19 @@ them; or run them here, without a broker (the embedded default)."""
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepq.models import Database, epoch, queries
+from stepq.models import Database, queries
 from stepq.models import search_queries as sq
 from stepq.models.errors import ConfigError
 from stepq.workers.annotate import WorkerRuntime
+from stepq.workers.dispatcher import DispatchOptions
 from stepq.workers.planning import require_synthetic_problems
 from stepq.workers.prompts import load_template, render
 from stepq.workers.search.pairwise import EACH_VERDICT, SCORINGS
-from stepq.workers.search.runner import ORACLE, run_search
+from stepq.workers.search.runner import ORACLE
 
 
 @dataclass(frozen=True)
@@ -102,14 +102,9 @@ def next_round(db: Database, plan: SearchPlan, run_ref: str) -> SearchPlan:
     return replace(plan, policy_model=model, policy_run_id=run_id, judge_backend=backend, judge_config=judge_config)
 
 
-def run_searches_here(db: Database, rt: WorkerRuntime, max_attempts: int = 5) -> Counter[str]:
+def run_searches_here(db: Database, rt: WorkerRuntime, max_attempts: int = 5) -> dict[str, int]:
     """Run every pending search in this process (no broker); returns outcome counts."""
-    outcomes: Counter[str] = Counter()
-    while True:
-        with db.session() as s:
-            sq.recover_searches(s, epoch(), None, max_attempts)
-            ids = sq.queue_pending_searches(s, 100)
-        if not ids:
-            return outcomes
-        for sid in ids:
-            outcomes[run_search(rt, sid)] += 1
+    from stepq.workers.in_process import run_in_process
+    from stepq.workers.work_kinds import SEARCHES
+
+    return run_in_process(db, rt, kinds=[SEARCHES], options=DispatchOptions(max_attempts=max_attempts))

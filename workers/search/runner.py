@@ -8,10 +8,12 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from stepq.models import jobs
 from stepq.models import search_queries as sq
-from stepq.models.errors import ConfigError, GenerationError
+from stepq.models.errors import ConfigError
 from stepq.models.problems import Problem, ProblemSet
-from stepq.models.search import FINISH, StepSearch
+from stepq.models.search import FINISH, STEP_SEARCHES, StepSearch
+from stepq.workers import queue
 from stepq.workers.annotate import WorkerRuntime
 from stepq.workers.backends import SamplingParams
 from stepq.workers.search.pairwise import VERDICT_BY, ModelPairwiseJudge, PairwiseJudge, SyntheticPairwiseOracle
@@ -49,16 +51,16 @@ def run_searches(rt: WorkerRuntime, ids: Sequence[int]) -> dict[int, str]:
 def run_search(rt: WorkerRuntime, search_id: int) -> str:
     """Run one search to its end under its lease; the heartbeat renews the lease only while
     this runs (a search whose task died for any reason expires and is taken over)."""
-    with rt.holding([], [search_id]):
+    with rt.held.holding(STEP_SEARCHES, [search_id]):
         return _run_search(rt, search_id)
 
 
 def _run_search(rt: WorkerRuntime, search_id: int) -> str:
     ttl = rt.options.lease_ttl_s
     with rt.db.session() as s:
-        search = sq.claim_search(s, search_id, rt.name, ttl)
-        if search is None:
+        if not jobs.claim(s, STEP_SEARCHES, search_id, rt.name, ttl):
             return "skipped"
+        search = s.get_one(StepSearch, search_id)
         spec, pset, judge_backend, judge_config = _load(s, search)
         policy_model = search.policy_model
         turns = [(t.action, list(t.candidates), t.chosen) for t in sq.search_turns(s, search_id)]
@@ -73,8 +75,7 @@ def _run_search(rt: WorkerRuntime, search_id: int) -> str:
         turn_no = len(turns)
         while not finished and turn_no < spec.max_turns:
             if rt.stopping.is_set():
-                with rt.db.session() as s:
-                    sq.hand_back_search(s, search_id, rt.name)
+                queue.hand_back(rt.db, {STEP_SEARCHES: [search_id]}, rt.name)
                 return "handed-back"
             with rt.deadline(f"step search {search_id} turn {turn_no}"):
                 turn = next_turn(spec, turn_no, prefix, policy, params, judge)
@@ -88,25 +89,15 @@ def _run_search(rt: WorkerRuntime, search_id: int) -> str:
             prefix, finished = replay(turns)
             turn_no += 1
         return "done"
-    except Exception as exc:  # an attempt counted, retried with backoff unless permanent
-        permanent = isinstance(exc, ConfigError) or (isinstance(exc, GenerationError) and exc.permanent)
-        log.error(
-            "step search %s failed (%s): %s: %s",
-            search_id,
-            "permanent" if permanent else "will retry",
-            type(exc).__name__,
-            exc,
-        )
-        with rt.db.session() as s:
-            sq.release_search(
-                s,
-                search_id,
-                rt.name,
-                error=f"{type(exc).__name__}: {exc}",
-                permanent=permanent,
-                max_attempts=rt.options.max_attempts,
-            )
-        return "failed" if permanent else "retry"
+    except BaseException as exc:  # an attempt counted, retried with backoff unless permanent
+        outcome = queue.fail(rt.db, STEP_SEARCHES, search_id, rt.name, _as_error(exc), rt.retry)
+        if not isinstance(exc, Exception):
+            raise
+        return outcome
+
+
+def _as_error(exc: BaseException) -> Exception:
+    return exc if isinstance(exc, Exception) else RuntimeError(type(exc).__name__)
 
 
 def _load(s: Any, search: StepSearch) -> tuple[SearchSpec, ProblemSet, str, dict[str, Any]]:

@@ -1,0 +1,154 @@
+"""The job queue on the workers' side: what a kind of work is, the retry policy, the jobs a
+process holds, and how a task that fails or stops settles what it claimed.
+
+The SQL is ``stepq.models.jobs`` (one lifecycle for every table of queue work); this module
+is the policy around it, written once: a handler (rollouts, step searches, ...) claims its
+jobs, does the work, and finishes them; everything else (renewing leases while it runs,
+failing or retrying with backoff after an error, handing work back when the process stops
+or a call hangs) happens here and in the dispatcher, the same for every kind.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.orm import Session
+
+from stepq.models import Database, jobs, queries
+from stepq.models.errors import ConfigError, GenerationError
+from stepq.models.jobs import JobTable
+
+if TYPE_CHECKING:
+    from stepq.workers.annotate import WorkerRuntime
+
+log = logging.getLogger("stepq.worker")
+
+Handler = Callable[["WorkerRuntime", list[int]], dict[int, str]]
+"""Runs some jobs of one kind in a worker; returns each job's status (done, skipped, lost,
+retry, failed, handed-back)."""
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """One kind of queue work: its table, its Celery task, the code that runs it, and how many
+    jobs go in one broker message by default (a message is what the broker bound counts)."""
+
+    table: JobTable
+    task_name: str
+    handler: Callable[[], Handler]
+    """Imported when first run, so publishing needs none of the workers' dependencies."""
+    per_message: int = 1
+
+
+@dataclass(frozen=True)
+class Outlet:
+    """Where the dispatcher publishes one kind's pending jobs: ``publish(ids)`` sends them as
+    messages of ``per_message`` ids each."""
+
+    kind: JobKind
+    publish: Callable[[Sequence[int]], None]
+    per_message: int = 1
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """When a failed job is tried again, and when it is given up on: every kind of work fails
+    the same way (a permanent error at once, else after ``max_attempts`` tries, waiting
+    ``backoff_s`` doubled per attempt, at most ``max_backoff_s``, in between)."""
+
+    max_attempts: int = 5
+    backoff_s: float = 5.0
+    max_backoff_s: float = 600.0
+
+    def decide(self, attempts: int, permanent: bool) -> tuple[bool, float]:
+        give_up = permanent or attempts >= self.max_attempts
+        return give_up, min(self.backoff_s * 2 ** max(0, attempts - 1), self.max_backoff_s)
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """A bad setting or a request the engine refuses for good: trying again cannot help."""
+    return isinstance(exc, ConfigError) or (isinstance(exc, GenerationError) and exc.permanent)
+
+
+def fail(
+    db: Database, table: JobTable, job_id: int, owner: str, exc: BaseException, policy: RetryPolicy, **log_extra: Any
+) -> str:
+    """Record a failed job: failed for good, or pending again after the policy's backoff;
+    returns "failed", "retry" or "lost" (another worker holds it now)."""
+    permanent = is_permanent(exc)
+    log.error(
+        "%s job %s failed (%s): %s: %s",
+        table.name,
+        job_id,
+        "permanent" if permanent else "will retry",
+        type(exc).__name__,
+        exc,
+        extra={"item": job_id, **log_extra},
+    )
+    with db.session() as s:
+        outcome = jobs.fail_or_retry(
+            s, table, job_id, owner, f"{type(exc).__name__}: {exc}", policy.decide, permanent=permanent
+        )
+        queries.count_event(s, {"failed": "items_failed", "retry": "retries"}.get(outcome, "lost_leases"))
+    return outcome
+
+
+def release_unfinished(
+    db: Database, table: JobTable, job_ids: Sequence[int], owner: str, exc: BaseException, policy: RetryPolicy
+) -> None:
+    """Whatever escaped a task (a database error, a bug, SystemExit): each job it claimed and
+    did not settle fails or retries (an attempt counted, so a deterministic error cannot
+    loop); if even that cannot be written, the lease, no longer renewed, expires."""
+    error = exc if isinstance(exc, Exception) else RuntimeError(type(exc).__name__)
+    for job_id in job_ids:
+        try:
+            fail(db, table, job_id, owner, error, policy)
+        except Exception as err:
+            log.warning("could not release %s job %s (%s); its lease will expire", table.name, job_id, err)
+
+
+def hand_back(db: Database, held: dict[JobTable, list[int]], owner: str) -> int:
+    """Return held jobs unharmed (the process is stopping, or a call hung): pending again,
+    the attempt not counted.  Returns how many went back."""
+    back = 0
+    with db.session() as s:
+        for table, ids in held.items():
+            back += sum(jobs.hand_back(s, table, job_id, owner) for job_id in ids)
+    return back
+
+
+class HeldJobs:
+    """The jobs this process's running tasks hold now, per table: exactly what its heartbeat
+    renews.  A task registers its jobs for as long as it runs (``holding``); once the task
+    ends, however it ends, nothing renews them and their leases run out."""
+
+    def __init__(self) -> None:
+        self._held: dict[JobTable, set[int]] = {}
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def holding(self, table: JobTable, ids: Sequence[int]) -> Iterator[None]:
+        with self._lock:
+            self._held.setdefault(table, set()).update(ids)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._held[table].difference_update(ids)
+
+    def now(self) -> dict[JobTable, list[int]]:
+        with self._lock:
+            return {table: sorted(ids) for table, ids in self._held.items() if ids}
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(ids) for ids in self._held.values())
+
+    def renew(self, session: Session, owner: str, ttl: float) -> int:
+        """Extend the leases on every job held now; returns how many this process still holds."""
+        return sum(jobs.renew(session, table, ids, owner, ttl) for table, ids in self.now().items())

@@ -1,0 +1,50 @@
+"""The kinds of queue work stepq runs, each a table and a handler on the one job queue.
+
+The Celery app registers one task per kind, the dispatcher publishes every kind within one
+broker bound, and the embedded runner drains them in-process, all from this list.  Adding a
+kind (docs/architecture.md, "Adding a kind of queue work") is a table with the
+``LeasedJob`` columns, its ``JobTable``, a handler, and one entry here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sqlalchemy.orm import Session
+
+from stepq.models import jobs
+from stepq.models.search import STEP_SEARCHES
+from stepq.models.work import ROLLOUT_WORK
+from stepq.workers.queue import Handler, JobKind
+
+if TYPE_CHECKING:
+    from stepq.workers.annotate import WorkerRuntime
+
+
+def _rollouts() -> Handler:
+    from stepq.workers.annotate import run_work_items
+
+    def run(rt: WorkerRuntime, ids: list[int]) -> dict[int, str]:
+        return {i: outcome.status for i, outcome in run_work_items(rt, ids).items()}
+
+    return run
+
+
+def _searches() -> Handler:
+    from stepq.workers.search.runner import run_searches
+
+    return run_searches
+
+
+ROLLOUTS = JobKind(ROLLOUT_WORK, "stepq.annotate_trajectory", _rollouts)
+"""A trajectory's missing rollouts; several to a message (one engine call serves them)."""
+SEARCHES = JobKind(STEP_SEARCHES, "stepq.step_search", _searches)
+"""One problem's step search, one to a message (a search is a long task)."""
+
+KINDS: tuple[JobKind, ...] = (ROLLOUTS, SEARCHES)
+
+
+def retry_failed(session: Session, set_id: int | None = None) -> dict[str, int]:
+    """Failed jobs of every kind (of one set, or all) get a fresh round of attempts; returns
+    how many per kind."""
+    return {kind.table.name: jobs.retry_failed(session, kind.table, set_id) for kind in KINDS}
