@@ -10,7 +10,8 @@ import uuid
 import redis
 
 from stepq.settings import Settings
-from stepq.workers.celery_app import TASK_NAME, CeleryOptions, create_app, publisher, redis_queue_depth
+from stepq.workers.broker import redis_queue_depth
+from stepq.workers.celery_app import TASK_NAME, CeleryOptions, create_app, publisher
 from stepq.workers.work_kinds import SEARCHES
 from tests.helpers import REDIS_URL
 
@@ -40,3 +41,34 @@ def test_published_messages_are_json_on_the_queue_list(redis_client: redis.Redis
     redis_client.flushdb()  # a broker that lost everything, bindings included
     publisher(app)([14])
     assert depth() == 1, "still routed without Celery's exchange bindings"
+
+
+def test_the_broker_says_which_jobs_its_messages_carry(redis_client: redis.Redis) -> None:
+    """Waiting messages and delivered-but-unacknowledged ones (a worker holds them under
+    acks_late) both carry their jobs; a message that vanished carries nothing."""
+    from kombu import Connection
+
+    from stepq.workers.broker import redis_jobs_in_broker
+    from stepq.workers.work_kinds import ROLLOUTS
+
+    queue = f"stepq.test.{uuid.uuid4().hex[:6]}"
+    app = create_app(CeleryOptions(REDIS_URL, queue))
+    publisher(app, ROLLOUTS, per_message=2)([11, 12, 13])
+    publisher(app, SEARCHES)([5])
+    contents = redis_jobs_in_broker(REDIS_URL, queue)
+    assert contents() == {TASK_NAME: {11, 12, 13}, SEARCHES.task_name: {5}}
+    with Connection(REDIS_URL) as conn:  # a worker takes one message and has not acked it
+        taken = conn.default_channel.basic_get(queue, no_ack=False)
+        assert taken is not None
+        assert redis_client.llen(queue) == 2
+        assert contents() == {TASK_NAME: {11, 12, 13}, SEARCHES.task_name: {5}}, "reserved still counts"
+        raw = redis_client.lrange(queue, 0, 0)[0]
+        redis_client.lrem(queue, 1, raw)  # a message lost from the broker
+        removed = json.loads(raw)
+        task = removed["headers"]["task"]
+        ids = set(json.loads(base64.b64decode(removed["body"]))[0][0])
+        got = contents()
+        assert got is not None and not (ids & got.get(task, set())), "a lost message's jobs are carried by none"
+        assert sum(len(v) for v in got.values()) == 4 - len(ids), "the others are all still there"
+    redis_client.flushdb()
+    assert contents() == {}

@@ -4,7 +4,9 @@ running.  (More cases live beside the features they exercise: ``test_queue_integ
 
 from __future__ import annotations
 
+import base64
 import json
+import shutil
 import signal
 import socket
 import subprocess
@@ -139,3 +141,116 @@ def test_a_hung_generate_call_hands_its_work_back_and_another_worker_finishes(cl
     cluster.start_worker("healthy")
     wait_for(lambda: _all_done(pg), 180, "the healthy worker to finish the handed-back items")
     assert_exact(pg, "hang", 2)
+
+
+def _dispatcher(cluster: Cluster, name: str = "dispatcher") -> subprocess.Popen[bytes]:
+    log = (cluster.logs / f"{name}.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stepq", "dispatch"], env=cluster.env, stdout=log, stderr=subprocess.STDOUT
+    )
+    cluster.procs.append(proc)
+    return proc
+
+
+def _running(db: Database) -> int:
+    with db.engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM rollout_work WHERE state = 'running'")).scalar_one())
+
+
+def test_a_killed_dispatcher_is_replaced_and_nothing_is_lost(cluster: Cluster, pg: Database) -> None:
+    """The dispatcher SIGKILLed mid-run (its lock left behind): a second one waits for the lock
+    to expire, takes over, recovers what the first had queued, and the set ends exact."""
+    cluster.cli("synth", "--set", "dk", "--problems", "40", "--seed", "6", "--latency-s", "0.004")
+    cluster.cli("annotate", "--set", "dk", "--rollouts", "8")
+    cluster.start_worker("w1")
+    first = _dispatcher(cluster, "first")
+    wait_for(lambda: _rollouts(pg) > 200, 120, "the run to be under way")
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+    assert not _all_done(pg), "killed mid-run"
+    second = _dispatcher(cluster, "second")
+    wait_for(lambda: _all_done(pg), 300, "the second dispatcher to finish the run")
+    assert second.poll() is None
+    assert_exact(pg, "dk", 8)
+    assert _running(pg) == 0
+
+
+def test_a_message_lost_while_the_queue_holds_others_is_published_again(
+    cluster: Cluster, pg: Database, redis_client: redis.Redis
+) -> None:
+    """No worker yet: the dispatcher keeps the bound (2 messages) queued.  One message vanishes
+    from Redis while the other still waits: the dispatcher, reading which jobs the broker's
+    messages carry, publishes the lost one again (the queue never emptied), and nothing else
+    twice; a worker then finishes the set exactly."""
+    queue = cluster.env["STEPQ_QUEUE"]
+    cluster.cli("synth", "--set", "lm", "--problems", "6", "--seed", "8")
+    cluster.cli("annotate", "--set", "lm", "--rollouts", "2")
+    _dispatcher(cluster)
+    wait_for(lambda: redis_client.llen(queue) == 2, 60, "the bound's two messages")
+    raw = redis_client.lrange(queue, 0, 0)[0]
+    lost = json.loads(base64.b64decode(json.loads(raw)["body"]))[0][0]
+    redis_client.lrem(queue, 1, raw)
+
+    def published_again() -> bool:
+        with pg.engine.connect() as conn:
+            counts = dict(conn.execute(text("SELECT id, enqueue_count FROM rollout_work")).all())
+        return all(counts[i] == 2 for i in lost)
+
+    wait_for(published_again, 60, "the lost message's items to be published again")
+    assert redis_client.llen(queue) == 2, "republished into the same bound"
+    with pg.engine.connect() as conn:
+        twice = conn.execute(text("SELECT count(*) FROM rollout_work WHERE enqueue_count > 1")).scalar_one()
+    assert twice == len(lost), "only the lost message's items went out twice"
+    cluster.start_worker("w1")
+    wait_for(lambda: _all_done(pg), 180, "every item done")
+    assert_exact(pg, "lm", 2)
+
+
+def _pg_cluster() -> list[str]:
+    versions = sorted(p.name for p in Path("/etc/postgresql").iterdir()) if Path("/etc/postgresql").is_dir() else []
+    if not versions or not shutil.which("pg_ctlcluster"):
+        pytest.skip("PostgreSQL is not a local pg_ctlcluster cluster here: cannot restart it")
+    return ["pg_ctlcluster", "--skip-systemctl-redirect", versions[-1], "main"]
+
+
+def test_a_postgres_restart_mid_run_loses_nothing(cluster: Cluster, pg: Database) -> None:
+    """PostgreSQL restarted under a running fleet: the dispatcher (same process) and the
+    worker wait it out, leases that expired meanwhile are rescheduled, and the set ends exact."""
+    ctl = _pg_cluster()
+    cluster.cli("synth", "--set", "pr", "--problems", "40", "--seed", "9", "--latency-s", "0.004")
+    cluster.cli("annotate", "--set", "pr", "--rollouts", "8")
+    worker = cluster.start_worker("w1")
+    dispatcher = _dispatcher(cluster)
+    wait_for(lambda: _rollouts(pg) > 200, 120, "the run to be under way")
+    subprocess.run([*ctl, "restart"], check=True, timeout=120)
+    pg.engine.dispose()
+    wait_for(lambda: _all_done(pg), 300, "every item done after the restart")
+    assert dispatcher.poll() is None and worker.poll() is None, "both rode the restart out"
+    assert_exact(pg, "pr", 8)
+    assert _running(pg) == 0
+
+
+def test_pending_searches_with_no_worker_stay_within_the_bound(
+    cluster: Cluster, pg: Database, redis_client: redis.Redis
+) -> None:
+    """300 step searches and rollout work pending, no worker: the broker holds the bound
+    (2 messages), not 300, over several dispatcher cycles."""
+    queue = cluster.env["STEPQ_QUEUE"]
+    cluster.cli("synth", "--set", "sb", "--problems", "300", "--seed", "2")
+    cluster.cli("search", "start", "--set", "sb", "--name", "n")
+    cluster.cli("annotate", "--set", "sb", "--rollouts", "2")
+    _dispatcher(cluster)
+    wait_for(lambda: redis_client.llen(queue) == 2, 60, "the bound's two messages")
+    deepest = 0
+    for _ in range(10):  # ~10 cycles at 0.3 s
+        time.sleep(0.3)
+        deepest = max(deepest, int(redis_client.llen(queue)))
+    assert deepest == 2
+    with pg.engine.connect() as conn:
+        queued = conn.execute(
+            text(
+                "SELECT (SELECT count(*) FROM step_searches WHERE state = 'queued')"
+                " + (SELECT count(*) FROM rollout_work WHERE state = 'queued')"
+            )
+        ).scalar_one()
+    assert queued == 2

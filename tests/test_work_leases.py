@@ -12,6 +12,7 @@ from stepq.models.work import ROLLOUT_WORK
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime, next_batch, run_work_item
 from stepq.workers.dispatcher import Dispatcher, DispatchOptions
 from stepq.workers.synthetic_set import synth_set
+from stepq.workers.work_kinds import ROLLOUTS
 from tests.helpers import outlets
 
 
@@ -111,6 +112,31 @@ def test_queued_items_are_republished_when_the_broker_is_empty(any_db: Database)
     assert (report.requeued, report.published) == (2, 2)
     depth[0] = None
     assert d.cycle().published == 0, "unknown depth: wait for requeue_after"
+
+
+def test_a_lost_message_is_found_while_the_queue_holds_other_work(any_db: Database) -> None:
+    """The broker says which jobs its messages carry: a queued item none carries is lost and
+    published again, even though the queue is not empty; the items still carried are not
+    published twice."""
+    _setup(any_db, problems=3)
+    published: list[int] = []
+    carried: dict[str, set[int]] = {}
+    d = Dispatcher(
+        any_db,
+        outlets(published.extend),
+        queue_depth=lambda: 2,
+        in_broker=lambda: carried,
+        options=DispatchOptions(lost_grace_s=0.0, requeue_after_s=3600, messages_per_worker=None),
+    )
+    assert d.cycle().published == 3
+    first, second, third = published
+    carried[ROLLOUTS.task_name] = {first, third}  # the message of `second` is gone
+    report = d.cycle()
+    assert (report.requeued, report.published) == (1, 1) and published[3:] == [second]
+    carried[ROLLOUTS.task_name] = {first, second, third}
+    assert d.cycle().published == 0, "every queued item has its message: nothing republished"
+    with any_db.session() as s:
+        assert jobs.queued_count(s, ROLLOUT_WORK) == 3
 
 
 def test_publish_failure_puts_items_back_to_pending(any_db: Database) -> None:

@@ -165,87 +165,132 @@ class Adaptive:
     def counts_trajectory(self) -> bool:
         return True
 
-    @staticmethod
-    def _can_sample(obs: Observation, k: int, cap: int) -> bool:
-        return k < obs.n_chunks and bool(_next_indices(obs.rewards.get(k, {}), cap, 1))
-
     def decide(self, obs: Observation, rule: LabelRule) -> Decision:
-        n, m = obs.n_chunks, obs.m
-        t = 1 if obs.trajectory_is_sample else 0
-        cap = m - t  # rollouts per prefix; the trajectory is the M-th sample when it counts
-        eff: list[tuple[int, int]] = []
-        for k in range(n):
-            rolls = [r for i, r in obs.rewards.get(k, {}).items() if i < cap]
-            eff.append((len(rolls) + t, sum(rolls) + t * int(obs.outcome)))
-        alive: list[bool | None] = [True if c > 0 else False if s >= m else None for s, c in eff]
-        # The trajectory's own success makes its prefixes alive only if the rollout policy
-        # could have written it, i.e. when it is a sample of that policy.
-        alive.append(obs.outcome if (t or not obs.outcome) else None)
-        last_alive = max((k for k, a in enumerate(alive) if a), default=-1)
-        first_dead = min((k for k, a in enumerate(alive) if a is False), default=n + 1)
-        for k in range(n + 1):
-            if alive[k] is None:
-                alive[k] = True if k < last_alive else False if k > first_dead else None
-        requests: dict[int, list[int]] = {}
-
-        def ask(k: int, size: int = self.round_size) -> None:
-            if k < n and k not in requests:
-                idx = _next_indices(obs.rewards.get(k, {}), cap, size)
-                if idx:
-                    requests[k] = idx
-
-        alive[n] = obs.outcome
+        """Prove prefixes alive or dead, probe some inferred dead, bisect between the last
+        alive and the first dead; for a relative rule, then settle each chunk's label from
+        the posterior of the Q-values on both sides of it."""
+        ev = _Evidence.of(obs)
+        alive, first_dead = _liveness(obs, ev)
+        asks = _Asks(obs, ev.cap, self.round_size)
+        alive[ev.n] = obs.outcome
         # "Dead stays dead" is checked, not assumed: a share of the prefixes inferred dead
         # (never sampled themselves) get one round; a success there makes them, and every
         # prefix before them, alive, and the labels follow.
-        for k in range(first_dead + 1, n):
-            if alive[k] is False and eff[k][0] == t and probed(obs.key, k, self.probe):
-                ask(k, PROBE_SAMPLES)
-        undecided = [k for k in range(n + 1) if alive[k] is None]
+        for k in range(first_dead + 1, ev.n):
+            if alive[k] is False and ev.samples(k) == ev.t and probed(obs.key, k, self.probe):
+                asks(k, PROBE_SAMPLES)
+        undecided = [k for k in range(ev.n + 1) if alive[k] is None]
         if undecided:  # binary search between the last alive and the first dead prefix
-            ask(undecided[len(undecided) // 2])
-        q: list[float | None] = [(c / s if s else None) for s, c in eff] + [float(obs.outcome)]
+            asks(undecided[len(undecided) // 2])
+        q = ev.q_values(obs.outcome)
         if rule.name == "abs-q":
-            return Decision(requests, [alive[i] for i in range(1, n + 1)], q)
+            return Decision(asks.requests, [alive[i] for i in range(1, ev.n + 1)], q)
+        labels = [self._relative_label(rule, obs, ev, alive, i, asks) for i in range(1, ev.n + 1)]
+        return Decision(asks.requests, labels, q)
 
-        def prefix(k: int) -> Prefix:
-            if k == n:
-                return Prefix(known=float(obs.outcome))
-            if alive[k] is False:
-                return Prefix(known=0.0)
-            samples, successes = eff[k]
-            return Prefix(samples, successes, more=m - samples)  # eff counts the trajectory: M in all
+    def _relative_label(
+        self, rule: LabelRule, obs: Observation, ev: _Evidence, alive: list[bool | None], i: int, asks: _Asks
+    ) -> bool | None:
+        """Chunk i's label under a relative rule, or None (and the samples that would settle it)."""
+        if alive[i - 1] is None or alive[i] is None:
+            return None
+        before, after = ev.prefix(i - 1, alive, obs.outcome), ev.prefix(i, alive, obs.outcome)
+        p_pos = p_positive(rule, before, after, self.prior, self.link)
+        early = all(k == ev.n or alive[k] is False or ev.samples(k) >= self.min_samples for k in (i - 1, i))
+        certain = p_pos <= 1e-9 or p_pos >= 1 - 1e-9  # whatever the unknown Q-values are
+        if not early and not certain:
+            asks(i - 1)
+            asks(i)
+            return None
+        if p_pos >= self.confidence:
+            return True
+        if p_pos <= 1 - self.confidence:
+            return False
+        if not (ev.can_sample(obs, i - 1) or ev.can_sample(obs, i)):
+            return p_pos >= 0.5  # the budget is spent: the likelier label
+        if self.settle > 0 and settling_gain(rule, before, after, self.prior, self.link) < self.settle:
+            return p_pos >= 0.5  # what the budget has left cannot settle it
+        # sample the less-known side of the chunk (both when equally known)
+        sides = [k for k in (i - 1, i) if ev.can_sample(obs, k)]
+        fewest = min(ev.samples(k) for k in sides)
+        for k in sides:
+            if ev.samples(k) == fewest:
+                asks(k)
+        return None
 
-        labels: list[bool | None] = []
-        for i in range(1, n + 1):
-            if alive[i - 1] is None or alive[i] is None:
-                labels.append(None)
-                continue
-            before, after = prefix(i - 1), prefix(i)
-            p_pos = p_positive(rule, before, after, self.prior, self.link)
-            early = all(k == n or alive[k] is False or eff[k][0] >= self.min_samples for k in (i - 1, i))
-            certain = p_pos <= 1e-9 or p_pos >= 1 - 1e-9  # whatever the unknown Q-values are
-            if not early and not certain:
-                labels.append(None)
-                ask(i - 1)
-                ask(i)
-            elif p_pos >= self.confidence:
-                labels.append(True)
-            elif p_pos <= 1 - self.confidence:
-                labels.append(False)
-            elif not (self._can_sample(obs, i - 1, cap) or self._can_sample(obs, i, cap)):
-                labels.append(p_pos >= 0.5)  # the budget is spent: the likelier label
-            elif self.settle > 0 and settling_gain(rule, before, after, self.prior, self.link) < self.settle:
-                labels.append(p_pos >= 0.5)  # what the budget has left cannot settle it
-            else:
-                labels.append(None)
-                # sample the less-known side of the chunk (both when equally known)
-                sides = [k for k in (i - 1, i) if self._can_sample(obs, k, cap)]
-                fewest = min(eff[k][0] for k in sides)
-                for k in sides:
-                    if eff[k][0] == fewest:
-                        ask(k)
-        return Decision(requests, labels, q)
+
+@dataclass(frozen=True)
+class _Evidence:
+    """Per prefix k < n: samples and successes, counting the trajectory itself as the M-th
+    sample of each of its prefixes when it is a sample of the rollout policy (``t`` = 1)."""
+
+    n: int
+    m: int
+    t: int
+    counts: list[tuple[int, int]]
+
+    @property
+    def cap(self) -> int:
+        """Rollouts per prefix: M, less the trajectory when it counts."""
+        return self.m - self.t
+
+    @staticmethod
+    def of(obs: Observation) -> _Evidence:
+        t = 1 if obs.trajectory_is_sample else 0
+        counts = []
+        for k in range(obs.n_chunks):
+            rolls = [r for i, r in obs.rewards.get(k, {}).items() if i < obs.m - t]
+            counts.append((len(rolls) + t, sum(rolls) + t * int(obs.outcome)))
+        return _Evidence(obs.n_chunks, obs.m, t, counts)
+
+    def samples(self, k: int) -> int:
+        return self.counts[k][0]
+
+    def can_sample(self, obs: Observation, k: int) -> bool:
+        return k < self.n and bool(_next_indices(obs.rewards.get(k, {}), self.cap, 1))
+
+    def q_values(self, outcome: bool) -> list[float | None]:
+        return [(c / s if s else None) for s, c in self.counts] + [float(outcome)]
+
+    def prefix(self, k: int, alive: list[bool | None], outcome: bool) -> Prefix:
+        if k == self.n:
+            return Prefix(known=float(outcome))
+        if alive[k] is False:
+            return Prefix(known=0.0)
+        samples, successes = self.counts[k]
+        return Prefix(samples, successes, more=self.m - samples)  # the counts include the trajectory: M in all
+
+
+def _liveness(obs: Observation, ev: _Evidence) -> tuple[list[bool | None], int]:
+    """Which prefixes are proven alive (a success drawn from them) or dead (M failures), and
+    what follows: every prefix before an alive one is alive, every one after a dead one dead.
+    Returns the per-prefix verdicts (None: unknown; index n is the complete solution) and the
+    first dead prefix (n + 1 when none)."""
+    n = ev.n
+    alive: list[bool | None] = [True if c > 0 else False if s >= ev.m else None for s, c in ev.counts]
+    # The trajectory's own success makes its prefixes alive only if the rollout policy
+    # could have written it, i.e. when it is a sample of that policy.
+    alive.append(obs.outcome if (ev.t or not obs.outcome) else None)
+    last_alive = max((k for k, a in enumerate(alive) if a), default=-1)
+    first_dead = min((k for k, a in enumerate(alive) if a is False), default=n + 1)
+    for k in range(n + 1):
+        if alive[k] is None:
+            alive[k] = True if k < last_alive else False if k > first_dead else None
+    return alive, first_dead
+
+
+class _Asks:
+    """The samples to draw next, per prefix; the first ask for a prefix sets its size."""
+
+    def __init__(self, obs: Observation, cap: int, round_size: int) -> None:
+        self.obs, self.cap, self.round_size = obs, cap, round_size
+        self.requests: dict[int, list[int]] = {}
+
+    def __call__(self, k: int, size: int | None = None) -> None:
+        if k < self.obs.n_chunks and k not in self.requests:
+            idx = _next_indices(self.obs.rewards.get(k, {}), self.cap, size or self.round_size)
+            if idx:
+                self.requests[k] = idx
 
 
 _BUDGET = re.compile(r"^\s*(exhaustive|adaptive)\s*(?::(.*))?$")

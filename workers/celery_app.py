@@ -184,20 +184,3 @@ def wait_for_broker(broker_url: str, wait_s: float) -> None:
                 safe = Connection(broker_url).as_uri()  # password masked
                 raise BrokerError(f"cannot reach the broker at {safe} (gave up after {wait_s:g} s): {exc}") from None
             time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
-
-
-def redis_queue_depth(broker_url: str, queue: str) -> Callable[[], int | None]:
-    """How many messages wait in the queue, or None when it cannot be told."""
-    if not broker_url.startswith(("redis://", "rediss://")):
-        return lambda: None
-    import redis
-
-    client = redis.Redis.from_url(broker_url, socket_timeout=5)
-
-    def depth() -> int | None:
-        try:
-            return int(client.llen(queue))  # type: ignore[arg-type]
-        except redis.RedisError:
-            return None
-
-    return depth

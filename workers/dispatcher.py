@@ -2,16 +2,18 @@
 
 The broker only carries hints (a few work item ids per message).  Each cycle the dispatcher
 plans work for new trajectories or a raised budget, returns expired leases to pending,
-notices queued items whose message was lost, and publishes what is pending.  Only one
+notices queued jobs whose message was lost, and publishes what is pending.  Only one
 dispatcher acts at a time (a lease in the ``locks`` table); a second one waits for it.
 
 The broker stays bounded: the dispatcher keeps only as many items queued as the live
 workers (from their heartbeats) can take soon, a few messages each, and tops the queue up
 as it drains; a multi-day backlog waits in the database, not in Redis.  A queued item is
-published again only when its message cannot still be waiting: the broker says its queue
-is empty (a flushed Redis, a lost message) and the item was queued a grace period ago.
-When the broker cannot say how deep its queue is, an item queued ``requeue_after_s`` ago is
-presumed lost.  Every kind of queue work (``work_kinds``: rollouts, step searches) shares
+published again only when its message cannot still be in the broker: no message there
+carries it (the broker's contents are read each cycle: waiting and delivered-unacknowledged
+messages, so a lost message is found while the queue holds other work) and it was queued a
+grace period ago.  When the contents cannot be read, only an empty queue says messages were
+lost; when not even the depth can be told, a job queued ``requeue_after_s`` ago is presumed
+lost.  Every kind of queue work (``work_kinds``: rollouts, step searches) shares
 that one bound, counted in messages; each cycle starts with the next kind.
 
 An outage is weathered, not fatal: a running dispatcher that cannot reach the broker or the
@@ -32,6 +34,7 @@ from typing import Any
 
 from stepq.models import Database, epoch, jobs, queries
 from stepq.models.errors import BrokerError
+from stepq.workers.broker import JobsInBroker
 from stepq.workers.queue import Outlet
 
 log = logging.getLogger("stepq.dispatcher")
@@ -81,12 +84,14 @@ class Dispatcher:
         *,
         options: DispatchOptions | None = None,
         queue_depth: Callable[[], int | None] | None = None,
+        in_broker: Callable[[], JobsInBroker | None] | None = None,
         name: str | None = None,
     ) -> None:
         self.db = db
         self.outlets = list(outlets)
         self.options = options or DispatchOptions()
         self.queue_depth = queue_depth or (lambda: None)
+        self.in_broker = in_broker or (lambda: None)
         self.name = name or f"dispatcher@{socket.gethostname()}:{os.getpid()}"
         self._sampled_at = 0.0
         self._turn = 0
@@ -106,12 +111,7 @@ class Dispatcher:
             if now - self._sampled_at >= o.sample_every_s:
                 queries.record_progress(s, now)
                 self._sampled_at = now
-        requeued = 0
-        lost_before = self.lost_before(now, self.queue_depth())
-        if lost_before is not None:
-            with self.db.session() as s:
-                requeued = sum(jobs.requeue_lost(s, outlet.kind.table, lost_before) for outlet in self.outlets)
-                queries.count_event(s, "messages_lost", requeued)
+        requeued = self.recover_lost(now)
         bound = self.bound()
         published = 0
         # Each cycle starts with the next kind, so one kind's backlog cannot starve another's.
@@ -148,6 +148,30 @@ class Dispatcher:
             if len(ids) < room:
                 break
         return published
+
+    def recover_lost(self, now: float) -> int:
+        """Queued jobs whose message is gone go back to pending (and are published again).
+
+        When the broker can say which jobs its messages carry (``in_broker``: waiting or
+        delivered and unacknowledged), a job queued ``lost_grace_s`` ago that no message
+        carries is lost, even while the queue holds other work.  Otherwise only the depth
+        helps: see ``lost_before``."""
+        seen = self.in_broker()
+        with self.db.session() as s:
+            if seen is not None:
+                lost = 0
+                for outlet in self.outlets:
+                    carried = seen.get(outlet.kind.task_name, set())
+                    stale = jobs.queued_ids(s, outlet.kind.table, now - self.options.lost_grace_s)
+                    gone = [i for i in stale if i not in carried]
+                    jobs.unmark_queued(s, outlet.kind.table, gone)
+                    lost += len(gone)
+            else:
+                before = self.lost_before(now, self.queue_depth())
+                tables = [outlet.kind.table for outlet in self.outlets]
+                lost = 0 if before is None else sum(jobs.requeue_lost(s, t, before) for t in tables)
+            queries.count_event(s, "messages_lost", lost)
+        return lost
 
     def lost_before(self, now: float, depth: int | None) -> float | None:
         """Queued before this, a message is presumed lost: a grace period when the broker says

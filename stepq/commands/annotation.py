@@ -152,7 +152,7 @@ def status(as_json: bool, watch: bool, interval: float) -> None:
     """Progress per problem set: rollouts done/planned, labels, rate, ETA, troubles, workers."""
     from stepq.status import collect, render
     from stepq.status import watch as watch_status
-    from stepq.workers.celery_app import redis_queue_depth
+    from stepq.workers.broker import redis_queue_depth
 
     settings = load_settings()
     database = open_db(settings)

@@ -4,6 +4,7 @@ file, the oracles).  Importing the module registers them on ``stepq``."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ from stepq.trainer.evaluation.best_of_n import AGGREGATORS
 from stepq.workers.backends import BACKENDS as BACKEND_NAMES
 
 if TYPE_CHECKING:
-    from stepq.trainer.evaluation.judge_spec import BuiltJudge
+    from stepq.trainer.evaluation.judge_spec import BuiltJudge, JudgeSpec
 
 JUDGES = ("model", "prm", "oracle", "label-oracle", "accept-all", "scores")
 
@@ -39,7 +40,8 @@ def progress_bars() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
 
 
 def judge_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The options that pick and configure a judge, shared by every eval command."""
+    """The options that pick and configure a judge, shared by every eval command; the command
+    receives them as one ``spec: JudgeSpec``."""
     from stepq.trainer.evaluation.judge_spec import KINDS, SCORE_BY
 
     options = [
@@ -92,31 +94,53 @@ def judge_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="Scoring judges (prm, scores, --score-by): accept a step at this score.",
         ),
     ]
+
+    @functools.wraps(fn)
+    def with_spec(
+        *args: Any,
+        judge: str,
+        backend: str,
+        model: str | None,
+        base_url: str | None,
+        backend_options: tuple[str, ...],
+        votes: int,
+        temperature: float | None,
+        max_tokens: int | None,
+        judge_template: Path | None,
+        chat_template: bool | None,
+        score_by: str,
+        scores_file: Path | None,
+        threshold: float,
+        **rest: Any,
+    ) -> Any:
+        from stepq.trainer.evaluation.judge_spec import JudgeSpec
+
+        spec = JudgeSpec(
+            kind=judge,
+            backend=backend,
+            model=model,
+            backend_config=backend_config(None, base_url, backend_options),
+            votes=votes,
+            temperature=temperature,
+            max_tokens=max_tokens,
+            chat_template=chat_template,
+            judge_template=judge_template,
+            score_by=score_by,
+            scores_file=scores_file,
+            threshold=threshold,
+        )
+        return fn(*args, spec=spec, **rest)
+
     for option in reversed(options):
-        fn = option(fn)
-    return fn
+        with_spec = option(with_spec)
+    return with_spec
 
 
-def build_judge(kw: dict[str, Any]) -> BuiltJudge:
-    """The judge the options describe; a generative judge's backend is closed when the
-    command ends, whether it returns or fails (an engine's processes must stop)."""
-    from stepq.trainer.evaluation.judge_spec import JudgeSpec
+def build_judge(spec: JudgeSpec) -> BuiltJudge:
+    """The judge ``spec`` describes; a generative judge's backend is closed when the command
+    ends, whether it returns or fails (an engine's processes must stop)."""
     from stepq.trainer.evaluation.judge_spec import build_judge as build
 
-    spec = JudgeSpec(
-        kind=kw["judge"],
-        backend=kw["backend"],
-        model=kw["model"],
-        backend_config=backend_config(None, kw["base_url"], kw["backend_options"]),
-        votes=kw["votes"],
-        temperature=kw["temperature"],
-        max_tokens=kw["max_tokens"],
-        chat_template=kw["chat_template"],
-        judge_template=kw["judge_template"],
-        score_by=kw["score_by"],
-        scores_file=kw["scores_file"],
-        threshold=kw["threshold"],
-    )
     built = build(spec)
     click.get_current_context().call_on_close(built.close)
     return built
@@ -178,7 +202,7 @@ def eval_processbench(
     tune_file: Path | None,
     subset_tunes: tuple[str, ...],
     as_json: bool,
-    **kw: Any,
+    spec: JudgeSpec,
 ) -> None:
     """Predict each sample's first wrong step and score it with the official metric."""
     from stepq.trainer.evaluation import processbench as pb
@@ -193,14 +217,14 @@ def eval_processbench(
         per_subset[name] = Path(path)
 
     given = pb.load_predictions(predictions_file) if predictions_file else None
-    built = None if given is not None else build_judge(kw)
+    built = None if given is not None else build_judge(spec)
     with progress_bars() as bar:
         report = pb.evaluate(
             [*files, *more_files],
             None if built is None else built.judge,
             scoring=built is not None and built.scoring,
             predictions=given,
-            threshold=kw["threshold"],
+            threshold=spec.threshold,
             tune_file=tune_file,
             subset_tune_files=per_subset,
             on_subset=bar,
@@ -208,11 +232,7 @@ def eval_processbench(
     all_predictions = report.pop("predictions")
     report = {**(built.describe() if built else {"judge": "predictions"}), **report}
     if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with (out_dir / "predictions.jsonl").open("w") as fh:
-            for sid, pred in all_predictions.items():
-                fh.write(json.dumps({"id": sid, "prediction": pred}) + "\n")
-        (out_dir / "scores.json").write_text(json.dumps(report, indent=2) + "\n")
+        pb.write_outputs(out_dir, all_predictions, report)
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
@@ -241,12 +261,12 @@ def eval_processbench(
 @click.option("--json", "as_json", is_flag=True)
 @judge_options
 @friendly
-def eval_snapshot(ref: str, as_json: bool, **kw: Any) -> None:
+def eval_snapshot(ref: str, as_json: bool, spec: JudgeSpec) -> None:
     """A judge's accuracy on a snapshot's validation split: per class and balanced."""
     from stepq.trainer.evaluation.validation import validation_accuracy
 
     db = open_db(load_settings())
-    built = build_judge(kw)
+    built = build_judge(spec)
     report = {**built.describe(), **validation_accuracy(db, ref, built.judge)}
     click.echo(
         json.dumps(report, indent=2)
@@ -271,13 +291,13 @@ def eval_snapshot(ref: str, as_json: bool, **kw: Any) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @judge_options
 @friendly
-def eval_best_of_n(set_name: str, ns: str, how: str, as_json: bool, **kw: Any) -> None:
+def eval_best_of_n(set_name: str, ns: str, how: str, as_json: bool, spec: JudgeSpec) -> None:
     """Pick one of N trajectories per problem by its aggregated step scores (a PRM's
     probabilities, or a generative judge's verdicts as 1/0)."""
     from stepq.trainer.evaluation.judges import judge_stats
     from stepq.trainer.evaluation.validation import set_best_of_n
 
-    built = build_judge(kw)
+    built = build_judge(spec)
     rows = set_best_of_n(open_db(load_settings()), set_name, built.judge, [int(n) for n in ns.split(",")], how)
     counts = judge_stats(built.judge).as_dict()
     if as_json:
@@ -298,12 +318,12 @@ def eval_best_of_n(set_name: str, ns: str, how: str, as_json: bool, **kw: Any) -
 @click.option("--json", "as_json", is_flag=True)
 @judge_options
 @friendly
-def eval_chunk_reset(set_name: str, attempts: int, seed: int, as_json: bool, **kw: Any) -> None:
+def eval_chunk_reset(set_name: str, attempts: int, seed: int, as_json: bool, spec: JudgeSpec) -> None:
     """Chunk-reset inference with a judge, against plain sampling on the same seeds."""
     from stepq.trainer.evaluation.judges import judge_stats
     from stepq.trainer.evaluation.validation import set_chunk_reset
 
-    built = build_judge(kw)
+    built = build_judge(spec)
     report = set_chunk_reset(open_db(load_settings()), set_name, built.judge, attempts, seed)
     report = {**built.describe(), **judge_stats(built.judge).as_dict(), **report}
     if as_json:

@@ -141,7 +141,8 @@ def worker(
 def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
     """Publish missing work (rollouts, step searches) to the broker; only one dispatcher
     acts at a time."""
-    from stepq.workers.celery_app import create_app, outlets, redis_queue_depth, wait_for_broker
+    from stepq.workers.broker import redis_jobs_in_broker, redis_queue_depth
+    from stepq.workers.celery_app import create_app, outlets, wait_for_broker
     from stepq.workers.dispatcher import Dispatcher
 
     settings = load_settings()
@@ -154,6 +155,7 @@ def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
         outlets(app, settings.items_per_task),
         options=settings.dispatch_options(),
         queue_depth=redis_queue_depth(settings.broker_url, settings.queue),
+        in_broker=redis_jobs_in_broker(settings.broker_url, settings.queue),
     )
     try:
         published = dispatcher.run(once=once, interval_s=interval or settings.dispatch_interval_s, wait_s=wait)
@@ -206,7 +208,7 @@ def metrics(port: int, address: str) -> None:
     from prometheus_client.registry import CollectorRegistry
 
     from stepq.metrics import StepqCollector
-    from stepq.workers.celery_app import redis_queue_depth
+    from stepq.workers.broker import redis_queue_depth
 
     settings = load_settings()
     setup_logging(settings.log_level, settings.log_format)

@@ -14,9 +14,7 @@ import click
 
 from stepq.commands.base import friendly, load_settings, main, open_db
 from stepq.models.errors import ConfigError
-
-DEFAULT_RECIPES = {"grpo": "stepwiser-judge.yaml", "dpo": "step-dpo.yaml", "prm": "outcome-prm.yaml"}
-
+from stepq.trainer.training.methods import DEFAULT_RECIPES, METHODS
 
 # --- snapshots ----------------------------------------------------------------------
 
@@ -175,7 +173,7 @@ def snapshot_export(ref: str, fmt: str, out_dir: Path) -> None:
 @main.group(invoke_without_command=True)
 @click.option(
     "--method",
-    type=click.Choice(sorted(DEFAULT_RECIPES)),
+    type=click.Choice(METHODS),
     default=None,
     help="grpo: the generative judge on a snapshot; dpo: step-wise DPO on step pairs; prm: a discriminative "
     "PRM on outcome labels.  Default: the recipe's.",
@@ -217,7 +215,23 @@ def snapshot_export(ref: str, fmt: str, out_dir: Path) -> None:
 @click.option("--wait", type=float, default=0.0, help="Seconds to wait for another trainer's lease on this run.")
 @click.pass_context
 @friendly
-def train(ctx: click.Context, method: str | None, snapshot_ref: str | None, **kw: Any) -> None:
+def train(
+    ctx: click.Context,
+    method: str | None,
+    snapshot_ref: str | None,
+    set_name: str | None,
+    search_name: str | None,
+    data_dir: Path | None,
+    margin: float,
+    pass_rate: str | None,
+    keep_unparseable: bool,
+    recipe: str | None,
+    model: str | None,
+    recipe_options: tuple[str, ...],
+    output: Path | None,
+    lineage: str | None,
+    wait: float,
+) -> None:
     """Train on the database's rows: started again with the same --output, it resumes its
     last checkpoint; a finished run is reported, not redone.
 
@@ -225,79 +239,33 @@ def train(ctx: click.Context, method: str | None, snapshot_ref: str | None, **kw
     trains, rank 0 alone records the run."""
     if ctx.invoked_subcommand is not None:
         return
+    from stepq.trainer.outcomes.export import OutcomeFilter
+    from stepq.trainer.training import methods
     from stepq.trainer.training.ranks import current_rank, die_with_launcher
-    from stepq.trainer.training.recipe import Recipe
     from stepq.trainer.training.runs import TrainOptions
 
     die_with_launcher()
-    recipe = Recipe.load(kw["recipe"] or DEFAULT_RECIPES[method or "grpo"])
-    recipe = recipe.with_options(kw["recipe_options"], model=kw["model"])
-    method = method or recipe.method
-    recipe.expect(method)
+    loaded = methods.recipe_for(method, recipe, recipe_options, model)
+    method = method or loaded.method
+    if method == "grpo" and snapshot_ref is None:
+        raise click.UsageError("--method grpo needs --snapshot (or a subcommand: list)")
+    data = methods.TrainingData(
+        snapshot=snapshot_ref,
+        set_name=set_name,
+        search=search_name,
+        data_dir=data_dir,
+        margin=margin,
+        outcomes=OutcomeFilter(keep_unparseable, OutcomeFilter.parse_pass_rate(pass_rate)),
+    )
     settings = load_settings()
-    db = open_db(settings)
-    options = TrainOptions(lease_ttl_s=settings.trainer_lease_ttl_s, wait_s=kw["wait"], lineage=kw["lineage"])
-    if method == "grpo":
-        if snapshot_ref is None:
-            raise click.UsageError("--method grpo needs --snapshot (or a subcommand: list)")
-        from stepq.trainer.training.grpo import train_judge
-
-        out = kw["output"] or Path("runs") / f"snapshot-{snapshot_ref}"
-        result = train_judge(db, snapshot_ref, recipe, out, options)
-    else:
-        data, dataset = _signal_data(db, method, kw)
-        source = kw["search_name"] or kw["set_name"] or Path(kw["data_dir"]).name
-        out = kw["output"] or Path("runs") / f"{method}-{source}"
-        if method == "dpo":
-            from stepq.trainer.preferences.dpo import train_dpo
-
-            result = train_dpo(db, data, dataset, recipe, out, options)
-        else:
-            from stepq.trainer.prm.train import train_prm
-
-            result = train_prm(db, data, dataset, recipe, out, options)
+    options = TrainOptions(lease_ttl_s=settings.trainer_lease_ttl_s, wait_s=wait, lineage=lineage)
+    result = methods.train(open_db(settings), method, loaded, data, output, options)
     if not current_rank().is_main:
         return
     how = f"resumed from {result.resumed_from}" if result.resumed_from else "from the start"
     click.echo(
         f"training run {result.run_id} {result.status} at step {result.global_step} ({how}): {result.final_model}"
     )
-
-
-def _signal_data(db: Any, method: str, kw: dict[str, Any]) -> tuple[Any, str]:
-    """The pairs (dpo) or outcome examples (prm) and the run's ``dataset`` name."""
-    set_name, data_dir, margin, search_name = kw["set_name"], kw["data_dir"], kw["margin"], kw["search_name"]
-    if search_name is not None:
-        if method != "dpo" or set_name is not None or data_dir is not None:
-            raise click.UsageError("--search gives DPO pairs: use it with --method dpo, without --set or --data")
-        from stepq.trainer.preferences.export import search_preference_records
-
-        pairs = search_preference_records(db, search_name)
-        if not pairs:
-            raise click.UsageError(f"step search '{search_name}' has no pairs yet (see 'stepq search status')")
-        return pairs, f"preferences:search:{search_name}"
-    if (set_name is None) == (data_dir is None):
-        raise click.UsageError(f"--method {method} needs exactly one of --set NAME and --data DIR")
-    if method == "dpo":
-        from stepq.trainer.preferences.dpo import load_preferences
-        from stepq.trainer.preferences.export import preference_records
-
-        if data_dir is not None:
-            return load_preferences(data_dir), f"preferences:{data_dir.resolve()}"
-        assert set_name is not None
-        return preference_records(db, set_name, margin), f"preferences:{set_name}:margin={margin}"
-    from stepq.trainer.outcomes.export import OutcomeFilter
-    from stepq.trainer.prm.train import load_outcomes, set_outcomes
-
-    keep = OutcomeFilter(kw["keep_unparseable"], OutcomeFilter.parse_pass_rate(kw["pass_rate"]))
-    if data_dir is not None:
-        if keep != OutcomeFilter():
-            raise click.UsageError(
-                "--pass-rate and --keep-unparseable apply to --set (filter an export as it is written)"
-            )
-        return load_outcomes(data_dir), f"outcomes:{data_dir.resolve()}"
-    assert set_name is not None
-    return set_outcomes(db, set_name, keep), f"outcomes:{set_name}{keep.describe()}"
 
 
 @train.command("plan")

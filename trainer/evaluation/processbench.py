@@ -85,6 +85,15 @@ def load_predictions(path: Path) -> dict[str, Any]:
     return out
 
 
+def write_outputs(out_dir: Path, predictions: Mapping[str, Any], report: Mapping[str, Any]) -> None:
+    """``predictions.jsonl`` (readable back by ``load_predictions``) and ``scores.json``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (out_dir / "predictions.jsonl").open("w") as fh:
+        for sid, pred in predictions.items():
+            fh.write(json.dumps({"id": sid, "prediction": pred}) + "\n")
+    (out_dir / "scores.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
 def predict(
     judge: StepJudge,
     samples: Sequence[dict[str, Any]],
