@@ -25,7 +25,7 @@ from tests.helpers import PG_SERVER, REDIS_URL, TABLES, Cluster, clean_env
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """A fresh, migrated PostgreSQL database for this test session, dropped afterwards."""
-    admin = create_engine(PG_SERVER, isolation_level="AUTOCOMMIT")
+    admin = create_engine(PG_SERVER, isolation_level="AUTOCOMMIT", pool_pre_ping=True)  # outlives a PG restart
     name = f"stepq_test_{uuid.uuid4().hex[:10]}"
     try:
         with admin.connect() as conn:
