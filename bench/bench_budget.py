@@ -29,10 +29,10 @@ from bench.common import emit
 from stepq.migrations import upgrade
 from stepq.models import Database
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+from stepq.workers.annotation_config import configure_annotation
+from stepq.workers.brokerless import run_in_process
 from stepq.workers.budget import Adaptive, parse_budget
-from stepq.workers.in_process import run_in_process
 from stepq.workers.labels import LabelRule, label_chunks, parse_rule
-from stepq.workers.planning import configure_annotation
 from stepq.workers.posterior import Prefix, p_positive
 from stepq.workers.synthetic_policy import SyntheticPolicy, parse_problem, trajectory_q
 from stepq.workers.synthetic_set import synth_set

@@ -224,7 +224,7 @@ def evaluate(
     from stepq.trainer.evaluation import processbench as pb
     from stepq.trainer.evaluation.judge_spec import JudgeSpec, build_judge
     from stepq.trainer.evaluation.judges import GenerativeScorer, StepItem
-    from stepq.trainer.judge.settings import JudgeSettings
+    from stepq.trainer.generative_judge.settings import JudgeSettings
 
     settings = JudgeSettings(JUDGE_TEMPLATE, chat_template=False, max_tokens=20, source="benchmark")
     if not (model / "stepq-judge.json").exists():
@@ -328,14 +328,14 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
     from stepq.migrations import upgrade
     from stepq.models import Database
     from stepq.models.snapshots import TRAIN, VALIDATION
-    from stepq.trainer.judge.prompt import JudgePrompt
+    from stepq.trainer.generative_judge.prompt import JudgePrompt
     from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
     from stepq.trainer.snapshots.export import snapshot_records
     from stepq.trainer.training.grpo import TrainOptions, train_judge
     from stepq.trainer.training.recipe import Recipe
     from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-    from stepq.workers.in_process import run_in_process
-    from stepq.workers.planning import configure_annotation
+    from stepq.workers.annotation_config import configure_annotation
+    from stepq.workers.brokerless import run_in_process
     from stepq.workers.synthetic_policy import SyntheticPolicy
     from stepq.workers.synthetic_set import synth_set
 

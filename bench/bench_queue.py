@@ -30,10 +30,10 @@ from sqlalchemy import text
 from bench.common import REDIS_URL, emit, scratch_pg
 from stepq.models import Database, queries
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+from stepq.workers.annotation_config import configure_annotation
 from stepq.workers.backends import GenerationRequest, SamplingParams, make_backend
+from stepq.workers.brokerless import run_in_process
 from stepq.workers.grading import Grader
-from stepq.workers.in_process import run_in_process
-from stepq.workers.planning import configure_annotation
 from stepq.workers.seeds import derive_seed
 from stepq.workers.synthetic_set import synth_set
 

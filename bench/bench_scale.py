@@ -5,7 +5,9 @@
 For each size, a fresh PostgreSQL database is seeded by COPY in StepWiser's shape (7
 chunks per trajectory, 16 rollouts per prefix: 112 rollouts a trajectory, every one graded,
 its Q-values and labels stored, its work item done), plus 2,000 pending trajectories that
-have not been annotated yet.  Triggers are off during the load and the counters are rebuilt
+have not been annotated yet; 1% of the work failed and 1% backing off after an error (what
+status and metrics count), the first set paused (when there are two or more), and one pending step search per 10
+trajectories (the dispatcher's other kind of work).  Triggers are off during the load and the counters are rebuilt
 once (``stepq_recount()``), as an operator would after a bulk import.  Then it times:
 
 - ``stepq status``: the report it prints (``stepq.status.collect``), warm;
@@ -37,13 +39,17 @@ from stepq.workers.annotate import WorkerOptions, WorkerRuntime, run_work_item
 from stepq.workers.backends import Completion, GenerationRequest, SamplingParams
 from stepq.workers.dispatcher import Dispatcher, DispatchOptions
 from stepq.workers.queue import Outlet
-from stepq.workers.work_kinds import ROLLOUTS
+from stepq.workers.work_kinds import ROLLOUTS, SEARCHES
 
 CHUNKS = 7
 M = 16
 PER_TRAJECTORY = CHUNKS * M
 PENDING = 2000
 PROBLEMS_PER_SET = 5000
+TROUBLED = 100
+"""1 in 100 trajectories' work failed, 1 in 100 backing off after a transient error."""
+SEARCH_EVERY = 10
+"""One pending step search per 10 trajectories (about 9,300 at 10M rollouts)."""
 
 
 class Instant:
@@ -151,10 +157,24 @@ def seed(db: Database, rollouts: int) -> int:
     _copy(
         db,
         "rollout_work",
-        "trajectory_id, target_m, state, attempts, enqueue_count, trajectory_is_sample",
-        (f"{t + 1}\t{M}\t{'done' if t < done else 'pending'}\t{int(t < done)}\t{int(t < done)}\tfalse\n"
-         for t in range(total)),
-    )  # fmt: skip
+        "trajectory_id, target_m, state, attempts, enqueue_count, trajectory_is_sample, last_error, retry_at",
+        (_work_row(t, done) for t in range(total)),
+    )
+    searches = total // SEARCH_EVERY
+    _copy(
+        db,
+        "step_searches",
+        "name, problem_set_id, problem_id, prompt, width, max_turns, seed, judge_backend, judge_config, scoring, "
+        "state, attempts, enqueue_count, rerun, updated_at",
+        (
+            f"scale\t{p % n_sets + 1}\t{p + 1}\tProblem: What is 1?\\nSolution:\\n\t6\t20\t0\tsynthetic-oracle"
+            "\t{}\teach-verdict\tpending\t0\t0\tfalse\t0\n"
+            for p in range(searches)
+        ),
+    )
+    if n_sets > 1:  # the first set is paused: its pending work must not be published
+        with db.engine.begin() as conn:
+            conn.execute(text("UPDATE problem_sets SET paused = true WHERE id = 1"))
     with db.engine.begin() as conn:
         for table in ("problems", "trajectories", "rollouts", "rollout_work", "chunk_labels"):
             conn.execute(text(f"ALTER TABLE {table} ENABLE TRIGGER USER"))
@@ -168,6 +188,17 @@ def seed(db: Database, rollouts: int) -> int:
     with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("VACUUM ANALYZE"))
     return total
+
+
+def _work_row(t: int, done: int) -> str:
+    """Done work, with 1 in TROUBLED failed and 1 in TROUBLED backing off after an error;
+    the rest pending."""
+    state, error, retry_at = ("done" if t < done else "pending"), "\\N", "\\N"
+    if t < done and t % TROUBLED == 0:
+        state, error = "failed", "GenerationError: the engine refused"
+    elif t < done and t % TROUBLED == 1:
+        state, error, retry_at = "pending", "GenerationError: timed out", "4102444800"
+    return f"{t + 1}\t{M}\t{state}\t{int(t < done)}\t{int(t < done)}\tfalse\t{error}\t{retry_at}\n"
 
 
 def _esc(value: str) -> str:
@@ -194,12 +225,14 @@ def measure(rollouts: int, repeat: int) -> dict[str, float | int]:
             queries.heartbeat(s, "bench", hostname="h", pid=1, backend="instant", busy_items=0)
         status_s = _median(lambda: collect(db), repeat)
         published: list[int] = []
-        dispatcher = Dispatcher(db, [Outlet(ROLLOUTS, published.extend, 4)], options=DispatchOptions())
+        outlets = [Outlet(ROLLOUTS, published.extend, 4), Outlet(SEARCHES, published.extend, 1)]
+        dispatcher = Dispatcher(db, outlets, options=DispatchOptions())
         dispatcher.cycle()  # planning flags and first publish out of the way
 
         def one_cycle() -> None:
             with db.engine.begin() as conn:  # what workers do: take the queued items
                 conn.execute(text("UPDATE rollout_work SET state = 'running' WHERE state = 'queued'"))
+                conn.execute(text("UPDATE step_searches SET state = 'running' WHERE state = 'queued'"))
             dispatcher.cycle()
 
         cycle_s = _median(one_cycle, repeat)

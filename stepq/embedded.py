@@ -13,9 +13,9 @@ from stepq.models.work import ROLLOUT_WORK
 from stepq.settings import Settings
 from stepq.status import collect, render
 from stepq.workers.annotate import WorkerRuntime
+from stepq.workers.annotation_config import configure_annotation
+from stepq.workers.brokerless import run_in_process
 from stepq.workers.grading import Grader
-from stepq.workers.in_process import run_in_process
-from stepq.workers.planning import configure_annotation
 from stepq.workers.synthetic_set import synth_set
 
 

@@ -10,9 +10,9 @@ from sqlalchemy import func, select
 from stepq.models import Database, Rollout, jobs, queries
 from stepq.models.work import ROLLOUT_WORK
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.in_process import run_in_process
+from stepq.workers.annotation_config import configure_annotation
+from stepq.workers.brokerless import run_in_process
 from stepq.workers.labels import parse_rule
-from stepq.workers.planning import configure_annotation
 from stepq.workers.synthetic_set import synth_set
 from tests.pipeline_checks import assert_exact, label_accuracy
 

@@ -11,13 +11,13 @@ from sqlalchemy import func, select, text
 
 from stepq.models import Database, Problem, RolloutWork, Trajectory, queries
 from stepq.models.errors import ConfigError
+from stepq.workers.annotation_config import configure_annotation
 from stepq.workers.backends import Completion, GenerationRequest, SamplingParams, make_backend
 from stepq.workers.backends.openai_server import OpenAICompletionsBackend
 from stepq.workers.backends.synthetic_server import SyntheticCompletionsServer
-from stepq.workers.generate import generate_trajectories
 from stepq.workers.ingest import FieldMap, ingest_file
 from stepq.workers.llm_segment import SEGMENT_PROMPT, boundaries, segment_with_model
-from stepq.workers.planning import configure_annotation
+from stepq.workers.policy_sampling import generate_trajectories
 from stepq.workers.prompts import TEMPLATES, load_template, render
 from stepq.workers.segmentation import split_step_markers
 from stepq.workers.synthetic_policy import make_problem
@@ -174,7 +174,7 @@ def test_templates() -> None:
 
 def test_resegment_touches_only_trajectories_without_rollouts(sqlite: Database) -> None:
     from stepq.workers.annotate import WorkerOptions, WorkerRuntime, run_work_item
-    from stepq.workers.generate import resegment_set
+    from stepq.workers.policy_sampling import resegment_set
     from stepq.workers.synthetic_set import synth_set
 
     synth_set(sqlite, "r", problems=6, seed=3)
@@ -201,9 +201,9 @@ def test_resegment_leaves_a_trajectory_annotated_without_rollouts(sqlite: Databa
     """The adaptive budget labels a right trajectory from its own outcome, with no rollout:
     it is annotated all the same, and its chunks and labels must stay."""
     from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-    from stepq.workers.generate import resegment_set
-    from stepq.workers.in_process import run_in_process
-    from stepq.workers.planning import configure_annotation
+    from stepq.workers.annotation_config import configure_annotation
+    from stepq.workers.brokerless import run_in_process
+    from stepq.workers.policy_sampling import resegment_set
     from stepq.workers.synthetic_set import synth_set
 
     synth_set(sqlite, "a", problems=12, seed=3)
@@ -227,8 +227,8 @@ def test_resegment_leaves_a_trajectory_annotated_without_rollouts(sqlite: Databa
 def test_a_set_planned_while_the_segmenter_runs_keeps_its_chunks(any_db: Database) -> None:
     """The eligibility check sits in the transaction that replaces the chunks: a set planned
     for annotation while the (slow) segmenting model ran is left as its work was planned."""
-    from stepq.workers.generate import resegment_set
-    from stepq.workers.planning import configure_annotation
+    from stepq.workers.annotation_config import configure_annotation
+    from stepq.workers.policy_sampling import resegment_set
     from stepq.workers.synthetic_set import synth_set
 
     synth_set(any_db, "race", problems=4, seed=3)

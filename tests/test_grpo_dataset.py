@@ -10,8 +10,8 @@ import pytest
 
 from stepq.models import Database
 from stepq.models import training_queries as tq
-from stepq.trainer.judge.prompt import JudgePrompt
-from stepq.trainer.judge.rewards import get_rewards
+from stepq.trainer.generative_judge.prompt import JudgePrompt
+from stepq.trainer.generative_judge.rewards import get_rewards
 from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
 from stepq.trainer.training.grpo import judge_dataset
 from stepq.trainer.training.recipe import Recipe

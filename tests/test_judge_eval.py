@@ -12,8 +12,8 @@ from stepq.trainer.evaluation import processbench as pb
 from stepq.trainer.evaluation.best_of_n import AGGREGATORS, Candidate, aggregate, best_of_n, majority, pick
 from stepq.trainer.evaluation.chunk_reset import PolicyProblem, chunk_reset
 from stepq.trainer.evaluation.judges import AcceptAll, LabelOracle, StepItem, SyntheticOracle
-from stepq.trainer.judge.prompt import JudgePrompt, parse_verdict, render_judge_prompt
-from stepq.trainer.judge.rewards import REWARDS, format_reward, get_rewards, verdict_match
+from stepq.trainer.generative_judge.prompt import JudgePrompt, parse_verdict, render_judge_prompt
+from stepq.trainer.generative_judge.rewards import REWARDS, format_reward, get_rewards, verdict_match
 from stepq.workers.backends.base import SamplingParams
 from stepq.workers.backends.synthetic import SyntheticBackend
 from stepq.workers.seeds import derive_seed

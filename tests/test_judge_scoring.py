@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from stepq.cli import main
 from stepq.trainer.evaluation import processbench as pb
 from stepq.trainer.evaluation.judges import GenerativeScorer, ModelJudge, StepItem
-from stepq.trainer.judge.prompt import JudgePrompt
+from stepq.trainer.generative_judge.prompt import JudgePrompt
 from stepq.workers.backends.base import Completion, GenerationRequest, SamplingParams
 from tests.helpers import DATA
 

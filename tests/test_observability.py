@@ -17,18 +17,18 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from stepq.logs import JsonFormatter
+from stepq.log_setup import JsonFormatter
 from stepq.metrics import StepqCollector
 from stepq.models import Database, jobs, queries
 from stepq.models.errors import GenerationError
 from stepq.models.work import ROLLOUT_WORK
 from stepq.status import watch
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime, run_work_items
+from stepq.workers.annotation_config import configure_annotation
 from stepq.workers.backends import Completion, GenerationRequest, SamplingParams
 from stepq.workers.backends.synthetic import SyntheticBackend
+from stepq.workers.brokerless import run_in_process
 from stepq.workers.dispatcher import Dispatcher
-from stepq.workers.in_process import run_in_process
-from stepq.workers.planning import configure_annotation
 from stepq.workers.synthetic_set import synth_set
 from tests.helpers import clean_env, outlets
 

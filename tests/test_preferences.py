@@ -12,8 +12,8 @@ from stepq.models.errors import ConfigError
 from stepq.trainer.preferences.export import export_preferences, preference_records
 from stepq.trainer.preferences.pairs import ScoredTrajectory, prompt_of, q_pairs
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.in_process import run_in_process
-from stepq.workers.planning import configure_annotation
+from stepq.workers.annotation_config import configure_annotation
+from stepq.workers.brokerless import run_in_process
 from stepq.workers.synthetic_set import synth_set
 from tests.helpers import clean_env, run_stepq
 

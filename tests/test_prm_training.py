@@ -27,8 +27,8 @@ from stepq.trainer.prm.train import (
 from stepq.trainer.training.recipe import Recipe
 from stepq.trainer.training.runs import TrainOptions
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.in_process import run_in_process
-from stepq.workers.planning import configure_annotation
+from stepq.workers.annotation_config import configure_annotation
+from stepq.workers.brokerless import run_in_process
 from stepq.workers.synthetic_set import synth_set
 from tests.helpers import DATA, clean_env, run_stepq
 from tests.tiny_models import build_tiny_model

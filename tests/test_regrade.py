@@ -10,10 +10,10 @@ from sqlalchemy import text
 
 from stepq.models import Database
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+from stepq.workers.annotation_config import configure_annotation
+from stepq.workers.brokerless import run_in_process
 from stepq.workers.grading import Grader
-from stepq.workers.in_process import run_in_process
 from stepq.workers.labels import parse_rule
-from stepq.workers.planning import configure_annotation
 from stepq.workers.qvalues import relabel_set
 from stepq.workers.regrade import regrade_set
 from stepq.workers.synthetic_set import synth_set

@@ -18,9 +18,9 @@ from stepq.trainer.snapshots.balance import LabelledChunk, balance, plan_snapsho
 from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
 from stepq.trainer.snapshots.export import export_snapshot
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.in_process import run_in_process
+from stepq.workers.annotation_config import configure_annotation
+from stepq.workers.brokerless import run_in_process
 from stepq.workers.labels import parse_rule
-from stepq.workers.planning import configure_annotation
 from stepq.workers.synthetic_set import synth_set
 from tests.trainer_helpers import annotated_set
 

@@ -8,8 +8,8 @@ from stepq.models import Database, jobs, queries
 from stepq.models.work import ROLLOUT_WORK
 from stepq.status import collect, render
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.in_process import run_in_process
-from stepq.workers.planning import configure_annotation
+from stepq.workers.annotation_config import configure_annotation
+from stepq.workers.brokerless import run_in_process
 from stepq.workers.synthetic_set import synth_set
 
 

@@ -210,8 +210,8 @@ def test_a_synthetic_set_of_small_numbers_is_annotated_from_its_own_problems(tmp
     from stepq.models import Database
     from stepq.models.errors import ConfigError
     from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-    from stepq.workers.in_process import run_in_process
-    from stepq.workers.planning import configure_annotation
+    from stepq.workers.annotation_config import configure_annotation
+    from stepq.workers.brokerless import run_in_process
     from stepq.workers.synthetic_set import synth_set
 
     url = f"sqlite:///{tmp_path / 's.db'}"

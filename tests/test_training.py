@@ -20,8 +20,8 @@ from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
 from stepq.trainer.training.grpo import TrainOptions, train_judge
 from stepq.trainer.training.recipe import Recipe
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.in_process import run_in_process
-from stepq.workers.planning import configure_annotation
+from stepq.workers.annotation_config import configure_annotation
+from stepq.workers.brokerless import run_in_process
 from stepq.workers.synthetic_set import synth_set
 from tests.helpers import DATA, clean_env, run_stepq, wait_for
 from tests.tiny_models import build_tiny_model

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from stepq.models import Database
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.in_process import run_in_process
-from stepq.workers.planning import configure_annotation
+from stepq.workers.annotation_config import configure_annotation
+from stepq.workers.brokerless import run_in_process
 from stepq.workers.synthetic_set import synth_set
 
 

@@ -306,7 +306,7 @@ def _fail(rt: WorkerRuntime, work_id: int, exc: Exception, set_name: str | None 
     return queue.fail(rt.db, ROLLOUT_WORK, work_id, rt.name, exc, rt.retry, set=set_name)
 
 
-def _generate_isolated(
+def _engine_call_isolated(
     backend: GenerationBackend,
     members: list[tuple[TrajectoryJob, list[GenerationRequest]]],
     params: SamplingParams,
@@ -394,7 +394,7 @@ def _run(
         for (_, params), members in groups.items():
             started = time.monotonic()
             with rt.deadline(f"generate ({len(members)} trajectories)"):
-                generated = _generate_isolated(members[0][0].backend, members, params)
+                generated = _engine_call_isolated(members[0][0].backend, members, params)
             rt.engine_s += time.monotonic() - started
             for job, reqs, result in generated:
                 try:

@@ -51,7 +51,7 @@ def annotate(
     resample: bool,
 ) -> None:
     """Set a problem set's budget and plan its missing rollouts (only what is missing)."""
-    from stepq.workers.planning import configure_annotation
+    from stepq.workers.annotation_config import configure_annotation
 
     settings = load_settings()
     config = backend_config(model, base_url, backend_options)

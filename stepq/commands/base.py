@@ -71,7 +71,7 @@ def open_db(settings: Settings, *, migrate: bool = False) -> Database:
 
 
 def setup_logging(level: str, fmt: str = "text") -> None:
-    from stepq.logs import setup_logging as configure
+    from stepq.log_setup import setup_logging as configure
 
     configure(level, fmt)
 

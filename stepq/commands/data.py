@@ -198,7 +198,7 @@ def generate(
     """Sample K policy trajectories per problem (only the missing ones), then segment them."""
     from stepq.models import queries
     from stepq.workers.backends import SamplingParams
-    from stepq.workers.generate import generate_trajectories
+    from stepq.workers.policy_sampling import generate_trajectories
     from stepq.workers.prompts import load_template
 
     settings = load_settings()
@@ -260,7 +260,7 @@ def segment(
 ) -> None:
     """Segment a set's not-yet-annotated trajectories again, e.g. with a model (--method llm)."""
     from stepq.models.errors import ConfigError
-    from stepq.workers.generate import resegment_set
+    from stepq.workers.policy_sampling import resegment_set
 
     if method == "llm" and backend is None:
         raise ConfigError("--method llm needs --backend (and --model) for the segmenting model")

@@ -367,7 +367,7 @@ def trainer_serve(
 
     from stepq.models import queries
     from stepq.trainer.snapshots.create import parse_sets
-    from stepq.trainer.training.service import ServiceOptions, serve
+    from stepq.trainer.training.continuous import ServiceOptions, serve
 
     settings = load_settings()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

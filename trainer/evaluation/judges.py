@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from stepq.trainer.judge.prompt import NEGATIVE, POSITIVE, JudgePrompt, parse_verdict
+from stepq.trainer.generative_judge.prompt import NEGATIVE, POSITIVE, JudgePrompt, parse_verdict
 from stepq.workers.backends.base import Completion, GenerationBackend, GenerationRequest, SamplingParams
 from stepq.workers.seeds import derive_seed
 from stepq.workers.synthetic_policy import step_is_right

@@ -16,7 +16,7 @@ from stepq.models import Database
 from stepq.models import training_queries as tq
 from stepq.models.errors import ConfigError
 from stepq.models.snapshots import TRAIN, VALIDATION
-from stepq.trainer.judge.prompt import JudgePrompt, verdict_word
+from stepq.trainer.generative_judge.prompt import JudgePrompt, verdict_word
 
 FORMATS = ("parquet", "jsonl")
 

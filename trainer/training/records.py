@@ -15,8 +15,8 @@ from stepq.models import Database
 from stepq.models import training_queries as tq
 from stepq.models.base import epoch
 from stepq.models.errors import LeaseLost
-from stepq.trainer.judge.prompt import parse_verdict
-from stepq.trainer.judge.rewards import RewardFn, completion_text, label_value
+from stepq.trainer.generative_judge.prompt import parse_verdict
+from stepq.trainer.generative_judge.rewards import RewardFn, completion_text, label_value
 from stepq.trainer.training.ranks import all_reduce_sum, current_rank
 
 # TRL's log keys for the metrics operators look at first (names vary across versions).

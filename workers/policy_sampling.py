@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from stepq.models import Database, queries
+from stepq.workers.annotation_config import require_synthetic_problems
 from stepq.workers.backends import GenerationBackend, GenerationRequest, SamplingParams, generator_id
 from stepq.workers.grading import Grader, extract_boxed
 from stepq.workers.llm_segment import segment_with_model
-from stepq.workers.planning import require_synthetic_problems
 from stepq.workers.prompts import render
 from stepq.workers.seeds import derive_seed
 from stepq.workers.segmentation import Segmentation, segment

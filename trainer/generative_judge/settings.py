@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from stepq.models.errors import ConfigError
-from stepq.trainer.judge.prompt import DEFAULT_TEMPLATE, JudgePrompt
+from stepq.trainer.generative_judge.prompt import DEFAULT_TEMPLATE, JudgePrompt
 
 FILE = "stepq-judge.json"
 DEFAULT_MAX_TOKENS = 3072

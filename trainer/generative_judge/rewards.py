@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from stepq.models.errors import ConfigError
-from stepq.trainer.judge.prompt import parse_verdict
+from stepq.trainer.generative_judge.prompt import parse_verdict
 
 RewardFn = Callable[..., list[float]]
 REWARDS: dict[str, RewardFn] = {}
