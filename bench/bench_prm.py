@@ -244,10 +244,11 @@ def train_on_outcomes(base: Path, examples: Sequence[OutcomeExample], root: Path
     db = Database(f"sqlite:///{root / 'runs.db'}")
     result = train_prm(db, examples, "synthetic-outcomes", recipe, root / "run")
     with db.session() as session:
-        from stepq.models import training_queries as tq
+        from stepq.models import queries
 
         logged = [
-            (m.step, m.loss, m.accuracy_positive, m.accuracy_negative) for m in tq.run_metrics(session, result.run_id)
+            (m.step, m.loss, m.accuracy_positive, m.accuracy_negative)
+            for m in queries.run_metrics(session, result.run_id)
         ]
     for step, loss, acc_pos, acc_neg in logged[:: max(1, len(logged) // 8)] + logged[-1:]:
         print(f"  step {step:>5}  loss {loss:.4f}  outcome accuracy +{acc_pos or 0:.2f} -{acc_neg or 0:.2f}")

@@ -21,7 +21,7 @@ REDIS_URL = os.environ.get("STEPQ_BENCH_REDIS_URL", "redis://127.0.0.1:6379/8")
 @contextmanager
 def scratch_pg() -> Iterator[str]:
     """A migrated PostgreSQL database that is dropped afterwards."""
-    admin = create_engine(PG_SERVER, isolation_level="AUTOCOMMIT")
+    admin = create_engine(PG_SERVER, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
     name = f"stepq_bench_{uuid.uuid4().hex[:8]}"
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))

@@ -1,14 +1,15 @@
-"""Every query the annotation engine runs against its tables, in one place to import from.
+"""Every query stepq runs against its tables, in one place to import from (``queries.X``).
 
-Tasks, the dispatcher and the CLI call these; none of them builds SQL of its own.  All
+Tasks, the dispatcher, the trainer and the CLI call these; none of them builds SQL of its own.  All
 writes are idempotent: inserts ignore conflicts on the natural unique keys, and state
 changes are conditional updates whose row count says whether this process won.  They live
 by concept in ``set_queries`` (sets, problems, trajectories), ``work_queries`` (planning
 rollout work), ``rollout_queries`` (rollouts, Q-values, labels) and ``fleet_queries``
-(locks, events, workers, progress), with the shared statements in ``sql``; the trainer's
-are in ``training_queries`` and step search's in ``search_queries``.  The job queue's
-lifecycle, common to every kind of queue work, is ``jobs`` (on top of the ``leases``
-primitive that training runs and locks use too).
+(locks, events, workers, progress), ``training_queries`` (snapshots, training runs, what the
+trainer reads) and ``search_queries`` (step search), with the shared statements in ``sql``;
+this module re-exports every one of them.  The job queue is a layer of its own, imported as
+a module: ``jobs`` (one lifecycle for every kind of queue work, taking a ``JobTable``) on top
+of ``leases`` (the lease primitive training runs and locks use too).
 """
 
 from __future__ import annotations
@@ -39,6 +40,14 @@ from stepq.models.rollout_queries import (
     update_grades,
     upsert_labels,
     upsert_q_values,
+)
+from stepq.models.search_queries import (
+    create_searches,
+    problems_of_set,
+    record_turn,
+    search_progress,
+    search_turn_rows,
+    search_turns,
 )
 from stepq.models.set_queries import (
     add_trajectory,
@@ -71,6 +80,37 @@ from stepq.models.sql import (
     _insert,
     insert_ignore,
 )
+from stepq.models.training_queries import (
+    claim_run,
+    count_labelled,
+    create_run,
+    end_run,
+    find_run,
+    get_run,
+    get_snapshot,
+    insert_snapshot,
+    labelled_chunks,
+    latest_snapshot,
+    lineage_runs,
+    next_snapshot_number,
+    record_checkpoint,
+    renew_run,
+    rollout_pass_counts,
+    rollout_texts,
+    rollouts_behind,
+    run_by_output,
+    run_metrics,
+    scored_trajectories,
+    set_ids_by_name,
+    set_solutions,
+    snapshot_contexts,
+    snapshot_name_taken,
+    snapshot_rows,
+    snapshot_summaries,
+    training_progress,
+    trajectory_outcomes,
+    upsert_metrics,
+)
 from stepq.models.work_queries import (
     mark_trajectory_counted,
     plan_work,
@@ -85,55 +125,90 @@ __all__ = [
     "_insert",
     "acquire_lock",
     "add_trajectory",
+    "claim_run",
     "count_event",
+    "count_labelled",
+    "create_run",
+    "create_searches",
     "delete_set",
     "delete_trajectories_of",
     "discard_rollouts",
+    "end_run",
     "ensure_set",
     "event_counts",
     "existing_problem_ids",
+    "find_run",
     "flag_for_planning",
+    "get_run",
     "get_set",
+    "get_snapshot",
     "heartbeat",
     "ingested_texts",
     "insert_ignore",
+    "insert_snapshot",
     "label_rules_of",
+    "labelled_chunks",
     "labels_with_truth",
+    "latest_snapshot",
+    "lineage_runs",
     "live_worker_count",
     "live_workers",
     "load_work_context",
     "lock_holder",
     "mark_trajectory_counted",
+    "next_snapshot_number",
     "pause_set",
     "plan_work",
     "policy_outcomes",
     "problem_contents",
+    "problems_of_set",
     "problems_without_reference",
     "progress",
     "progress_history",
     "progress_since",
+    "record_checkpoint",
     "record_progress",
+    "record_turn",
     "recount",
     "regrade_outcomes",
     "release_lock",
+    "renew_run",
     "reopen_set",
     "reopen_trajectories",
     "replace_chunks",
+    "rollout_pass_counts",
     "rollout_rewards",
+    "rollout_texts",
+    "rollouts_behind",
     "rollouts_to_regrade",
+    "run_by_output",
+    "run_metrics",
+    "scored_trajectories",
+    "search_progress",
+    "search_turn_rows",
+    "search_turns",
     "segmentation_stats",
     "set_excluded",
     "set_has_rollouts",
+    "set_ids_by_name",
     "set_problems",
+    "set_solutions",
     "set_trajectory_ids",
+    "snapshot_contexts",
+    "snapshot_name_taken",
+    "snapshot_rows",
+    "snapshot_summaries",
+    "training_progress",
     "trajectory_chunks",
     "trajectory_counted",
     "trajectory_ids_of",
     "trajectory_keys",
+    "trajectory_outcomes",
     "unannotated_trajectories",
     "update_grades",
     "update_problems",
     "upsert_labels",
+    "upsert_metrics",
     "upsert_q_values",
     "work_counts",
     "worker_stopped",

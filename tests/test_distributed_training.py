@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from stepq.models import Database
-from stepq.models import training_queries as tq
+from stepq.models import Database, queries
 from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
 from tests.helpers import clean_env, wait_for
 from tests.tiny_models import build_tiny_model
@@ -59,14 +58,14 @@ def test_two_ranks_train_one_run_and_resume_it_after_sigkill(pg: Database, pg_ur
     def checkpointed() -> bool:
         assert first.poll() is None, first.communicate()[0][-3000:]
         with pg.session() as s:
-            runs = [tq.run_by_output(s, str(out.resolve()))]
+            runs = [queries.run_by_output(s, str(out.resolve()))]
             return runs[0] is not None and runs[0].last_checkpoint is not None
 
     wait_for(checkpointed, timeout=240, what="the first checkpoint of the 2-rank run")
     os.killpg(first.pid, signal.SIGKILL)
     first.wait(timeout=30)
     with pg.session() as s:
-        killed = tq.run_by_output(s, str(out.resolve()))
+        killed = queries.run_by_output(s, str(out.resolve()))
         assert killed is not None and killed.status == "running" and killed.resumes == 0
         assert killed.global_step < STEPS
     # the ranks died with their launcher: nothing trains on, orphaned, beside the rerun
@@ -74,7 +73,7 @@ def test_two_ranks_train_one_run_and_resume_it_after_sigkill(pg: Database, pg_ur
     time.sleep(4)
     assert sorted(p.name for p in out.glob("checkpoint-*")) == checkpoints
     with pg.session() as s:
-        still = tq.get_run(s, killed.id)
+        still = queries.get_run(s, killed.id)
         assert (still.global_step, still.status) == (killed.global_step, "running")
 
     time.sleep(1)  # the dead launch's rendezvous port is free again
@@ -85,12 +84,12 @@ def test_two_ranks_train_one_run_and_resume_it_after_sigkill(pg: Database, pg_ur
     assert output.count(f"at step {STEPS}") == 1, output[-2000:]
 
     with pg.session() as s:
-        runs = [r for r in tq.training_progress(s)]
+        runs = [r for r in queries.training_progress(s)]
         assert len(runs) == 1, runs
-        run = tq.get_run(s, runs[0]["run"])
+        run = queries.get_run(s, runs[0]["run"])
         assert (run.id, run.status, run.global_step, run.resumes) == (killed.id, "done", STEPS, 1)
         assert run.lease_owner is None
-        assert [m.step for m in tq.run_metrics(s, run.id)] == list(range(1, STEPS + 1))
+        assert [m.step for m in queries.run_metrics(s, run.id)] == list(range(1, STEPS + 1))
         assert [Path(c).name for c in run.checkpoints][-1] == f"checkpoint-{STEPS}"
     assert (out / "final" / "config.json").exists()
 
@@ -117,7 +116,7 @@ def test_the_trainer_service_launches_each_training_on_two_ranks(pg: Database, p
     assert done.returncode == 0, done.stderr[-3000:]
     assert "launching 2 training processes" in done.stderr
     with pg.session() as s:
-        (run,) = tq.lineage_runs(s, "ddp")
+        (run,) = queries.lineage_runs(s, "ddp")
         assert (run.status, run.global_step, run.lineage) == ("done", 3, "ddp")
         assert run.base_model == str(model)
     assert (trace / "rank-0.jsonl").read_text() and (trace / "rank-1.jsonl").read_text()

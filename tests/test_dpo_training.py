@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stepq.models import Database
-from stepq.models import training_queries as tq
+from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
 from stepq.trainer.preferences.dpo import load_preferences, train_dpo
 from stepq.trainer.preferences.export import export_preferences, preference_records
@@ -48,7 +47,7 @@ def test_dpo_run_on_q_derived_pairs_is_recorded(pg: Database, tmp_path: Path) ->
     result = train_dpo(pg, pairs, "preferences:pref:margin=0.3", recipe, tmp_path / "run")
     assert result.status == "done" and result.global_step == 2
     with pg.session() as s:
-        run = tq.get_run(s, result.run_id)
+        run = queries.get_run(s, result.run_id)
         assert (run.method, run.dataset, run.snapshot_id, run.status) == (
             "dpo",
             "preferences:pref:margin=0.3",
@@ -56,7 +55,7 @@ def test_dpo_run_on_q_derived_pairs_is_recorded(pg: Database, tmp_path: Path) ->
             "done",
         )
         assert [Path(c).name for c in run.checkpoints] == ["checkpoint-1", "checkpoint-2"]
-        metrics = tq.run_metrics(s, run.id)
+        metrics = queries.run_metrics(s, run.id)
         assert [m.step for m in metrics] == [1, 2] and all(m.loss is not None for m in metrics)
         assert any(k.startswith("rewards/") for k in metrics[-1].values), "DPO's reward margins are kept"
     assert (result.final_model / "config.json").exists()

@@ -126,7 +126,7 @@ def test_without_a_heartbeat_that_lease_is_lost(pg: Database) -> None:
 def test_heartbeat_keeps_a_step_search_through_a_turn_longer_than_its_lease(pg: Database) -> None:
     """A search turn samples w candidates and judges every pair twice: with a model judge it
     can outlast the lease.  The heartbeat renews search leases like work leases."""
-    from stepq.models import search_queries as sq
+    from stepq.models import queries
     from stepq.workers.search.plan import SearchPlan, start_search
     from stepq.workers.search.runner import run_search
 
@@ -138,7 +138,7 @@ def test_heartbeat_keeps_a_step_search_through_a_turn_longer_than_its_lease(pg: 
     stolen = _claimed_while_running(lambda: run_search(rt, search_id), lambda: _claim(pg, STEP_SEARCHES, search_id), rt)
     assert stolen == ("done", False), "the heartbeat renewed the search's lease during the turn"
     with pg.session() as s:
-        assert len(sq.search_turns(s, search_id)) == 1
+        assert len(queries.search_turns(s, search_id)) == 1
 
 
 def test_lease_owners_are_unique_per_process_even_with_one_name(pg: Database) -> None:

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stepq.models import Database
-from stepq.models import training_queries as tq
+from stepq.models import Database, queries
 from stepq.trainer.generative_judge.prompt import JudgePrompt
 from stepq.trainer.generative_judge.rewards import get_rewards
 from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
@@ -28,8 +27,8 @@ def test_grpo_rows_are_the_train_split_with_their_own_labels(sqlite: Database, t
     recipe = Recipe.parse(f"model: m\njudge_template: {template}\nconversational: false\n")
     rows = list(judge_dataset(sqlite, ref, recipe))
     with sqlite.session() as s:
-        truth = {r.chunk_id: (r.split, r.positive, r.chunk_idx, r.trajectory_id) for r in tq.snapshot_rows(s, ref)}
-        contexts = tq.snapshot_contexts(s, ref)
+        truth = {r.chunk_id: (r.split, r.positive, r.chunk_idx, r.trajectory_id) for r in queries.snapshot_rows(s, ref)}
+        contexts = queries.snapshot_contexts(s, ref)
     train = {c for c, (split, *_) in truth.items() if split == "train"}
     assert {r["chunk_id"] for r in rows} == train and len(rows) == len(train)
     prompt = JudgePrompt(template.read_text())

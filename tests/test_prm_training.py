@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from stepq.models import Database
-from stepq.models import training_queries as tq
+from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
 from stepq.trainer.prm.model import StepScorer, encode
 from stepq.trainer.prm.train import (
@@ -73,12 +72,12 @@ def test_prm_trains_on_a_sets_outcomes_and_is_recorded(pg: Database, tmp_path: P
     result = train_prm(pg, examples, "outcomes:o", _recipe(model), tmp_path / "run")
     assert result.status == "done" and result.global_step == 4 and result.resumed_from is None
     with pg.session() as s:
-        run = tq.get_run(s, result.run_id)
+        run = queries.get_run(s, result.run_id)
         assert (run.method, run.dataset, run.snapshot_id, run.status) == ("prm", "outcomes:o", None, "done")
         assert [Path(c).name for c in run.checkpoints] == ["checkpoint-2", "checkpoint-4"]
-        assert [m.step for m in tq.run_metrics(s, run.id)] == [1, 2, 3, 4]
-        assert all(m.loss is not None and m.loss > 0 for m in tq.run_metrics(s, run.id))
-        listed = {r["run"]: r for r in tq.training_progress(s)}[run.id]
+        assert [m.step for m in queries.run_metrics(s, run.id)] == [1, 2, 3, 4]
+        assert all(m.loss is not None and m.loss > 0 for m in queries.run_metrics(s, run.id))
+        listed = {r["run"]: r for r in queries.training_progress(s)}[run.id]
         assert listed["method"] == "prm" and listed["dataset"] == "outcomes:o" and listed["snapshot"] is None
     scorer = StepScorer.load(result.final_model)
     assert scorer.meta["aggregate"] == "asymmetric"
@@ -115,13 +114,13 @@ def test_a_failed_prm_run_resumes_to_the_uninterrupted_result(sqlite: Database, 
             sqlite, examples, "outcomes:o", _recipe(model, 6, 2, extra=scheduled), tmp_path / "crashed", on_step=crash
         )
     with sqlite.session() as s:
-        failed = tq.run_by_output(s, str((tmp_path / "crashed").resolve()))
+        failed = queries.run_by_output(s, str((tmp_path / "crashed").resolve()))
         assert failed is not None and failed.status == "failed" and "Stop" in (failed.error or "")
     resumed = train_prm(sqlite, examples, "outcomes:o", _recipe(model, 6, 2, extra=scheduled), tmp_path / "crashed")
     assert resumed.run_id == failed.id and resumed.global_step == 6
     assert resumed.resumed_from is not None and resumed.resumed_from.endswith("checkpoint-2")
     with sqlite.session() as s:
-        assert tq.get_run(s, resumed.run_id).resumes == 1
+        assert queries.get_run(s, resumed.run_id).resumes == 1
     a, b = StepScorer.load(straight.final_model), StepScorer.load(resumed.final_model)
     for (name, x), (_, y) in zip(a.backbone.state_dict().items(), b.backbone.state_dict().items(), strict=True):
         assert torch.equal(x, y), f"{name} differs after resuming"
@@ -296,7 +295,7 @@ def test_eval_commands_use_a_trained_prm(sqlite: Database, tmp_path: Path) -> No
         from stepq.models import queries
 
         with sqlite.session() as session:
-            solutions = tq.set_solutions(session, queries.get_set(session, "o").id)
+            solutions = queries.set_solutions(session, queries.get_set(session, "o").id)
         expected = []
         for trajectories in solutions.values():
             pair = trajectories[:2]

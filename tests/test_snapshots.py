@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, text
 
-from stepq.models import Database
-from stepq.models import training_queries as tq
+from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
 from stepq.models.problems import Problem
 from stepq.models.trajectories import Trajectory
@@ -78,7 +77,7 @@ def test_splits_stay_put_across_a_lineage_as_the_set_grows(pg: Database) -> None
         annotated_set(pg, problems=problems)  # the same set, grown: only the new problems are annotated
         ref = create_snapshot(pg, SnapshotSpec(("s",), "abs-q", 0.25, 0, name=f"L-{number}", lineage="L"))
         with pg.session() as s:
-            rows = tq.snapshot_rows(s, ref)
+            rows = queries.snapshot_rows(s, ref)
         assert len({r.problem_id for r in rows}) > (problems * 3) // 4  # the grown set is in it
         for r in rows:
             sides.setdefault(r.problem_id, set()).add(r.split)
@@ -88,7 +87,7 @@ def test_splits_stay_put_across_a_lineage_as_the_set_grows(pg: Database) -> None
 
 def _snapshot_rows(db: Database, ref: int) -> list[tuple]:
     with db.session() as s:
-        return [(r.split, r.chunk_id, r.positive, r.q_before, r.q_after) for r in tq.snapshot_rows(s, ref)]
+        return [(r.split, r.chunk_id, r.positive, r.q_before, r.q_after) for r in queries.snapshot_rows(s, ref)]
 
 
 def test_snapshot_on_postgres_is_balanced_reproducible_and_immutable(pg: Database, tmp_path: Path) -> None:
@@ -97,8 +96,8 @@ def test_snapshot_on_postgres_is_balanced_reproducible_and_immutable(pg: Databas
     again = create_snapshot(pg, SnapshotSpec(("s",), "abs-q", val_fraction=0.25, seed=5, name="same-seed"))
     other = create_snapshot(pg, SnapshotSpec(("s",), "abs-q", val_fraction=0.25, seed=6, name="other-seed"))
     with pg.session() as s:
-        a, b, c = (tq.get_snapshot(s, n) for n in (first, again, other))
-        summary = {r["snapshot"]: r for r in tq.snapshot_summaries(s)}
+        a, b, c = (queries.get_snapshot(s, n) for n in (first, again, other))
+        summary = {r["snapshot"]: r for r in queries.snapshot_summaries(s)}
         assert a.content_hash == b.content_hash != c.content_hash
         manifest = a.manifest
     assert _snapshot_rows(pg, first) == _snapshot_rows(pg, again)
@@ -109,7 +108,7 @@ def test_snapshot_on_postgres_is_balanced_reproducible_and_immutable(pg: Databas
     assert manifest["rollouts_behind_labels"] > 0 and manifest["rule"] == "abs-q"
     assert set(manifest["counts_before_balancing"]) == {"train", "validation"}
     with pg.session() as s:
-        rows = tq.snapshot_rows(s, first)
+        rows = queries.snapshot_rows(s, first)
     train_p = {r.problem_id for r in rows if r.split == "train"}
     val_p = {r.problem_id for r in rows if r.split == "validation"}
     assert train_p and val_p and not train_p & val_p
@@ -127,7 +126,7 @@ def test_snapshot_on_postgres_is_balanced_reproducible_and_immutable(pg: Databas
     relabel_set(pg, "s", parse_rule("abs-q"))
     assert _snapshot_rows(pg, first) == before
     with pg.session() as s:
-        assert tq.get_snapshot(s, first).content_hash == a.content_hash
+        assert queries.get_snapshot(s, first).content_hash == a.content_hash
     # ...while a new snapshot of the same spec now differs: the labels really changed
     later = create_snapshot(pg, SnapshotSpec(("s",), "abs-q", val_fraction=0.25, seed=5, name="later"))
     assert _snapshot_rows(pg, later) != before
@@ -140,7 +139,7 @@ def test_snapshot_errors_change_nothing(sqlite: Database) -> None:
     with pytest.raises(Exception, match="no problem set"):
         create_snapshot(sqlite, SnapshotSpec(("missing",), "abs-q"))
     with sqlite.session() as s:
-        assert tq.snapshot_summaries(s) == []
+        assert queries.snapshot_summaries(s) == []
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])

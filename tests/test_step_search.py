@@ -170,13 +170,13 @@ def test_embedded_step_search_yields_right_over_wrong_pairs(sqlite: Database, tm
     assert exported.returncode == 0, exported.stderr
     import json
 
-    from stepq.models import search_queries as sq
+    from stepq.models import queries
 
     with sqlite.session() as session:
         searches = session.execute(text("SELECT id, prompt FROM step_searches")).all()
         final = {}
         for sid, _ in searches:
-            turns = sq.search_turns(session, sid)
+            turns = queries.search_turns(session, sid)
             final[sid] = replay([(t.action, list(t.candidates), t.chosen) for t in turns])[0]
     records = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
     kept_steps = sum(len(steps) for steps in final.values())

@@ -12,8 +12,7 @@ import yaml
 from click.testing import CliRunner
 
 from stepq.cli import main
-from stepq.models import Database
-from stepq.models import training_queries as tq
+from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
 from stepq.trainer.training.recipe import Recipe
 from tests.tiny_models import build_tiny_model
@@ -76,14 +75,14 @@ def test_a_new_user_trains_on_cpu_with_overrides(
     code, out = _train(monkeypatch, sqlite, "--model", str(model), *_opts("trainer.bf16=false", "trainer.nope=1"))
     assert code == 2 and "nope" in out, out
     with sqlite.session() as s:
-        assert tq.training_progress(s) == []  # no error left a run row behind
+        assert queries.training_progress(s) == []  # no error left a run row behind
 
     code, out = _train(monkeypatch, sqlite, "--model", str(model), *_opts("trainer.bf16=false", *CPU_OPTIONS))
     assert code == 0, out
     assert "done at step 1" in out
     with sqlite.session() as s:
-        (row,) = tq.training_progress(s)
-        run = tq.get_run(s, row["run"])
+        (row,) = queries.training_progress(s)
+        run = queries.get_run(s, row["run"])
         recorded = yaml.safe_load(run.recipe)
         assert run.base_model == str(model) and recorded["model"] == str(model)
         assert recorded["trainer"]["bf16"] is False and recorded["trainer"]["max_steps"] == 1

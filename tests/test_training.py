@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stepq.models import Database
-from stepq.models import training_queries as tq
+from stepq.models import Database, queries
 from stepq.trainer.evaluation.judge_spec import JudgeSpec, build_judge
 from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
 from stepq.trainer.training.grpo import TrainOptions, train_judge
@@ -51,9 +50,9 @@ def test_grpo_run_is_recorded_and_its_checkpoint_scores_processbench(pg: Databas
     result = train_judge(pg, snapshot, recipe, tmp_path / "run")
     assert result.status == "done" and result.global_step == 4 and result.resumed_from is None
     with pg.session() as s:
-        run = tq.get_run(s, result.run_id)
-        metrics = tq.run_metrics(s, run.id)
-        progress = tq.training_progress(s)
+        run = queries.get_run(s, result.run_id)
+        metrics = queries.run_metrics(s, run.id)
+        progress = queries.training_progress(s)
         assert run.status == "done" and run.snapshot_id == snapshot and run.lease_owner is None
         assert run.recipe == recipe.text and run.base_model == str(model)
         assert [Path(c).name for c in run.checkpoints] == ["checkpoint-2", "checkpoint-4"]
@@ -85,7 +84,7 @@ def test_grpo_run_is_recorded_and_its_checkpoint_scores_processbench(pg: Databas
     assert (again.run_id, again.global_step, again.resumed_from) == (run.id, 4, str(checkpoint))
     assert (again.final_model / "model.safetensors").exists() and not (again.final_model / "optimizer.pt").exists()
     with pg.session() as s:
-        assert tq.get_run(s, run.id).status == "done" and tq.get_run(s, run.id).resumes == 1
+        assert queries.get_run(s, run.id).status == "done" and queries.get_run(s, run.id).resumes == 1
 
     # evaluation asks the judge as it was trained: its template, raw prompt, its length limit
     template.unlink()  # read at training time: the judge does not depend on the file staying
@@ -150,7 +149,7 @@ def test_a_second_trainer_waits_for_the_run_lease(pg: Database, tmp_path: Path) 
     model = build_tiny_model(tmp_path / "model")
     recipe = Recipe.load(tiny_recipe(tmp_path / "tiny.yaml", model))
     with pg.session() as s:
-        run_id = tq.create_run(
+        run_id = queries.create_run(
             s,
             snapshot_id=snapshot,
             method="grpo",
@@ -159,8 +158,8 @@ def test_a_second_trainer_waits_for_the_run_lease(pg: Database, tmp_path: Path) 
             output_dir=str((tmp_path / "run").resolve()),
             host="other",
         )
-        assert tq.claim_run(s, run_id, "other-host:1:abc", 60, "other")
-        assert tq.get_run(s, run_id).lease_expires_at > epoch()
+        assert queries.claim_run(s, run_id, "other-host:1:abc", 60, "other")
+        assert queries.get_run(s, run_id).lease_expires_at > epoch()
     with pytest.raises(TrainingBusy, match="other-host"):
         train_judge(pg, snapshot, recipe, tmp_path / "run", TrainOptions(wait_s=0.5))
 
@@ -201,13 +200,13 @@ def test_trainer_service_trains_when_labels_appear_and_resumes_after_sigkill(
         time.sleep(3)
         assert first.poll() is None, (tmp_path / "serve1.log").read_text()
         with pg.session() as s:
-            assert tq.snapshot_summaries(s) == [], "no labels yet: nothing to snapshot"
+            assert queries.snapshot_summaries(s) == [], "no labels yet: nothing to snapshot"
         configure_annotation(pg, "s", 8)
         run_in_process(pg, WorkerRuntime(pg, WorkerOptions(batch_rollouts=64, name="annotator")))
 
         def checkpointed() -> bool:
             with pg.session() as s:
-                runs = tq.lineage_runs(s, "judge")
+                runs = queries.lineage_runs(s, "judge")
                 return bool(runs) and runs[0].last_checkpoint is not None and runs[0].status == "running"
 
         wait_for(checkpointed, 240, "a checkpoint of the first training", interval=0.1)
@@ -217,16 +216,16 @@ def test_trainer_service_trains_when_labels_appear_and_resumes_after_sigkill(
         if first.poll() is None:
             first.kill()
     with pg.session() as s:
-        (killed,) = tq.lineage_runs(s, "judge")
+        (killed,) = queries.lineage_runs(s, "judge")
         assert killed.status == "running" and killed.global_step < 40, "killed mid-training"
         step_at_kill = killed.global_step
     second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resuming training run" in second.stderr
     with pg.session() as s:
-        (run,) = tq.lineage_runs(s, "judge")  # the same run row, no second run
-        snapshots = tq.snapshot_summaries(s)
-        steps = [m.step for m in tq.run_metrics(s, run.id)]
+        (run,) = queries.lineage_runs(s, "judge")  # the same run row, no second run
+        snapshots = queries.snapshot_summaries(s)
+        steps = [m.step for m in queries.run_metrics(s, run.id)]
     assert run.id == killed.id and run.status == "done" and run.global_step == 40
     assert run.resumes == 1 and len(snapshots) == 1 and snapshots[0]["lineage"] == "judge"
     assert step_at_kill >= 4 and steps[-1] == 40 and len(steps) == len(set(steps))

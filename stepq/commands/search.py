@@ -112,10 +112,10 @@ def search_run() -> None:
 @friendly
 def search_status(as_json: bool) -> None:
     """Per search: searches by state, turns, pairs and order-consistent judgements."""
-    from stepq.models import search_queries as sq
+    from stepq.models import queries
 
     with open_db(load_settings()).session() as s:
-        rows = sq.search_progress(s)
+        rows = queries.search_progress(s)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

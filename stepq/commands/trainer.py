@@ -34,13 +34,13 @@ def snapshot() -> None:
 @friendly
 def snapshot_create(sets: str, rule: str, val_fraction: float, seed: int, balance: bool, name: str | None) -> None:
     """Freeze the currently labelled chunks into a numbered snapshot."""
-    from stepq.models import training_queries as tq
+    from stepq.models import queries
     from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot, parse_sets
 
     db = open_db(load_settings())
     number = create_snapshot(db, SnapshotSpec(parse_sets(sets), rule, val_fraction, seed, balance, name))
     with db.session() as session:
-        snap = tq.get_snapshot(session, number)
+        snap = queries.get_snapshot(session, number)
         counts = snap.manifest["counts"]
     click.echo(
         f"snapshot {number} '{snap.name}': train {counts['train']['positive']}+/{counts['train']['negative']}-, "
@@ -126,10 +126,10 @@ def export_stepwise_command(ref: str, out: Path) -> None:
 @friendly
 def snapshot_list(as_json: bool) -> None:
     """Snapshots with their class counts per split (the snapshot_summary view)."""
-    from stepq.models import training_queries as tq
+    from stepq.models import queries
 
     with open_db(load_settings()).session() as session:
-        rows = tq.snapshot_summaries(session)
+        rows = queries.snapshot_summaries(session)
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))
         return
@@ -147,10 +147,10 @@ def snapshot_list(as_json: bool) -> None:
 @friendly
 def snapshot_show(ref: str) -> None:
     """A snapshot's manifest."""
-    from stepq.models import training_queries as tq
+    from stepq.models import queries
 
     with open_db(load_settings()).session() as session:
-        snap = tq.get_snapshot(session, ref)
+        snap = queries.get_snapshot(session, ref)
         click.echo(json.dumps({"snapshot": snap.id, "name": snap.name, **snap.manifest}, indent=2, sort_keys=True))
 
 
@@ -301,10 +301,10 @@ def train_plan(
 @friendly
 def train_list(as_json: bool) -> None:
     """Training runs with their latest metrics (the training_progress view)."""
-    from stepq.models import training_queries as tq
+    from stepq.models import queries
 
     with open_db(load_settings()).session() as session:
-        rows = tq.training_progress(session)
+        rows = queries.training_progress(session)
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))
         return

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from stepq.models import Database, queries
-from stepq.models import training_queries as tq
 from stepq.models.errors import ConfigError
 from stepq.models.snapshots import VALIDATION
 from stepq.trainer.evaluation.best_of_n import BestOfNRow, Candidate, best_of_n
@@ -47,7 +46,7 @@ def validation_accuracy(db: Database, ref: str | int, judge: StepJudge, batch: i
 def _set(db: Database, name: str) -> tuple[Any, dict[int, list[dict[str, Any]]]]:
     with db.session() as session:
         pset = queries.get_set(session, name)
-        return pset, tq.set_solutions(session, pset.id)
+        return pset, queries.set_solutions(session, pset.id)
 
 
 def set_best_of_n(db: Database, name: str, judge: StepJudge, ns: Sequence[int], how: str) -> list[BestOfNRow]:

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepq.models import Database
-from stepq.models import training_queries as tq
+from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
 from stepq.workers.segmentation import SegmentationError, segment
 
@@ -76,10 +75,10 @@ def outcome_records(
 ) -> Iterator[dict[str, Any]]:
     """Trajectories first, then rollouts (those whose text was kept), in id order."""
     with db.session() as session:
-        trajectories = tq.scored_trajectories(session, set_name)
+        trajectories = queries.scored_trajectories(session, set_name)
         ids = [t["id"] for t in trajectories]
-        outcomes = tq.trajectory_outcomes(session, ids)
-        counts = tq.rollout_pass_counts(session, ids) if keep.pass_rate else {}
+        outcomes = queries.trajectory_outcomes(session, ids)
+        counts = queries.rollout_pass_counts(session, ids) if keep.pass_rate else {}
     if keep.pass_rate:
         kept_problems = _problems_in_pass_rate(trajectories, counts, keep.pass_rate)
         trajectories = [t for t in trajectories if t["problem_id"] in kept_problems]
@@ -100,7 +99,7 @@ def outcome_records(
     after = 0
     while True:
         with db.session() as session:
-            rows = tq.rollout_texts(session, list(chunks), after_id=after, limit=batch)
+            rows = queries.rollout_texts(session, list(chunks), after_id=after, limit=batch)
         if not rows:
             return
         for rid, tid, k, body, reward, answer in rows:

@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from stepq.models import Database
-from stepq.models import training_queries as tq
+from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
 from stepq.trainer.preferences.pairs import ScoredTrajectory, StepPair, prompt_of, q_pairs
 
@@ -17,7 +16,7 @@ FORMATS = ("jsonl", "parquet")
 
 def preference_records(db: Database, set_name: str, margin: float) -> list[dict[str, Any]]:
     with db.session() as session:
-        rows = tq.scored_trajectories(session, set_name)
+        rows = queries.scored_trajectories(session, set_name)
     scored = [ScoredTrajectory(r["id"], r["problem_id"], r["question"], r["chunks"], r["q"], r["prompt"]) for r in rows]
     return [_record(p) for p in q_pairs(scored, margin)]
 
@@ -27,11 +26,11 @@ def search_preference_records(db: Database, name: str) -> list[dict[str, Any]]:
     whose kept step was not rolled back (a rollback discards that step's pair too)."""
     from itertools import groupby
 
-    from stepq.models import search_queries as sq
+    from stepq.models import queries
     from stepq.workers.search.step_search import surviving_pairs
 
     with db.session() as session:
-        turns = sq.search_turn_rows(session, name)
+        turns = queries.search_turn_rows(session, name)
     rows = []
     for _, group in groupby(turns, key=lambda r: r["search_id"]):
         of_search = list(group)

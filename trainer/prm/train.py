@@ -20,8 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from stepq.models import Database
-from stepq.models import training_queries as tq
+from stepq.models import Database, queries
 from stepq.models.errors import ConfigError, LeaseLost
 from stepq.trainer.outcomes.export import OutcomeFilter
 from stepq.trainer.prm.aggregate import AGGREGATES, outcome_loss, solution_log_prob
@@ -309,7 +308,7 @@ def _log(db: Database, handle: RunHandle, step: int, window: list[tuple[float, l
     assert handle.run_id is not None  # one process: it owns the row
     row = metric_row(handle.run_id, step, {"loss": loss, "examples": sum(seen.values())}, accuracy)
     with db.session() as session:
-        tq.upsert_metrics(session, [row])
+        queries.upsert_metrics(session, [row])
     if not handle.renew(db, global_step=step):
         raise LeaseLost(f"training run {handle.run_id} was taken over by another trainer")
 
@@ -328,5 +327,5 @@ def _checkpoint(
     partial.rename(final)
     assert handle.run_id is not None
     with db.session() as session:
-        if not tq.record_checkpoint(session, handle.run_id, handle.owner, handle.ttl, str(final), step):
+        if not queries.record_checkpoint(session, handle.run_id, handle.owner, handle.ttl, str(final), step):
             raise LeaseLost(f"training run {handle.run_id} was taken over by another trainer")

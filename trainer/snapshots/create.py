@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from stepq.models import Database
-from stepq.models import training_queries as tq
+from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
 from stepq.trainer.snapshots.balance import LabelledChunk, content_hash, plan_snapshot
 from stepq.workers.labels import parse_rule
@@ -47,17 +46,17 @@ def create_snapshot(db: Database, spec: SnapshotSpec) -> int:
         raise ConfigError(f"--val-fraction must be in [0, 1), got {spec.val_fraction}")
     rule = parse_rule(spec.rule).key
     with db.session() as session:
-        set_ids = tq.set_ids_by_name(session, list(spec.sets))
-        rows = [LabelledChunk(*r) for r in tq.labelled_chunks(session, set_ids, rule)]
+        set_ids = queries.set_ids_by_name(session, list(spec.sets))
+        rows = [LabelledChunk(*r) for r in queries.labelled_chunks(session, set_ids, rule)]
         if not rows:
             raise ConfigError(
                 f"no chunks of {', '.join(spec.sets)} are labelled under '{rule}' "
                 f"(annotate them, or 'stepq label --set S --rule {rule}')"
             )
         plan = plan_snapshot(rows, spec.val_fraction, spec.seed, spec.balanced)
-        number = tq.next_snapshot_number(session)
+        number = queries.next_snapshot_number(session)
         name = spec.name or f"snapshot-{number}"
-        if tq.snapshot_name_taken(session, name):
+        if queries.snapshot_name_taken(session, name):
             raise ConfigError(f"a snapshot named '{name}' exists already; snapshots are immutable")
         kept = [r for part in plan.splits.values() for r in part]
         if not kept:
@@ -73,13 +72,13 @@ def create_snapshot(db: Database, spec: SnapshotSpec) -> int:
             "counts": plan.counts_after,
             "problems": {s: len({r.problem_id for r in part}) for s, part in plan.splits.items()},
             "labelled_chunks_seen": len(rows),
-            "rollouts_behind_labels": tq.rollouts_behind(session, sorted({r.trajectory_id for r in kept})),
+            "rollouts_behind_labels": queries.rollouts_behind(session, sorted({r.trajectory_id for r in kept})),
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "stepq_version": stepq_version(),
         }
         digest = content_hash(plan.splits)
         manifest["content_hash"] = digest
-        return tq.insert_snapshot(
+        return queries.insert_snapshot(
             session,
             {
                 "name": name,

@@ -12,8 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from stepq.models import Database
-from stepq.models import training_queries as tq
+from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
 from stepq.models.snapshots import TRAIN, VALIDATION
 from stepq.trainer.generative_judge.prompt import JudgePrompt, verdict_word
@@ -34,9 +33,9 @@ def _read(
     """The snapshot's manifest and records, read in one transaction."""
     prompt = template or JudgePrompt.load()
     with db.session() as session:
-        snap = tq.get_snapshot(session, ref)
-        rows = tq.snapshot_rows(session, snap.id)
-        contexts = tq.snapshot_contexts(session, snap.id)
+        snap = queries.get_snapshot(session, ref)
+        rows = queries.snapshot_rows(session, snap.id)
+        contexts = queries.snapshot_contexts(session, snap.id)
         snap_id, manifest = snap.id, dict(snap.manifest)
     out: dict[str, list[dict[str, Any]]] = {TRAIN: [], VALIDATION: []}
     for r in rows:

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stepq.models import Database, queries
-from stepq.models import training_queries as tq
 from stepq.models.training import RUN_DONE
 from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
 from stepq.trainer.training.grpo import FINAL, TrainOptions, train_judge
@@ -100,7 +99,7 @@ def _step(
 ) -> bool:
     """Resume or start one training; False when there is nothing to do yet."""
     with db.session() as session:
-        runs = tq.lineage_runs(session, options.lineage)
+        runs = queries.lineage_runs(session, options.lineage)
     unfinished = [r for r in runs if r.status != RUN_DONE]
     if unfinished:
         run = unfinished[0]
@@ -108,10 +107,10 @@ def _step(
         assert run.snapshot_id is not None  # a lineage trains GRPO judges on snapshots
         return _train(db, options, recipe, run.snapshot_id, Path(run.output_dir), run.base_model, renew, say)
     with db.session() as session:
-        set_ids = tq.set_ids_by_name(session, list(options.sets))
-        labelled = tq.count_labelled(session, set_ids, rule)
-        latest = tq.latest_snapshot(session, options.lineage)
-        number = tq.next_snapshot_number(session)
+        set_ids = queries.set_ids_by_name(session, list(options.sets))
+        labelled = queries.count_labelled(session, set_ids, rule)
+        latest = queries.latest_snapshot(session, options.lineage)
+        number = queries.next_snapshot_number(session)
     seen = int(latest.manifest.get("labelled_chunks_seen", 0)) if latest else 0
     if labelled - seen < options.min_new_chunks:
         return False

@@ -13,8 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stepq.models import Database
-from stepq.models import training_queries as tq
+from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
 from stepq.models.snapshots import TRAIN
 from stepq.trainer.generative_judge.prompt import JudgePrompt
@@ -85,7 +84,7 @@ def train_judge(
     output_dir = output_dir.resolve()
     base_model = options.base_model or recipe.model
     with db.session() as session:
-        snapshot_id = tq.get_snapshot(session, snapshot).id
+        snapshot_id = queries.get_snapshot(session, snapshot).id
     spec = RunSpec("grpo", recipe.text, base_model, output_dir, snapshot_id=snapshot_id)
     # built before the run row: a setting this machine cannot honour leaves no row behind
     config = recipe.grpo_config(output_dir, **(options.trainer_overrides or {}))

@@ -11,8 +11,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from stepq.models import Database
-from stepq.models import training_queries as tq
+from stepq.models import Database, queries
 from stepq.models.base import epoch
 from stepq.models.errors import LeaseLost
 from stepq.trainer.generative_judge.prompt import parse_verdict
@@ -123,7 +122,7 @@ def make_recorder(
     class Recorder(TrainerCallback):  # type: ignore[misc]
         def _renew(self, **values: Any) -> None:
             with db.session() as session:
-                if not tq.renew_run(session, rid, owner, ttl, **values):
+                if not queries.renew_run(session, rid, owner, ttl, **values):
                     raise LeaseLost(f"training run {rid} was taken over by another trainer")
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -138,12 +137,12 @@ def make_recorder(
             if not logs or "train_runtime" in logs:
                 return
             with db.session() as session:
-                tq.upsert_metrics(session, [metric_row(rid, int(state.global_step), logs, accuracy.take())])
+                queries.upsert_metrics(session, [metric_row(rid, int(state.global_step), logs, accuracy.take())])
 
         def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             with db.session() as session:
-                if not tq.record_checkpoint(session, rid, owner, ttl, path, int(state.global_step)):
+                if not queries.record_checkpoint(session, rid, owner, ttl, path, int(state.global_step)):
                     raise LeaseLost(f"training run {rid} was taken over by another trainer")
 
     return Recorder()

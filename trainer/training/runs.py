@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepq.models import Database
-from stepq.models import training_queries as tq
+from stepq.models import Database, queries
 from stepq.models.errors import ConfigError, TrainingBusy
 from stepq.models.training import RUN_DONE
 from stepq.trainer.training.ranks import current_rank
@@ -80,14 +79,14 @@ class RunHandle:
         if self.run_id is None:
             return
         with db.session() as session:
-            run = tq.get_run(session, self.run_id)
-            tq.renew_run(session, self.run_id, self.owner, self.ttl, resumes=run.resumes + 1)
+            run = queries.get_run(session, self.run_id)
+            queries.renew_run(session, self.run_id, self.owner, self.ttl, resumes=run.resumes + 1)
 
     def renew(self, db: Database, **values: Any) -> bool:
         if self.run_id is None:
             return True
         with db.session() as session:
-            return tq.renew_run(session, self.run_id, self.owner, self.ttl, **values)
+            return queries.renew_run(session, self.run_id, self.owner, self.ttl, **values)
 
 
 Body = Callable[[RunHandle], tuple[str | None, int]]
@@ -106,7 +105,7 @@ def recorded_run(db: Database, spec: RunSpec, options: TrainOptions, body: Body)
     if not current_rank().is_main:
         return _follow(db, spec, body)
     with db.session() as session:
-        existing = tq.run_by_output(session, str(output_dir))
+        existing = queries.run_by_output(session, str(output_dir))
         if existing is not None and (existing.snapshot_id, existing.dataset) != (spec.snapshot_id, spec.dataset):
             trained_on = f"snapshot {existing.snapshot_id}" if existing.snapshot_id else existing.dataset
             raise ConfigError(
@@ -116,7 +115,7 @@ def recorded_run(db: Database, spec: RunSpec, options: TrainOptions, body: Body)
             raise ConfigError(f"{output_dir} belongs to a {existing.method} run; choose another --output")
         if existing is not None and existing.status == RUN_DONE:
             return TrainResult(existing.id, RUN_DONE, None, output_dir / FINAL, existing.global_step)
-        run_id = tq.create_run(
+        run_id = queries.create_run(
             session,
             snapshot_id=spec.snapshot_id,
             dataset=spec.dataset,
@@ -134,11 +133,11 @@ def recorded_run(db: Database, spec: RunSpec, options: TrainOptions, body: Body)
     except BaseException as exc:
         if not isinstance(exc, KeyboardInterrupt | SystemExit):
             with db.session() as session:
-                tq.end_run(session, run_id, handle.owner, error=f"{type(exc).__name__}: {exc}"[:2000])
+                queries.end_run(session, run_id, handle.owner, error=f"{type(exc).__name__}: {exc}"[:2000])
         raise
     handle.renew(db, global_step=step)
     with db.session() as session:
-        tq.end_run(session, run_id, handle.owner)
+        queries.end_run(session, run_id, handle.owner)
     return TrainResult(run_id, RUN_DONE, resumed, output_dir / FINAL, step)
 
 
@@ -147,12 +146,12 @@ def _follow(db: Database, spec: RunSpec, body: Body) -> TrainResult:
     every rank (rank 0 returns without training, so the others must too)."""
     output_dir = spec.output_dir.resolve()
     with db.session() as session:
-        existing = tq.run_by_output(session, str(output_dir))
+        existing = queries.run_by_output(session, str(output_dir))
     if existing is not None and existing.status == RUN_DONE and existing.method == spec.method:
         return TrainResult(existing.id, RUN_DONE, None, output_dir / FINAL, existing.global_step)
     resumed, step = body(RunHandle(None, process_owner(), 0.0))
     with db.session() as session:
-        row = tq.run_by_output(session, str(output_dir))
+        row = queries.run_by_output(session, str(output_dir))
     return TrainResult(row.id if row else 0, RUN_DONE, resumed, output_dir / FINAL, step)
 
 
@@ -221,9 +220,9 @@ def _claim(db: Database, handle: RunHandle, wait_s: float) -> None:
     deadline = time.monotonic() + wait_s
     while True:
         with db.session() as session:
-            if tq.claim_run(session, handle.run_id, handle.owner, handle.ttl, socket.gethostname()):
+            if queries.claim_run(session, handle.run_id, handle.owner, handle.ttl, socket.gethostname()):
                 return
-            holder = tq.get_run(session, handle.run_id)
+            holder = queries.get_run(session, handle.run_id)
         if time.monotonic() >= deadline:
             raise TrainingBusy(
                 f"training run {handle.run_id} is being trained by {holder.lease_owner}; try again later"

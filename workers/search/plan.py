@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from stepq.models import Database, queries
-from stepq.models import search_queries as sq
 from stepq.models.errors import ConfigError
 from stepq.workers.annotate import WorkerRuntime
 from stepq.workers.annotation_config import require_synthetic_problems
@@ -69,11 +68,11 @@ def start_search(db: Database, plan: SearchPlan) -> int:
                 "policy_model": plan.policy_model,
                 "policy_run_id": plan.policy_run_id,
             }
-            for pid, question in sq.problems_of_set(s, pset.id)
+            for pid, question in queries.problems_of_set(s, pset.id)
         ]
         if not rows:
             raise ConfigError(f"set '{plan.set_name}' has no problems to search")
-        return sq.create_searches(s, rows)
+        return queries.create_searches(s, rows)
 
 
 MODEL_BACKENDS = ("hf", "vllm", "openai")
@@ -85,11 +84,11 @@ def next_round(db: Database, plan: SearchPlan, run_ref: str) -> SearchPlan:
     and the pairwise judge; the searches record the run."""
     from dataclasses import replace
 
-    from stepq.models import training_queries as tq
+    from stepq.models import queries
     from stepq.models.training import RUN_DONE
 
     with db.session() as s:
-        run = tq.find_run(s, run_ref)
+        run = queries.find_run(s, run_ref)
         if run.status != RUN_DONE:
             raise ConfigError(f"training run {run.id} is {run.status}: a round searches with a finished model")
         pset = queries.get_set(s, plan.set_name)

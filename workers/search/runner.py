@@ -8,8 +8,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from stepq.models import jobs
-from stepq.models import search_queries as sq
+from stepq.models import jobs, queries
 from stepq.models.errors import ConfigError
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.search import FINISH, STEP_SEARCHES, StepSearch
@@ -63,7 +62,7 @@ def _run_search(rt: WorkerRuntime, search_id: int) -> str:
         search = s.get_one(StepSearch, search_id)
         spec, pset, judge_backend, judge_config = _load(s, search)
         policy_model = search.policy_model
-        turns = [(t.action, list(t.candidates), t.chosen) for t in sq.search_turns(s, search_id)]
+        turns = [(t.action, list(t.candidates), t.chosen) for t in queries.search_turns(s, search_id)]
     try:
         if policy_model is None:
             policy = rt.backend_for(pset)
@@ -82,7 +81,7 @@ def _run_search(rt: WorkerRuntime, search_id: int) -> str:
             finished = turn.action == FINISH
             outcome = "finished" if finished else ("exhausted" if turn_no + 1 >= spec.max_turns else None)
             with rt.db.session() as s:
-                if not sq.record_turn(s, search_id, rt.name, ttl, {**turn.row(), "worker": rt.name}, outcome):
+                if not queries.record_turn(s, search_id, rt.name, ttl, {**turn.row(), "worker": rt.name}, outcome):
                     log.warning("step search %s: lease lost at turn %s", search_id, turn_no)
                     return "lost"
             turns.append((turn.action, turn.candidates, turn.chosen))
