@@ -131,3 +131,20 @@ def outlets(rollouts: Callable[..., None], searches: Callable[..., None] | None 
     if searches is not None:
         out.append(Outlet(SEARCHES, searches, 1))
     return out
+
+
+def freeze_holding_a_lease(pg: Database, proc: subprocess.Popen[bytes], owner: str) -> None:
+    """Freeze the worker, then look: a frozen process cannot change what it holds."""
+
+    def holding() -> bool:
+        proc.send_signal(signal.SIGSTOP)
+        with pg.engine.connect() as conn:
+            held = conn.execute(
+                text("SELECT count(*) FROM rollout_work WHERE state = 'running' AND lease_owner LIKE :o"),
+                {"o": f"{owner}@%"},
+            ).scalar_one()
+        if not held:
+            proc.send_signal(signal.SIGCONT)
+        return bool(held)
+
+    wait_for(holding, 60, f"{owner} to hold a lease", interval=0.05)

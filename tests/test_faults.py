@@ -1,6 +1,9 @@
-"""Faults a fleet must ride out, on real PostgreSQL, Redis and ``stepq worker`` processes:
-each case ends with exactly the rollouts and labels of an uninterrupted run and no item left
-running.  (More cases live beside the features they exercise: ``test_queue_integration``.)"""
+"""The fault matrix: faults a fleet must ride out, on real PostgreSQL, Redis and ``stepq worker``
+processes.  Each case ends with exactly the rollouts and labels of an uninterrupted run and no
+item left running: a worker SIGKILLed; the dispatcher SIGKILLed; Redis stopped mid-run (the
+dispatcher's PID unchanged); Redis flushed; one message lost while others wait; PostgreSQL
+restarted; every database connection killed under tasks holding claimed items; a generate
+call that hangs; 300 pending searches with no worker (the queue within its bound)."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import redis
 from sqlalchemy import text
 
 from stepq.models import Database, queries
-from tests.helpers import Cluster, wait_for
+from tests.helpers import Cluster, freeze_holding_a_lease, wait_for
 from tests.pipeline_checks import assert_exact
 
 pytestmark = pytest.mark.integration
@@ -254,3 +257,72 @@ def test_pending_searches_with_no_worker_stay_within_the_bound(
             )
         ).scalar_one()
     assert queued == 2
+
+
+def test_tasks_whose_database_connections_die_release_what_they_claimed(cluster: Cluster, pg: Database) -> None:
+    """Every database connection of the fleet is killed mid-task, three times (a failover, a
+    pooler restart): the exceptions escape tasks that hold claimed items.  With leases of
+    300 s, an item left running would stall the set for five minutes; it ends within two, so
+    each task released what it claimed (an attempt counted, a short backoff), and exactly."""
+    cluster.env.update(STEPQ_LEASE_TTL_S="300", STEPQ_ITEMS_PER_TASK="4", STEPQ_RETRY_BACKOFF_S="0.5")
+    cluster.cli("synth", "--set", "dc", "--problems", "24", "--seed", "10", "--latency-s", "0.01")
+    cluster.cli("annotate", "--set", "dc", "--rollouts", "6")
+    worker = cluster.start_worker("w1")
+    _dispatcher(cluster)
+    killer = Database(str(pg.engine.url.render_as_string(hide_password=False)))
+    try:
+        for threshold in (60, 200, 400):
+            wait_for(lambda t=threshold: _rollouts(pg) > t, 120, "the run to be under way")  # type: ignore[misc]
+            with killer.engine.begin() as conn:
+                conn.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                )
+            pg.engine.dispose()
+    finally:
+        killer.dispose()
+    wait_for(lambda: _all_done(pg), 120, "every item done, well inside the 300 s lease")
+    assert worker.poll() is None, "the worker rode it out"
+    assert_exact(pg, "dc", 6)
+    assert _running(pg) == 0
+
+
+def test_sigkill_worker_mid_run_loses_and_duplicates_nothing(cluster: Cluster, pg: Database) -> None:
+    cluster.cli("synth", "--set", "kill", "--problems", "50", "--seed", "1", "--latency-s", "0.004")
+    cluster.cli("annotate", "--set", "kill", "--rollouts", "8")
+    victim = cluster.start_worker("victim")
+    _dispatcher(cluster)
+    wait_for(lambda: _rollouts(pg) > 300, 120, "the run to be under way")
+    freeze_holding_a_lease(pg, victim, "victim")
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=10)
+    assert not _all_done(pg)
+    cluster.start_worker("rescuer")
+    wait_for(lambda: _all_done(pg), 240, "all work done after the kill")
+    assert_exact(pg, "kill", 8)
+    with pg.engine.connect() as conn:
+        retried = conn.execute(text("SELECT count(*) FROM rollout_work WHERE attempts > 1")).scalar_one()
+        by_worker = dict(
+            conn.execute(text("SELECT split_part(worker, '@', 1), count(*) FROM rollouts GROUP BY 1")).all()
+        )
+    assert retried >= 1, "the killed worker's item was rescheduled after its lease expired"
+    assert by_worker.get("victim", 0) > 0 and by_worker.get("rescuer", 0) > 0
+
+
+def test_flushed_broker_mid_run_is_rescheduled(cluster: Cluster, pg: Database, redis_client: redis.Redis) -> None:
+    cluster.cli("synth", "--set", "flush", "--problems", "50", "--seed", "1", "--latency-s", "0.003")
+    cluster.cli("annotate", "--set", "flush", "--rollouts", "8")
+    cluster.start_worker("w1")
+    _dispatcher(cluster)
+    wait_for(lambda: _rollouts(pg) > 200, 120, "the run to be under way")
+    queue = cluster.env["STEPQ_QUEUE"]
+    assert redis_client.llen(queue) > 0, "messages were waiting when the broker lost them"
+    redis_client.flushdb()
+    assert redis_client.llen(queue) == 0
+    wait_for(lambda: _all_done(pg), 240, "all work done after the flush")
+    assert_exact(pg, "flush", 8)
+    with pg.engine.connect() as conn:
+        republished = conn.execute(text("SELECT count(*) FROM rollout_work WHERE enqueue_count > 1")).scalar_one()
+    assert republished >= 1

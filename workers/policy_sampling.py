@@ -29,6 +29,18 @@ class GenerateReport:
     segmentation: dict[str, int]
 
 
+def set_policy(db: Database, set_name: str, override: GenerationBackend | None = None) -> tuple[GenerationBackend, str]:
+    """The backend that samples a set's trajectories (``override``, else the set's own, built
+    from its stored config) and the name of the template it writes in by default."""
+    with db.session() as s:
+        pset = queries.get_set(s, set_name)
+        name, config = pset.backend, dict(pset.backend_config)
+    from stepq.workers.backends import make_backend
+
+    policy = override if override is not None else make_backend(name, config)
+    return policy, "synthetic" if policy.name == "synthetic" else "chunk"
+
+
 def generate_trajectories(
     db: Database,
     set_name: str,

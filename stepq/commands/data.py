@@ -196,22 +196,16 @@ def generate(
     max_tokens: int,
 ) -> None:
     """Sample K policy trajectories per problem (only the missing ones), then segment them."""
-    from stepq.models import queries
     from stepq.workers.backends import SamplingParams
-    from stepq.workers.policy_sampling import generate_trajectories
+    from stepq.workers.policy_sampling import generate_trajectories, set_policy
     from stepq.workers.prompts import load_template
 
     settings = load_settings()
     database = open_db(settings, migrate=settings.embedded)
-    with database.session() as s:
-        pset = queries.get_set(s, set_name)
-        name, config = backend or pset.backend, dict(pset.backend_config)
-    policy = backend_from_options(name, model, base_url, backend_options) if backend else None
-    if policy is None:
-        from stepq.workers.backends import make_backend
-
-        policy = make_backend(name, config)
-    chosen = template or ("synthetic" if name == "synthetic" else "chunk")
+    override = backend_from_options(backend, model, base_url, backend_options) if backend else None
+    policy, default_template = set_policy(database, set_name, override)
+    chosen = template or default_template
+    name = backend or policy.name  # an LLM segmenter runs on the policy's backend unless told
     segmenter = None
     if segmentation == "llm":
         segmenter = backend_from_options(name, segmenter_model or model, base_url, backend_options)
