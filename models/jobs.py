@@ -212,12 +212,14 @@ def finish(session: Session, t: JobTable, job_id: int, owner: str, **values: Any
 def fail_or_retry(
     session: Session, t: JobTable, job_id: int, owner: str, error: str, decide: Decide, *, permanent: bool = False
 ) -> str:
-    """After an error: back to pending after the policy's backoff, or failed.  The row is
-    locked while the policy reads its attempts, so the decision and the write are one step;
-    a job another worker owns now (its lease expired and was taken) is left alone: "lost"."""
+    """After an error: back to pending after the policy's backoff, or failed.  The write is a
+    compare-and-set on what the policy decided from (still ours, still running, the same
+    attempts), so no row lock is needed: if anything took the job in between (its lease
+    expired and another worker, or another task of this process, claimed it), nothing is
+    written and the answer is "lost"."""
     m = t.model
     mine = and_(m.id == job_id, m.lease_owner == owner, m.state == RUNNING)
-    attempts = session.scalar(select(m.attempts).where(mine).with_for_update())
+    attempts = session.scalar(select(m.attempts).where(mine))
     if attempts is None:
         return "lost"
     give_up, delay = decide(int(attempts), permanent)
@@ -229,8 +231,7 @@ def fail_or_retry(
         "last_error": ("permanent: " if permanent else "") + error[:2000],
         **t.touch(now),
     }
-    released = leases.release(session, m, mine, owner, **outcome)
-    if not released:
+    if not leases.release(session, m, and_(mine, m.attempts == attempts), owner, **outcome):
         return "lost"
     return "failed" if give_up else "retry"
 

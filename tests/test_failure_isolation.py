@@ -266,3 +266,43 @@ def test_the_heartbeat_renews_only_what_running_tasks_hold(any_db: Database) -> 
         assert rt.heartbeat.beat() == 1
     assert rt.heartbeat.beat() == 0
     rt.close()
+
+
+def test_fail_or_retry_writes_nothing_when_the_job_changed_hands_between_its_read_and_write(pg: Database) -> None:
+    """Two PostgreSQL sessions: while worker "a" decides what its failure means (between its
+    read of the attempts and its write), its lease expires and worker "b" claims the item in
+    another session and commits.  The compare-and-set write finds the job changed and writes
+    nothing ("lost"); b's claim stands, untouched by a's error."""
+    (work_id,) = _setup(pg, problems=1)
+    with pg.session() as s:
+        assert jobs.claim(s, ROLLOUT_WORK, work_id, "a", ttl=-1)  # a's lease is already over
+
+    def decide_while_b_takes_it(attempts: int, permanent: bool) -> tuple[bool, float]:
+        with pg.session() as other:  # a second session, committed before a writes
+            assert jobs.claim(other, ROLLOUT_WORK, work_id, "b", ttl=60)
+        return RetryPolicy(max_attempts=1).decide(attempts, permanent)
+
+    with pg.session() as s:
+        outcome = jobs.fail_or_retry(s, ROLLOUT_WORK, work_id, "a", "boom", decide_while_b_takes_it)
+    assert outcome == "lost"
+    item = _item(pg, work_id)
+    assert (item.state, item.lease_owner, item.attempts, item.last_error) == ("running", "b", 2, None)
+
+
+def test_a_stale_task_of_the_same_process_cannot_fail_the_items_new_attempt(pg: Database) -> None:
+    """One process claimed the item twice (its first lease expired; the item was published
+    again and another of its threads took it): the first task's late failure must not land
+    on the second attempt, though the owner name is the same."""
+    (work_id,) = _setup(pg, problems=1)
+    with pg.session() as s:
+        assert jobs.claim(s, ROLLOUT_WORK, work_id, "proc", ttl=-1)
+
+    def decide_after_the_second_claim(attempts: int, permanent: bool) -> tuple[bool, float]:
+        with pg.session() as other:
+            assert jobs.claim(other, ROLLOUT_WORK, work_id, "proc", ttl=60)
+        return RetryPolicy(max_attempts=1).decide(attempts, permanent)
+
+    with pg.session() as s:
+        assert jobs.fail_or_retry(s, ROLLOUT_WORK, work_id, "proc", "late", decide_after_the_second_claim) == "lost"
+    item = _item(pg, work_id)
+    assert (item.state, item.attempts, item.last_error) == ("running", 2, None)
