@@ -95,6 +95,7 @@ class Dispatcher:
         self.name = name or f"dispatcher@{socket.gethostname()}:{os.getpid()}"
         self._sampled_at = 0.0
         self._turn = 0
+        self._live = 0
 
     def cycle(self) -> CycleReport:
         """One pass; call only while holding the lock (``run`` does)."""
@@ -139,7 +140,8 @@ class Dispatcher:
             if not claimed:
                 break
             try:
-                outlet.publish(claimed)
+                for message in self.messages(claimed, per, tail=bound is not None and len(ids) < room):
+                    outlet.publish(message)
             except Exception as exc:
                 with self.db.session() as s:
                     jobs.unmark_queued(s, table, claimed)
@@ -173,6 +175,17 @@ class Dispatcher:
             queries.count_event(s, "messages_lost", lost)
         return lost
 
+    def messages(self, ids: list[int], per: int, *, tail: bool) -> list[list[int]]:
+        """How the ids go out: one call, split ``per`` to a message by the publisher, except for
+        the end of a backlog (``tail``: these are the last pending jobs), which is spread over
+        messages small enough that every live worker gets a share instead of one worker taking
+        the last big message while the others stand idle."""
+        if not tail or per == 1:
+            return [ids]
+        slots = (self.options.messages_per_worker or 1) * max(1, self._live)
+        size = max(1, -(-len(ids) // slots))
+        return [ids[start : start + size] for start in range(0, len(ids), size)]
+
     def lost_before(self, now: float, depth: int | None) -> float | None:
         """Queued before this, a message is presumed lost: a grace period when the broker says
         its queue is empty, ``requeue_after_s`` when it cannot say; None while the queue holds
@@ -194,8 +207,8 @@ class Dispatcher:
         if o.messages_per_worker is None:
             return None
         with self.db.session() as s:
-            live = queries.live_worker_count(s, epoch() - o.worker_live_s)
-        return max(o.min_messages, o.messages_per_worker * live)
+            self._live = queries.live_worker_count(s, epoch() - o.worker_live_s)
+        return max(o.min_messages, o.messages_per_worker * self._live)
 
     def acquire(self) -> bool:
         with self.db.session() as s:
