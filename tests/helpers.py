@@ -23,6 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # the suite passes from a clone alone, without the full sets.
 DATA = ROOT / "tests" / "data"
 TABLES = [
+    "search_turns",
+    "step_searches",
+    "event_counts",
     "training_metrics",
     "training_runs",
     "snapshot_texts",

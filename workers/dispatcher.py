@@ -112,7 +112,8 @@ class Dispatcher:
             if now - self._sampled_at >= o.sample_every_s:
                 queries.record_progress(s, now)
                 self._sampled_at = now
-        requeued = self.recover_lost(now)
+        depth = self.queue_depth()
+        requeued = self.recover_lost(now, depth)
         bound = self.bound()
         published = 0
         # Each cycle starts with the next kind, so one kind's backlog cannot starve another's.
@@ -134,13 +135,14 @@ class Dispatcher:
                 log.warning("dispatcher lock lost mid-cycle; stopping this cycle")
                 break
             with self.db.session() as s:
-                room = batch if bound is None else min(batch, (bound - self.queued_messages(s)) * per)
+                free = None if bound is None else bound - self.queued_messages(s)
+                room = batch if free is None else min(batch, free * per)
                 ids = jobs.pending_ids(s, table, room) if room > 0 else []
                 claimed = jobs.mark_queued(s, table, ids, epoch())
             if not claimed:
                 break
             try:
-                for message in self.messages(claimed, per, tail=bound is not None and len(ids) < room):
+                for message in self.messages(claimed, per, tail=free is not None and len(ids) < room, free=free):
                     outlet.publish(message)
             except Exception as exc:
                 with self.db.session() as s:
@@ -151,7 +153,7 @@ class Dispatcher:
                 break
         return published
 
-    def recover_lost(self, now: float) -> int:
+    def recover_lost(self, now: float, depth: int | None) -> int:
         """Queued jobs whose message is gone go back to pending (and are published again).
 
         When the broker can say which jobs its messages carry (``in_broker``: waiting or
@@ -169,20 +171,23 @@ class Dispatcher:
                     jobs.unmark_queued(s, outlet.kind.table, gone)
                     lost += len(gone)
             else:
-                before = self.lost_before(now, self.queue_depth())
+                before = self.lost_before(now, depth)
                 tables = [outlet.kind.table for outlet in self.outlets]
                 lost = 0 if before is None else sum(jobs.requeue_lost(s, t, before) for t in tables)
             queries.count_event(s, "messages_lost", lost)
         return lost
 
-    def messages(self, ids: list[int], per: int, *, tail: bool) -> list[list[int]]:
+    def messages(self, ids: list[int], per: int, *, tail: bool, free: int | None = None) -> list[list[int]]:
         """How the ids go out: one call, split ``per`` to a message by the publisher, except for
         the end of a backlog (``tail``: these are the last pending jobs), which is spread over
         messages small enough that every live worker gets a share instead of one worker taking
-        the last big message while the others stand idle."""
+        the last big message while the others stand idle; never more messages than the bound
+        has ``free`` slots for."""
         if not tail or per == 1:
             return [ids]
         slots = (self.options.messages_per_worker or 1) * max(1, self._live)
+        if free is not None:
+            slots = max(1, min(slots, free))
         size = max(1, -(-len(ids) // slots))
         return [ids[start : start + size] for start in range(0, len(ids), size)]
 
