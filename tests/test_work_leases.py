@@ -165,16 +165,3 @@ def test_only_one_dispatcher_holds_the_lock(any_db: Database) -> None:
     assert b.run(once=True, wait_s=0.5) == 0, "b waited and gave up"
     a.release()
     assert b.acquire()
-
-
-def test_the_end_of_a_backlog_goes_out_in_messages_every_worker_can_share(any_db: Database) -> None:
-    """Four to a message while the backlog lasts; its last jobs are spread over as many
-    messages as the bound allows, so no worker takes the whole tail while others idle."""
-    _setup(any_db, problems=6)
-    calls: list[list[int]] = []
-    d = Dispatcher(any_db, outlets(lambda ids: calls.append(list(ids)), per_message=4))
-    assert d.cycle().published == 6
-    assert [len(c) for c in calls] == [3, 3], "6 left, 2 message slots (no live worker: the floor)"
-    d._live = 3
-    assert d.messages(list(range(12)), 4, tail=True) == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11]]
-    assert d.messages(list(range(12)), 4, tail=False) == [list(range(12))], "mid-backlog: the publisher splits by 4"

@@ -95,7 +95,6 @@ class Dispatcher:
         self.name = name or f"dispatcher@{socket.gethostname()}:{os.getpid()}"
         self._sampled_at = 0.0
         self._turn = 0
-        self._live = 0
 
     def cycle(self) -> CycleReport:
         """One pass; call only while holding the lock (``run`` does)."""
@@ -135,15 +134,13 @@ class Dispatcher:
                 log.warning("dispatcher lock lost mid-cycle; stopping this cycle")
                 break
             with self.db.session() as s:
-                free = None if bound is None else bound - self.queued_messages(s)
-                room = batch if free is None else min(batch, free * per)
+                room = batch if bound is None else min(batch, (bound - self.queued_messages(s)) * per)
                 ids = jobs.pending_ids(s, table, room) if room > 0 else []
                 claimed = jobs.mark_queued(s, table, ids, epoch())
             if not claimed:
                 break
             try:
-                for message in self.messages(claimed, per, tail=free is not None and len(ids) < room, free=free):
-                    outlet.publish(message)
+                outlet.publish(claimed)
             except Exception as exc:
                 with self.db.session() as s:
                     jobs.unmark_queued(s, table, claimed)
@@ -177,20 +174,6 @@ class Dispatcher:
             queries.count_event(s, "messages_lost", lost)
         return lost
 
-    def messages(self, ids: list[int], per: int, *, tail: bool, free: int | None = None) -> list[list[int]]:
-        """How the ids go out: one call, split ``per`` to a message by the publisher, except for
-        the end of a backlog (``tail``: these are the last pending jobs), which is spread over
-        messages small enough that every live worker gets a share instead of one worker taking
-        the last big message while the others stand idle; never more messages than the bound
-        has ``free`` slots for."""
-        if not tail or per == 1:
-            return [ids]
-        slots = (self.options.messages_per_worker or 1) * max(1, self._live)
-        if free is not None:
-            slots = max(1, min(slots, free))
-        size = max(1, -(-len(ids) // slots))
-        return [ids[start : start + size] for start in range(0, len(ids), size)]
-
     def lost_before(self, now: float, depth: int | None) -> float | None:
         """Queued before this, a message is presumed lost: a grace period when the broker says
         its queue is empty, ``requeue_after_s`` when it cannot say; None while the queue holds
@@ -212,8 +195,8 @@ class Dispatcher:
         if o.messages_per_worker is None:
             return None
         with self.db.session() as s:
-            self._live = queries.live_worker_count(s, epoch() - o.worker_live_s)
-        return max(o.min_messages, o.messages_per_worker * self._live)
+            live = queries.live_worker_count(s, epoch() - o.worker_live_s)
+        return max(o.min_messages, o.messages_per_worker * live)
 
     def acquire(self) -> bool:
         with self.db.session() as s:
