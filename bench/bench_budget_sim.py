@@ -29,11 +29,12 @@ from stepq.workers.synthetic_policy import SyntheticPolicy, make_problem, trajec
 
 def run(
     policy: SyntheticPolicy, budget: BudgetPolicy, rule: LabelRule, problems: int, m: int, seed: int, rollout_seed: int
-) -> tuple[int, float, float]:
-    """Rollouts drawn, label accuracy against the exact-Q truth over ``problems`` trajectories,
-    and the mean seconds one ``decide`` call took (the budget's own cost in a worker, paid once
-    per round of a trajectory's rollouts)."""
-    drawn = right = chunks = calls = 0
+) -> tuple[int, int, float, float]:
+    """Rollouts drawn, the tokens they generated (counted as the synthetic backend counts
+    them: a rollout from an early prefix writes more), label accuracy against the exact-Q
+    truth over ``problems`` trajectories, and the mean seconds one ``decide`` call took (the
+    budget's own cost in a worker, paid once per round of a trajectory's rollouts)."""
+    drawn = tokens = right = chunks = calls = 0
     deciding = 0.0
     for p in range(problems):
         problem = make_problem(derive_seed("problem", seed, p))
@@ -53,12 +54,13 @@ def run(
             for k, indices in decision.requests.items():
                 for i in indices:
                     rng = random.Random(derive_seed("rollout", rollout_seed, seed, p, k, i))
-                    final = policy.continue_steps(problem, k, values[k], rng)[-1].value
-                    rewards.setdefault(k, {})[i] = int(final == problem.answer)
+                    continuation = policy.continue_steps(problem, k, values[k], rng)
+                    rewards.setdefault(k, {})[i] = int(continuation[-1].value == problem.answer)
+                    tokens += len("".join(step.text for step in continuation).split())
                     drawn += 1
         right += sum(got == want for got, want in zip(decision.labels, truth, strict=True))
         chunks += len(steps)
-    return drawn, right / chunks, deciding / calls
+    return drawn, tokens, right / chunks, deciding / calls
 
 
 def main() -> None:
@@ -80,22 +82,24 @@ def main() -> None:
         for spec in RULES:
             rule = parse_rule(spec)
             common = (rule, args.problems, args.rollouts, args.seed)
-            ex_drawn, ex_acc, _ = run(policy, Exhaustive(), *common, rollout_seed=0)
-            _, floor_acc, _ = run(policy, Exhaustive(), *common, rollout_seed=1)
+            ex_drawn, ex_tokens, ex_acc, _ = run(policy, Exhaustive(), *common, rollout_seed=0)
+            _, _, floor_acc, _ = run(policy, Exhaustive(), *common, rollout_seed=1)
             row: dict[str, Any] = {
                 "exhaustive_accuracy": round(ex_acc, 4),
                 "exhaustive_2_accuracy": round(floor_acc, 4),
             }
             line = f"{key} {spec}: exhaustive {100 * ex_acc:.1f} (second run {100 * floor_acc:.1f})"
             for budget in budgets:
-                drawn, acc, per_call = run(policy, parse_budget(budget), *common, rollout_seed=0)
+                drawn, tokens, acc, per_call = run(policy, parse_budget(budget), *common, rollout_seed=0)
                 row[budget] = {
                     "fewer_rollouts": round(ex_drawn / max(drawn, 1), 2),
+                    "fewer_tokens": round(ex_tokens / max(tokens, 1), 2),
                     "accuracy_change_points": round(100 * (acc - ex_acc), 2),
                     "decide_ms": round(1000 * per_call, 3),
                 }
                 line += (
-                    f" | {budget}: {ex_drawn / max(drawn, 1):.2f}x, {100 * (acc - ex_acc):+.1f} pt,"
+                    f" | {budget}: {ex_drawn / max(drawn, 1):.2f}x rollouts, {ex_tokens / max(tokens, 1):.2f}x tokens,"
+                    f" {100 * (acc - ex_acc):+.1f} pt,"
                     f" {1000 * per_call:.2f} ms/decision"
                 )
             result[key][spec] = row
