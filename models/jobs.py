@@ -139,15 +139,6 @@ def unmark_queued(session: Session, t: JobTable, ids: Sequence[int]) -> None:
         )
 
 
-def requeue_lost(session: Session, t: JobTable, older_than: float) -> int:
-    """Every job queued before ``older_than`` goes back to pending (its message is gone)."""
-    m = t.model
-    result = session.execute(
-        update(m).where(m.state == QUEUED, m.enqueued_at < older_than).values(state=PENDING, enqueued_at=None)
-    )
-    return int(result.rowcount or 0)  # type: ignore[attr-defined]
-
-
 def expire_leases(session: Session, t: JobTable, now: float, max_attempts: int) -> tuple[int, int]:
     """Running jobs whose holder stopped renewing go back to pending, or fail once they have
     had ``max_attempts`` tries.  Returns (back to pending, failed)."""
@@ -286,8 +277,3 @@ def troubles(session: Session, t: JobTable) -> dict[int, dict[str, Any]]:
             .limit(1)
         )
     return out
-
-
-def counts_by_state(session: Session, t: JobTable) -> dict[str, int]:
-    m = t.model
-    return {state: int(n) for state, n in session.execute(select(m.state, func.count()).group_by(m.state))}

@@ -135,13 +135,10 @@ def test_the_readme_is_a_front_door_and_no_path_leads_outside_the_repository() -
         *sorted((ROOT / "tests" / "data").glob("*.md")),
         *sorted((ROOT / "docs").glob("**/*.md")),
     ]:
-        body = doc.read_text(encoding="utf-8")
-        links = set(re.findall(r"\]\(((?:\.\./)+[\w./-]+)", body))
-        for path in re.findall(r"(?<![\w/.])((?:\.\./)+[\w./-]+)", body):
-            # a link resolves from its document; any other path (a command's argument) may be
-            # read from the repository root too: either way it must stay inside the clone
-            bases = (doc.parent,) if path in links else (doc.parent, ROOT)
-            if not all(ROOT in (base / path).resolve().parents for base in bases):
+        for path in re.findall(r"(?<![\w/.])((?:\.\./)+[\w./-]+)", doc.read_text(encoding="utf-8")):
+            # a path read from the document or from the repository root (a link, a command's
+            # argument) must stay inside the clone and resolve either way
+            if not all(ROOT in (base / path).resolve().parents for base in (doc.parent, ROOT)):
                 outside.append(f"{doc.relative_to(ROOT)}: {path}")
     assert not outside, outside
 

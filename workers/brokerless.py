@@ -15,8 +15,8 @@ from dataclasses import replace
 from stepq.models import Database, epoch, jobs
 from stepq.workers.annotate import WorkerRuntime
 from stepq.workers.dispatcher import Dispatcher, DispatchOptions
-from stepq.workers.queue import JobKind, Outlet
-from stepq.workers.work_kinds import ROLLOUTS
+from stepq.workers.queue import JobKind
+from stepq.workers.work_kinds import ROLLOUTS, outlets
 
 
 def run_in_process(
@@ -31,19 +31,17 @@ def run_in_process(
     """Run every pending job of these kinds to the end; returns outcome counts."""
     inbox: deque[tuple[JobKind, list[int]]] = deque()
 
-    def outlet(kind: JobKind) -> Outlet:
-        per = items_per_task if kind is ROLLOUTS else kind.per_message
-
+    def publisher(kind: JobKind, per: int) -> Callable[[Sequence[int]], None]:
         def publish(ids: Sequence[int]) -> None:
             inbox.extend((kind, list(ids[i : i + per])) for i in range(0, len(ids), per))
 
-        return Outlet(kind, publish, per)
+        return publish
 
     # No broker to keep bounded: each cycle hands over everything pending.
     unbounded = replace(options or DispatchOptions(), messages_per_worker=None)
     dispatcher = Dispatcher(
         db,
-        [outlet(kind) for kind in kinds],
+        outlets(publisher, items_per_task, kinds),
         options=unbounded,
         queue_depth=lambda: len(inbox),
         name=f"embedded:{runtime.name}",

@@ -23,6 +23,7 @@ from typing import Any
 
 from celery import Celery, signals
 
+from stepq.workers import work_kinds
 from stepq.workers.annotate import WorkerRuntime
 from stepq.workers.queue import JobKind, Outlet
 from stepq.workers.work_kinds import KINDS, ROLLOUTS
@@ -155,13 +156,8 @@ def publisher(app: Celery, kind: JobKind = ROLLOUTS, per_message: int = 1) -> Ca
 
 
 def outlets(app: Celery, rollouts_per_message: int) -> list[Outlet]:
-    """Every kind of queue work, each published through this app (rollouts several to a
-    message, as the settings say; every other kind as its ``per_message``)."""
-    out = []
-    for kind in KINDS:
-        per = rollouts_per_message if kind is ROLLOUTS else kind.per_message
-        out.append(Outlet(kind, publisher(app, kind, per), per))
-    return out
+    """Every kind of queue work, published through this app."""
+    return work_kinds.outlets(lambda kind, per: publisher(app, kind, per), rollouts_per_message)
 
 
 def wait_for_broker(broker_url: str, wait_s: float) -> None:

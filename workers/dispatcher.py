@@ -111,8 +111,7 @@ class Dispatcher:
             if now - self._sampled_at >= o.sample_every_s:
                 queries.record_progress(s, now)
                 self._sampled_at = now
-        depth = self.queue_depth()
-        requeued = self.recover_lost(now, depth)
+        requeued = self.recover_lost(now)
         bound = self.bound()
         published = 0
         # Each cycle starts with the next kind, so one kind's backlog cannot starve another's.
@@ -150,7 +149,7 @@ class Dispatcher:
                 break
         return published
 
-    def recover_lost(self, now: float, depth: int | None) -> int:
+    def recover_lost(self, now: float) -> int:
         """Queued jobs whose message is gone go back to pending (and are published again).
 
         When the broker can say which jobs its messages carry (``in_broker``: waiting or
@@ -158,19 +157,16 @@ class Dispatcher:
         carries is lost, even while the queue holds other work.  Otherwise only the depth
         helps: see ``lost_before``."""
         seen = self.in_broker()
+        before = now - self.options.lost_grace_s if seen is not None else self.lost_before(now, self.queue_depth())
+        if before is None:
+            return 0
+        lost = 0
         with self.db.session() as s:
-            if seen is not None:
-                lost = 0
-                for outlet in self.outlets:
-                    carried = seen.get(outlet.kind.task_name, set())
-                    stale = jobs.queued_ids(s, outlet.kind.table, now - self.options.lost_grace_s)
-                    gone = [i for i in stale if i not in carried]
-                    jobs.unmark_queued(s, outlet.kind.table, gone)
-                    lost += len(gone)
-            else:
-                before = self.lost_before(now, depth)
-                tables = [outlet.kind.table for outlet in self.outlets]
-                lost = 0 if before is None else sum(jobs.requeue_lost(s, t, before) for t in tables)
+            for outlet in self.outlets:
+                carried = seen.get(outlet.kind.task_name, set()) if seen is not None else set()
+                gone = [i for i in jobs.queued_ids(s, outlet.kind.table, before) if i not in carried]
+                jobs.unmark_queued(s, outlet.kind.table, gone)
+                lost += len(gone)
             queries.count_event(s, "messages_lost", lost)
         return lost
 

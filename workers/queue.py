@@ -104,10 +104,9 @@ def release_unfinished(
     """Whatever escaped a task (a database error, a bug, SystemExit): each job it claimed and
     did not settle fails or retries (an attempt counted, so a deterministic error cannot
     loop); if even that cannot be written, the lease, no longer renewed, expires."""
-    error = exc if isinstance(exc, Exception) else RuntimeError(type(exc).__name__)
     for job_id in job_ids:
         try:
-            fail(db, table, job_id, owner, error, policy)
+            fail(db, table, job_id, owner, exc, policy)
         except Exception as err:
             log.warning("could not release %s job %s (%s); its lease will expire", table.name, job_id, err)
 

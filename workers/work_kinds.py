@@ -8,6 +8,7 @@ kind (docs/architecture.md, "Adding a kind of queue work") is a table with the
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
@@ -15,7 +16,7 @@ from sqlalchemy.orm import Session
 from stepq.models import jobs
 from stepq.models.search import STEP_SEARCHES
 from stepq.models.work import ROLLOUT_WORK
-from stepq.workers.queue import Handler, JobKind
+from stepq.workers.queue import Handler, JobKind, Outlet
 
 if TYPE_CHECKING:
     from stepq.workers.annotate import WorkerRuntime
@@ -42,6 +43,21 @@ SEARCHES = JobKind(STEP_SEARCHES, "stepq.step_search", _searches)
 """One problem's step search, one to a message (a search is a long task)."""
 
 KINDS: tuple[JobKind, ...] = (ROLLOUTS, SEARCHES)
+
+
+def outlets(
+    publisher: Callable[[JobKind, int], Callable[[Sequence[int]], None]],
+    rollouts_per_message: int,
+    kinds: Sequence[JobKind] = KINDS,
+) -> list[Outlet]:
+    """The dispatcher's outlets: ``publisher(kind, per_message)`` for each kind, rollouts
+    ``rollouts_per_message`` to a message (the settings' ``items_per_task``), every other kind
+    its own ``per_message``."""
+    out = []
+    for kind in kinds:
+        per = rollouts_per_message if kind is ROLLOUTS else kind.per_message
+        out.append(Outlet(kind, publisher(kind, per), per))
+    return out
 
 
 def retry_failed(session: Session, set_id: int | None = None) -> dict[str, int]:

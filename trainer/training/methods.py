@@ -67,14 +67,14 @@ def train(
     db: Database, method: str, recipe: Recipe, data: TrainingData, output: Path | None, options: TrainOptions
 ) -> TrainResult:
     """Train (or resume, or report a finished) run of ``method`` on ``data``."""
-    out = output or default_output(method, data)
     if method == "grpo":
         if data.snapshot is None:
             raise ConfigError("--method grpo trains on a snapshot: give --snapshot N")
         from stepq.trainer.training.grpo import train_judge
 
-        return train_judge(db, data.snapshot, recipe, out, options)
-    records, dataset = signal_data(db, method, data)
+        return train_judge(db, data.snapshot, recipe, output or default_output(method, data), options)
+    records, dataset = signal_data(db, method, data)  # checks the data first: its errors say what is missing
+    out = output or default_output(method, data)
     if method == "dpo":
         from stepq.trainer.preferences.dpo import train_dpo
 

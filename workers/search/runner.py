@@ -88,15 +88,11 @@ def _run_search(rt: WorkerRuntime, search_id: int) -> str:
             prefix, finished = replay(turns)
             turn_no += 1
         return "done"
-    except BaseException as exc:  # an attempt counted, retried with backoff unless permanent
-        outcome = queue.fail(rt.db, STEP_SEARCHES, search_id, rt.name, _as_error(exc), rt.retry)
-        if not isinstance(exc, Exception):
-            raise
-        return outcome
-
-
-def _as_error(exc: BaseException) -> Exception:
-    return exc if isinstance(exc, Exception) else RuntimeError(type(exc).__name__)
+    except Exception as exc:  # an attempt counted, retried with backoff unless permanent
+        return queue.fail(rt.db, STEP_SEARCHES, search_id, rt.name, exc, rt.retry)
+    except BaseException as exc:  # SystemExit, KeyboardInterrupt: released, then on its way
+        queue.release_unfinished(rt.db, STEP_SEARCHES, [search_id], rt.name, exc, rt.retry)
+        raise
 
 
 def _load(s: Any, search: StepSearch) -> tuple[SearchSpec, ProblemSet, str, dict[str, Any]]:
