@@ -3,6 +3,7 @@
 from stepq.models.base import Base, epoch
 from stepq.models.counters import EventCount, LabelCounters, ProgressSample, SetCounters
 from stepq.models.db import Database
+from stepq.models.prioritization import PriorityRound, PriorityScoring
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.rollouts import ChunkLabel, QValue, Rollout
 from stepq.models.search import SearchTurn, StepSearch
@@ -19,6 +20,8 @@ __all__ = [
     "EventCount",
     "LabelCounters",
     "Lock",
+    "PriorityRound",
+    "PriorityScoring",
     "Problem",
     "ProblemSet",
     "ProgressSample",

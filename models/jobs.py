@@ -17,7 +17,7 @@ retry policy (``stepq.workers.jobs.RetryPolicy``), passed in as ``decide``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +64,9 @@ class JobTable:
     model: Any
     set_of: Callable[[], Any]
     in_set: Callable[[int], Any]
+    dispatch_order: Callable[[], tuple[Any, Any]] | None = None
+    """(set column, key column) for work published fairly across sets and in key order
+    within each (``pending_ids``); None: plain id order."""
 
     def paused(self) -> Any:
         from stepq.models.problems import ProblemSet
@@ -78,19 +81,50 @@ class JobTable:
 # --- publishing ------------------------------------------------------------------------
 
 
-def pending_ids(session: Session, t: JobTable, limit: int, now: float | None = None) -> list[int]:
-    """Pending jobs in id order, leaving out those backing off and those of paused sets.
-    Walks the (state, id) index: its cost follows ``limit``, not the table."""
+def pending_ids(
+    session: Session,
+    t: JobTable,
+    limit: int,
+    now: float | None = None,
+    first_set: int = 0,
+    skip_sets: Collection[int] = (),
+) -> list[int]:
+    """Pending jobs to publish next, leaving out those backing off and those of paused sets.
+
+    In id order, or, for a table with a ``dispatch_order``, fairly across sets (one job of
+    each set in turn, starting ``first_set`` sets along, so a tight bound still reaches every
+    set over successive calls) and in key order within each.  Each read walks an index
+    ((state, id), or (set, state, key, id) per set): its cost follows ``limit`` and the
+    number of sets, not the table.  ``skip_sets``: sets whose work waits (its new order is
+    being scored)."""
     now = epoch() if now is None else now
     m = t.model
-    return list(
-        session.scalars(
-            select(m.id)
-            .where(m.state == PENDING, or_(m.retry_at.is_(None), m.retry_at <= now), t.paused().is_(False))
-            .order_by(m.id)
-            .limit(limit)
-        )
-    )
+    ready = and_(m.state == PENDING, or_(m.retry_at.is_(None), m.retry_at <= now))
+    if t.dispatch_order is None:
+        return list(session.scalars(select(m.id).where(ready, t.paused().is_(False)).order_by(m.id).limit(limit)))
+    from stepq.models.problems import ProblemSet
+
+    set_column, key = t.dispatch_order()
+    active = select(ProblemSet.id).where(ProblemSet.paused.is_(False)).order_by(ProblemSet.id)
+    sets = [sid for sid in session.scalars(active) if sid not in skip_sets]
+    if sets:
+        turn = first_set % len(sets)
+        sets = sets[turn:] + sets[:turn]
+    queues = [
+        list(session.scalars(select(m.id).where(set_column == sid, ready).order_by(key, m.id).limit(limit)))
+        for sid in sets
+    ]
+    return take_in_turn(queues, limit)
+
+
+def take_in_turn(queues: Sequence[Sequence[int]], limit: int) -> list[int]:
+    """One from each queue in turn until ``limit`` or all are empty."""
+    out: list[int] = []
+    depth = 0
+    while len(out) < limit and any(depth < len(q) for q in queues):
+        out.extend(q[depth] for q in queues if depth < len(q))
+        depth += 1
+    return out[:limit]
 
 
 def next_retry_at(session: Session, t: JobTable) -> float | None:
@@ -113,8 +147,8 @@ def queued_ids(session: Session, t: JobTable, before: float) -> list[int]:
 
 
 def mark_queued(session: Session, t: JobTable, ids: Sequence[int], now: float) -> list[int]:
-    """pending -> queued for those of ``ids`` still pending; returns them (another
-    dispatcher may have taken the rest).  Their messages are published after this commits."""
+    """pending -> queued for those of ``ids`` still pending; returns them, in the order given
+    (another dispatcher may have taken the rest).  Their messages are published after this commits."""
     if not ids:
         return []
     m = t.model
@@ -124,7 +158,8 @@ def mark_queued(session: Session, t: JobTable, ids: Sequence[int], now: float) -
         .values(state=QUEUED, enqueued_at=now, enqueue_count=m.enqueue_count + 1, **t.touch(now))
         .returning(m.id)
     )
-    return sorted(int(i) for i in result.scalars())
+    marked = {int(i) for i in result.scalars()}
+    return [i for i in ids if i in marked]  # in the order given: the order they are published in
 
 
 def unmark_queued(session: Session, t: JobTable, ids: Sequence[int]) -> None:

@@ -5,7 +5,20 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, ForeignKey, Integer, String, Text, UniqueConstraint, false, func, true
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    false,
+    func,
+    true,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from stepq.models.base import Base
@@ -30,10 +43,16 @@ class ProblemSet(Base):
     sampling: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     seed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     paused: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """A paused set is not dispatched; its running items finish their current batch."""
     needs_planning: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     """New trajectories (or exclusions) since the dispatcher last planned this set: the
     dispatcher plans only flagged sets, so its cycle does not scan every trajectory."""
-    """A paused set is not dispatched; its running items finish their current batch."""
+    priority_strategy: Mapped[str] = mapped_column(String(200), default="fifo", server_default="fifo")
+    """In what order the set's trajectories get their rollouts (``stepq annotate --priority``,
+    ``workers/priority.py``): fifo, random, uncertainty or convincing-wrong, with
+    the judge behind it (e.g. ``uncertainty:run=3``, ``convincing-wrong:lineage=judge``)."""
+    priority_aging_s: Mapped[float] = mapped_column(Float, default=86400.0, server_default="86400")
+    """How far a priority of 1 moves work ahead of work planned later (``RolloutWork.dispatch_key``)."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 

@@ -4,7 +4,8 @@ Tasks, the dispatcher, the trainer and the CLI call these; none of them builds S
 writes are idempotent: inserts ignore conflicts on the natural unique keys, and state
 changes are conditional updates whose row count says whether this process won.  They live
 by concept in ``set_queries`` (sets, problems, trajectories), ``work_queries`` (planning
-rollout work), ``rollout_queries`` (rollouts, Q-values, labels) and ``fleet_queries``
+rollout work), ``priority_queries`` (ordering it: priority rounds and
+scoring), ``rollout_queries`` (rollouts, Q-values, labels) and ``fleet_queries``
 (locks, events, workers, progress), ``training_queries`` (snapshots, training runs, what the
 trainer reads) and ``search_queries`` (step search), with the shared statements in ``sql``;
 this module re-exports every one of them.  The job queue is a layer of its own, imported as
@@ -30,6 +31,18 @@ from stepq.models.fleet_queries import (
     release_lock,
     segmentation_stats,
     worker_stopped,
+)
+from stepq.models.priority_queries import (
+    WaitingTrajectory,
+    cover_new_work,
+    latest_round,
+    prioritised_sets,
+    reset_priorities,
+    round_progress,
+    sets_being_scored,
+    start_round,
+    waiting_in_range,
+    write_priorities,
 )
 from stepq.models.rollout_queries import (
     WorkContext,
@@ -121,6 +134,7 @@ from stepq.models.work_queries import (
 )
 
 __all__ = [
+    "WaitingTrajectory",
     "WorkContext",
     "_insert",
     "acquire_lock",
@@ -128,6 +142,7 @@ __all__ = [
     "claim_run",
     "count_event",
     "count_labelled",
+    "cover_new_work",
     "create_run",
     "create_searches",
     "delete_set",
@@ -149,6 +164,7 @@ __all__ = [
     "label_rules_of",
     "labelled_chunks",
     "labels_with_truth",
+    "latest_round",
     "latest_snapshot",
     "lineage_runs",
     "live_worker_count",
@@ -160,6 +176,7 @@ __all__ = [
     "pause_set",
     "plan_work",
     "policy_outcomes",
+    "prioritised_sets",
     "problem_contents",
     "problems_of_set",
     "problems_without_reference",
@@ -176,11 +193,13 @@ __all__ = [
     "reopen_set",
     "reopen_trajectories",
     "replace_chunks",
+    "reset_priorities",
     "rollout_pass_counts",
     "rollout_rewards",
     "rollout_texts",
     "rollouts_behind",
     "rollouts_to_regrade",
+    "round_progress",
     "run_by_output",
     "run_metrics",
     "scored_trajectories",
@@ -194,10 +213,12 @@ __all__ = [
     "set_problems",
     "set_solutions",
     "set_trajectory_ids",
+    "sets_being_scored",
     "snapshot_contexts",
     "snapshot_name_taken",
     "snapshot_rows",
     "snapshot_summaries",
+    "start_round",
     "training_progress",
     "trajectory_chunks",
     "trajectory_counted",
@@ -210,6 +231,8 @@ __all__ = [
     "upsert_labels",
     "upsert_metrics",
     "upsert_q_values",
+    "waiting_in_range",
     "work_counts",
     "worker_stopped",
+    "write_priorities",
 ]

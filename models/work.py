@@ -4,15 +4,12 @@ and the workers that hold leases."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, func, select
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, func
 from sqlalchemy.orm import Mapped, mapped_column
 
 from stepq.models.base import Base
 from stepq.models.jobs import JobTable, LeasedJob
-from stepq.models.problems import Problem
-from stepq.models.trajectories import Trajectory
 
 
 class RolloutWork(LeasedJob, Base):
@@ -29,6 +26,7 @@ class RolloutWork(LeasedJob, Base):
         Index("ix_rollout_work_state_lease", "state", "lease_expires_at"),
         Index("ix_rollout_work_state_enqueued", "state", "enqueued_at"),
         Index("ix_rollout_work_retry_at", "retry_at"),
+        Index("ix_rollout_work_dispatch", "problem_set_id", "state", "dispatch_key", "id"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -36,25 +34,27 @@ class RolloutWork(LeasedJob, Base):
     target_m: Mapped[int] = mapped_column(Integer)
     trajectory_is_sample: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     """Whether the budget counts the trajectory as one of its own prefixes' samples."""
-
-
-def _trajectories_of(set_id: int) -> Any:
-    return (
-        select(Trajectory.id).join(Problem, Problem.id == Trajectory.problem_id).where(Problem.problem_set_id == set_id)
-    )
+    problem_set_id: Mapped[int] = mapped_column(Integer)
+    """The trajectory's set, kept on the job so each set's next jobs are one index range (no
+    foreign key of its own: the trajectory's already removes the row with its set)."""
+    planned_at: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    priority: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    """The set's strategy's score for this trajectory, in [0, 1] (0 under ``fifo``)."""
+    dispatch_key: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    """Lowest first within a set: ``planned_at - priority * aging``.  Aging bounds the wait
+    (work planned ``aging`` seconds earlier goes first whatever the priorities), so no
+    problem starves behind a stream of new high-priority work."""
+    priority_round_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    """The ``priority_rounds`` row (strategy and judge) that set ``priority``; None: never
+    scored.  A plain integer: rounds are history, kept while the work is."""
 
 
 ROLLOUT_WORK = JobTable(
     "rollouts",
     RolloutWork,
-    set_of=lambda: (
-        select(Problem.problem_set_id)
-        .join(Trajectory, Trajectory.problem_id == Problem.id)
-        .where(Trajectory.id == RolloutWork.trajectory_id)
-        .correlate(RolloutWork)
-        .scalar_subquery()
-    ),
-    in_set=lambda set_id: RolloutWork.trajectory_id.in_(_trajectories_of(set_id)),
+    set_of=lambda: RolloutWork.problem_set_id,
+    in_set=lambda set_id: RolloutWork.problem_set_id == set_id,
+    dispatch_order=lambda: (RolloutWork.problem_set_id, RolloutWork.dispatch_key),
 )
 
 

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from sqlalchemy import and_, func, select, update
 from sqlalchemy.orm import Session
 
+from stepq.models.base import epoch
 from stepq.models.counters import SetCounters
 from stepq.models.jobs import DONE, FAILED, PENDING, QUEUED, RUNNING
 from stepq.models.problems import Problem, ProblemSet
-from stepq.models.set_queries import _set_trajectories
 from stepq.models.sql import insert_ignore
 from stepq.models.trajectories import Trajectory
 from stepq.models.work import RolloutWork
@@ -47,8 +47,18 @@ def plan_work(session: Session, set_id: int | None = None) -> int:
             .where(Problem.problem_set_id == sid, Problem.excluded.is_(False))
         )
         missing = in_set.where(~select(RolloutWork.id).where(RolloutWork.trajectory_id == Trajectory.id).exists())
+        now = epoch()
         rows = [
-            {"trajectory_id": tid, "target_m": m, "state": PENDING, "attempts": 0, "enqueue_count": 0}
+            {
+                "trajectory_id": tid,
+                "problem_set_id": sid,
+                "target_m": m,
+                "state": PENDING,
+                "attempts": 0,
+                "enqueue_count": 0,
+                "planned_at": now,
+                "dispatch_key": now,
+            }
             for tid in session.scalars(missing)
         ]
         for start in range(0, len(rows), 1000):
@@ -80,7 +90,7 @@ def reopen_set(session: Session, set_id: int) -> int:
     """Items of a set run again, e.g. after its rule or budget changed: done items go back
     to pending, running ones are marked to go back when their task ends (their task read
     the old settings).  The task works out from the rollouts what is still missing."""
-    in_set = RolloutWork.trajectory_id.in_(_set_trajectories(set_id))
+    in_set = RolloutWork.problem_set_id == set_id
     running = session.execute(
         update(RolloutWork)
         .where(RolloutWork.state == RUNNING, in_set)

@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # the suite passes from a clone alone, without the full sets.
 DATA = ROOT / "tests" / "data"
 TABLES = [
+    "priority_scorings",
+    "priority_rounds",
     "search_turns",
     "step_searches",
     "event_counts",

@@ -235,7 +235,16 @@ def _annotated_by_hand(db: Database) -> int:
             for j in (0, 1)
         ]
         queries.insert_ignore(s, Rollout, rows)
-        s.add(RolloutWork(trajectory_id=tid, target_m=2, state="done", attempts=1, enqueue_count=1))
+        s.add(
+            RolloutWork(
+                trajectory_id=tid,
+                problem_set_id=queries.get_set(s, "u").id,
+                target_m=2,
+                state="done",
+                attempts=1,
+                enqueue_count=1,
+            )
+        )
         queries.get_set(s, "u").rollouts_per_prefix = 2
     return tid
 

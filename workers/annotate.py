@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,7 +83,12 @@ class WorkerRuntime:
     backend_override: GenerationBackend | None = None
     owns_override: bool = False
     """Close the override with the runtime (a worker's engine: its processes must stop too)."""
+    judge_override: Callable[[int], Any] | None = None
+    """Priority scoring's judge for a training run id, instead of loading the run's model
+    (tests, and benchmarks whose judge is a stand-in)."""
     _backends: dict[str, GenerationBackend] = field(default_factory=dict)
+    judges: dict[tuple[int, int, float], Any] = field(default_factory=dict)
+    """The warm judge of the latest priority round this process scored for."""
 
     def __post_init__(self) -> None:
         self.label = self.options.name or "worker"

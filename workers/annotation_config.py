@@ -10,6 +10,7 @@ from stepq.models.errors import ConfigError, NotFoundError
 from stepq.workers.backends import SamplingParams, check_config
 from stepq.workers.budget import parse_budget
 from stepq.workers.labels import parse_rule
+from stepq.workers.priority_rounds import RoundReport, set_priority
 from stepq.workers.synthetic_policy import is_synthetic_question
 
 
@@ -19,6 +20,8 @@ class PlanReport:
     label_rule: str
     budget_policy: str
     work_items: int
+    ordered: RoundReport | None = None
+    """The priority round ``--priority`` started (None: the order was left as it was)."""
 
 
 def require_synthetic_problems(session: Any, set_id: int, backend: str, set_name: str) -> None:
@@ -63,6 +66,8 @@ def configure_annotation(
     backend_config: dict[str, Any] | None = None,
     sampling: dict[str, Any] | None = None,
     resample: bool = False,
+    priority: str | None = None,
+    priority_aging_s: float | None = None,
 ) -> PlanReport:
     """Set M (and optionally the rule, budget, backend and sampling), then plan work.
 
@@ -116,4 +121,7 @@ def configure_annotation(
         planned = queries.plan_work(s, pset.id)
         if discarded or (pset.rollouts_per_prefix, pset.label_rule, pset.budget_policy) != before:
             planned += queries.reopen_set(s, pset.id)
-        return PlanReport(pset.rollouts_per_prefix, pset.label_rule, pset.budget_policy, planned)
+        ordered = None
+        if priority is not None or priority_aging_s is not None:
+            ordered = set_priority(s, pset, priority or pset.priority_strategy, priority_aging_s)
+        return PlanReport(pset.rollouts_per_prefix, pset.label_rule, pset.budget_policy, planned, ordered)

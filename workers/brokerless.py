@@ -1,8 +1,8 @@
 """The embedded default: the dispatcher and the task code run in this process.
 
 No broker and no worker processes; the dispatcher publishes into a local list and the same
-handlers a Celery worker runs drain it.  Used by ``stepq run`` (rollouts), ``stepq search
-run`` (step searches) and tests.
+handlers a Celery worker runs drain it.  Used by ``stepq run`` (rollouts, and the judge
+scorings that order them), ``stepq search run`` (step searches), tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -16,19 +16,21 @@ from stepq.models import Database, epoch, jobs
 from stepq.workers.annotate import WorkerRuntime
 from stepq.workers.dispatcher import Dispatcher, DispatchOptions
 from stepq.workers.queue import JobKind
-from stepq.workers.work_kinds import ROLLOUTS, outlets
+from stepq.workers.work_kinds import ROLLOUTS, SCORINGS, outlets
 
 
 def run_in_process(
     db: Database,
     runtime: WorkerRuntime,
     *,
-    kinds: Sequence[JobKind] = (ROLLOUTS,),
+    kinds: Sequence[JobKind] = (ROLLOUTS, SCORINGS),
     on_item: Callable[[int, str], None] | None = None,
     options: DispatchOptions | None = None,
     items_per_task: int = 1,
+    stop: Callable[[], bool] | None = None,
 ) -> dict[str, int]:
-    """Run every pending job of these kinds to the end; returns outcome counts."""
+    """Run every pending job of these kinds to the end, or until ``stop()`` says so between
+    messages (what was published and not run goes back to pending); returns outcome counts."""
     inbox: deque[tuple[JobKind, list[int]]] = deque()
 
     def publisher(kind: JobKind, per: int) -> Callable[[Sequence[int]], None]:
@@ -62,6 +64,12 @@ def run_in_process(
                 time.sleep(min(max(0.0, min(wakes) - epoch()), 60.0))  # a retry is backing off
                 continue
             while inbox:
+                if stop is not None and stop():
+                    with db.session() as s:
+                        for kind, ids in inbox:
+                            jobs.unmark_queued(s, kind.table, ids)
+                    inbox.clear()
+                    return outcomes
                 kind, ids = inbox.popleft()
                 for job_id, status in kind.handler()(runtime, ids).items():
                     outcomes[status] = outcomes.get(status, 0) + 1

@@ -13,8 +13,10 @@ carries it (the broker's contents are read each cycle: waiting and delivered-una
 messages, so a lost message is found while the queue holds other work) and it was queued a
 grace period ago.  When the contents cannot be read, only an empty queue says messages were
 lost; when not even the depth can be told, a job queued ``requeue_after_s`` ago is presumed
-lost.  Every kind of queue work (``work_kinds``: rollouts, step searches) shares
-that one bound, counted in messages; each cycle starts with the next kind.
+lost.  Every kind of queue work (``work_kinds``: rollouts, step searches, judge scorings)
+shares that one bound, counted in messages; each cycle starts with the next kind.  Rollout
+work is published one set at a time in turn, each set's in its priority order
+(``jobs.pending_ids``), so a large or prioritised set cannot starve another.
 
 An outage is weathered, not fatal: a running dispatcher that cannot reach the broker or the
 database logs it, waits (doubling up to ``outage_backoff_max_s``) and tries again, keeping
@@ -35,6 +37,7 @@ from typing import Any
 from stepq.models import Database, epoch, jobs, queries
 from stepq.models.errors import BrokerError
 from stepq.workers.broker import JobsInBroker
+from stepq.workers.priority_rounds import SCORING_BATCH
 from stepq.workers.queue import Outlet
 
 log = logging.getLogger("stepq.dispatcher")
@@ -95,6 +98,7 @@ class Dispatcher:
         self.name = name or f"dispatcher@{socket.gethostname()}:{os.getpid()}"
         self._sampled_at = 0.0
         self._turn = 0
+        self._set_turn = 0
 
     def cycle(self) -> CycleReport:
         """One pass; call only while holding the lock (``run`` does)."""
@@ -103,6 +107,7 @@ class Dispatcher:
         expired = failed = 0
         with self.db.session() as s:
             planned = queries.plan_work(s)
+            queries.cover_new_work(s, SCORING_BATCH)  # new work of a prioritised set is scored too
             for outlet in self.outlets:
                 back, gave_up = jobs.expire_leases(s, outlet.kind.table, now, o.max_attempts)
                 expired, failed = expired + back, failed + gave_up
@@ -134,7 +139,9 @@ class Dispatcher:
                 break
             with self.db.session() as s:
                 room = batch if bound is None else min(batch, (bound - self.queued_messages(s)) * per)
-                ids = jobs.pending_ids(s, table, room) if room > 0 else []
+                waiting = queries.sets_being_scored(s) if table.dispatch_order is not None and room > 0 else set()
+                ids = jobs.pending_ids(s, table, room, first_set=self._set_turn, skip_sets=waiting) if room > 0 else []
+                self._set_turn += 1
                 claimed = jobs.mark_queued(s, table, ids, epoch())
             if not claimed:
                 break

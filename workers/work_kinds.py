@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy.orm import Session
 
 from stepq.models import jobs
+from stepq.models.prioritization import PRIORITY_SCORINGS
 from stepq.models.search import STEP_SEARCHES
 from stepq.models.work import ROLLOUT_WORK
 from stepq.workers.queue import Handler, JobKind, Outlet
@@ -31,6 +32,12 @@ def _rollouts() -> Handler:
     return run
 
 
+def _scorings() -> Handler:
+    from stepq.workers.priority_scoring import run_scorings
+
+    return run_scorings
+
+
 def _searches() -> Handler:
     from stepq.workers.search.runner import run_searches
 
@@ -42,7 +49,10 @@ ROLLOUTS = JobKind(ROLLOUT_WORK, "stepq.annotate_trajectory", _rollouts)
 SEARCHES = JobKind(STEP_SEARCHES, "stepq.step_search", _searches)
 """One problem's step search, one to a message (a search is a long task)."""
 
-KINDS: tuple[JobKind, ...] = (ROLLOUTS, SEARCHES)
+SCORINGS = JobKind(PRIORITY_SCORINGS, "stepq.priority_scoring", _scorings)
+"""A range of a set's waiting trajectories scored by a priority round's judge."""
+
+KINDS: tuple[JobKind, ...] = (ROLLOUTS, SEARCHES, SCORINGS)
 
 
 def outlets(

@@ -35,6 +35,22 @@ from stepq.workers.backends import BACKENDS as BACKEND_NAMES
     help="With a changed backend, model or sampling on a set that has rollouts: discard its rollouts, Q-values and "
     "labels and sample again with the new settings (without it such a change is refused).",
 )
+@click.option(
+    "--priority",
+    default=None,
+    metavar="STRATEGY",
+    help="Order the set's waiting trajectories: fifo (plan order, the default), random[:seed=S], "
+    "uncertainty:run=N|lineage=NAME or convincing-wrong:run=N|lineage=NAME (options votes=K, threshold=T). "
+    "Given again, it re-scores the waiting work with the judge it names now.",
+)
+@click.option(
+    "--priority-aging",
+    "priority_aging_s",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="Work planned this much earlier goes first whatever the priorities (default 86400): no starvation.",
+)
 @friendly
 def annotate(
     set_name: str,
@@ -49,6 +65,8 @@ def annotate(
     top_p: float | None,
     max_tokens: int | None,
     resample: bool,
+    priority: str | None,
+    priority_aging_s: float | None,
 ) -> None:
     """Set a problem set's budget and plan its missing rollouts (only what is missing)."""
     from stepq.workers.annotation_config import configure_annotation
@@ -68,11 +86,22 @@ def annotate(
         backend_config=config,
         sampling=sampling,
         resample=resample,
+        priority=priority,
+        priority_aging_s=priority_aging_s,
     )
     click.echo(
         f"set '{set_name}': M={report.rollouts_per_prefix}, rule {report.label_rule}, "
         f"budget {report.budget_policy}; {report.work_items} work items planned or reopened"
     )
+    ordered = report.ordered
+    if ordered is not None and ordered.round_id is None:
+        click.echo(f"order: {ordered.strategy} (plan order; {ordered.reset} waiting items reset)")
+    elif ordered is not None:
+        judge = f" by the judge of training run {ordered.judge_run_id}" if ordered.judge_run_id else ""
+        click.echo(
+            f"order: {ordered.strategy}; priority round {ordered.round_id}: {ordered.scoring_jobs} scoring jobs "
+            f"queued{judge} (workers score the waiting trajectories before their rollouts are published)"
+        )
 
 
 @main.command()
