@@ -1,0 +1,368 @@
+"""Active learning: judge quality per rollout spent, under each priority strategy.
+
+    OMP_NUM_THREADS=1 python -m bench.bench_active [--seeds 0 1 2 3 4] [--pool 8000] [--budget 40000] [--rounds 8]
+
+For each seed, one pool of trajectories from the synthetic policy (recovery on, steps of
+different difficulty: a multiplication goes wrong 6x as often as an addition) several times
+larger than the rollout budget.  Each strategy annotates the same pool in rounds through the
+real queue code (``stepq annotate --priority``'s path: a priority round, its scoring jobs run
+by the embedded worker, rollout work dispatched in priority order, Monte Carlo labels by the
+real task code, SQLite), stopping each round at its share of the budget.  After each round a
+judge is trained on every label so far and scored on the same held-out synthetic ProcessBench
+file (fresh problems, truth from the policy): step AUC (its chunk scores against each chunk's
+truth) and ProcessBench F1 at threshold 0.5.  The first round is random for every strategy
+(there is no judge yet); from the second on, each orders the waiting trajectories by the
+judge the previous round trained.
+
+The judge is a stand-in, named so: a small MLP reading each step's numbers digit by digit,
+trained from scratch in seconds (a chunk's score is the lowest of its steps' so far).  stepq's
+own judges do not fit this loop on 2 CPU cores: the discriminative PRM takes 70-96 min per
+training to learn from outcomes (docs/benchmarks/prm.md) and the GRPO judge longer still, and
+the benchmark trains (strategies x seeds x rounds) judges.  What the benchmark measures is
+the ordering: which trajectories get labelled first, given a judge that learns from labels.
+
+Prints a table per round, the headline (rollouts each strategy needs to reach the quality
+``random`` reaches with the whole budget), writes the learning curves as a PNG (``--plot``,
+needs matplotlib) and one JSON object on its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select, text
+
+from bench.bench_judge_grpo import processbench_f1, rank_auc, write_processbench
+from bench.common import emit
+from stepq.migrations import upgrade
+from stepq.models import Database, Rollout, TrainingRun, epoch
+from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+from stepq.workers.annotation_config import configure_annotation
+from stepq.workers.brokerless import run_in_process
+from stepq.workers.synthetic_policy import SyntheticPolicy
+from stepq.workers.synthetic_set import synth_set
+
+STRATEGIES = ("random", "uncertainty", "convincing-wrong")
+OP_ERROR_RATES = {"Add": 0.05, "Subtract": 0.1, "Multiply by": 0.3}
+POLICY = {"error_rate": 0.1, "recovery_rate": 0.05, "op_error_rates": OP_ERROR_RATES}
+_STEP = re.compile(r"(-?\d+) ([+*-]) (-?\d+) = (-?\d+)")
+_OPS = "+-*"
+
+
+# --- the stand-in judge ------------------------------------------------------------------
+
+
+def step_features(step: str) -> list[float] | None:
+    """The step's equation as the operator and each number's sign and last digit, one-hot:
+    where the synthetic policy's errors always show (``synthetic_policy.Numbers``), so a
+    small MLP learns the check from thousands of labels rather than millions.  None: no
+    equation in the text."""
+    m = _STEP.search(step)
+    if not m:
+        return None
+    out: list[float] = []
+    for number in (m.group(1), m.group(3), m.group(4)):
+        one_hot = [0.0] * 10
+        one_hot[int(number[-1])] = 1.0
+        out.append(1.0 if number.startswith("-") else 0.0)
+        out.extend(one_hot)
+    out.extend(1.0 if m.group(2) == op else 0.0 for op in _OPS)
+    return out
+
+
+class DigitJudge:
+    """A stand-in step judge: P(step right) from an MLP over ``step_features``; a chunk's
+    score is the lowest of its steps' so far (a chunk is right only if every step is)."""
+
+    name = "digit-mlp"
+    threshold = 0.5
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def score_solutions(self, solutions: Sequence[tuple[str, Sequence[str]]]) -> list[list[float | None]]:
+        import torch
+
+        feats = [[step_features(s) for s in steps] for _, steps in solutions]
+        flat = [f for row in feats for f in row if f is not None]
+        probs = iter([])
+        if flat:
+            with torch.no_grad():
+                probs = iter(torch.sigmoid(self.model(torch.tensor(flat))).squeeze(-1).tolist())
+        out: list[list[float | None]] = []
+        for row in feats:
+            running, scores = 1.0, []
+            for f in row:
+                if f is not None:
+                    running = min(running, next(probs))
+                scores.append(running)
+            out.append(scores)
+        return out
+
+
+def train_judge(examples: Sequence[tuple[list[float], bool]], seed: int, epochs: int) -> DigitJudge:
+    import torch
+
+    torch.manual_seed(seed)
+    width = len(examples[0][0])
+    model = torch.nn.Sequential(torch.nn.Linear(width, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+    x = torch.tensor([f for f, _ in examples])
+    y = torch.tensor([[1.0 if label else 0.0] for _, label in examples])
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, weight_decay=1e-4)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    for _ in range(epochs):
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+    model.eval()
+    return DigitJudge(model)
+
+
+def labelled_steps(db: Database) -> list[tuple[list[float], bool]]:
+    """Every labelled trajectory's steps up to its first negative label, with their Monte
+    Carlo labels (after a wrong step every label is negative, whatever that step computes)."""
+    with db.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT c.trajectory_id, c.idx, c.text, l.positive FROM chunk_labels l "
+                "JOIN chunks c ON c.id = l.chunk_id ORDER BY c.trajectory_id, c.idx"
+            )
+        ).all()
+    out: list[tuple[list[float], bool]] = []
+    stopped: set[int] = set()
+    for tid, _, chunk, positive in rows:
+        f = step_features(chunk)
+        if tid in stopped or f is None:
+            continue
+        out.append((f, bool(positive)))
+        if not positive:
+            stopped.add(tid)
+    return out
+
+
+# --- evaluation --------------------------------------------------------------------------
+
+
+def evaluate(judge: DigitJudge, heldout: Sequence[dict[str, Any]]) -> dict[str, float]:
+    scores = judge.score_solutions([(s["problem"], s["steps"]) for s in heldout])
+    rows, pairs = [], []
+    for i, (sample, chunk_scores) in enumerate(zip(heldout, scores, strict=True)):
+        label = sample["label"]
+        for k, p in enumerate(chunk_scores):
+            rows.append((i, label == -1 or k < label, float(p if p is not None else 1.0)))
+        first = next((k for k, p in enumerate(chunk_scores) if p is not None and p < judge.threshold), -1)
+        pairs.append((label, first))
+    return {"step_auc": rank_auc(rows), "processbench_f1": processbench_f1(pairs)}
+
+
+# --- one arm: a strategy on one seed's pool ----------------------------------------------
+
+
+def rollouts_spent(db: Database) -> int:
+    with db.session() as s:
+        return int(s.scalar(select(func.count(Rollout.id))) or 0)
+
+
+def judge_record(db: Database, root: Path, name: str) -> int:
+    """A training-run row for the stand-in judge, so its round is recorded like any other."""
+    with db.session() as s:
+        run = TrainingRun(
+            method="prm",
+            recipe="bench_active stand-in (digit MLP)",
+            base_model="digit-mlp",
+            output_dir=str(root / name),
+            status="done",
+            host="bench",
+            updated_at=epoch(),
+            dataset="bench",
+        )
+        s.add(run)
+        s.flush()
+        return run.id
+
+
+def run_arm(
+    strategy: str, seed: int, root: Path, heldout: Sequence[dict[str, Any]], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    url = f"sqlite:///{root}/{strategy}.db"
+    upgrade(url)
+    db = Database(url)
+    synth_set(db, "pool", problems=args.pool, seed=seed, **POLICY)  # type: ignore[arg-type]
+    configure_annotation(db, "pool", args.rollouts, priority=f"random:seed={seed}")
+    judges: dict[int, DigitJudge] = {}
+    runtime = WorkerRuntime(db, WorkerOptions(batch_rollouts=256, name="bench"), judge_override=judges.__getitem__)
+    curve = []
+    try:
+        for k in range(1, args.rounds + 1):
+            target = args.budget * k // args.rounds
+            started = time.perf_counter()
+            run_in_process(db, runtime, stop=lambda t=target: rollouts_spent(db) >= t)  # type: ignore[misc]
+            annotate_s = time.perf_counter() - started
+            examples = labelled_steps(db)
+            judge = train_judge(examples, seed, args.epochs)
+            point = {
+                "round": k,
+                "rollouts": rollouts_spent(db),
+                "labelled_steps": len(examples),
+                "annotate_s": annotate_s,
+                **evaluate(judge, heldout),
+            }
+            curve.append(point)
+            print(
+                f"  seed {seed} {strategy:>16} round {k}: {point['rollouts']:>6} rollouts, "
+                f"{len(examples):>5} steps, AUC {point['step_auc']:.3f}, F1 {point['processbench_f1']:.1f}",
+                flush=True,
+            )
+            if strategy != "random" and k < args.rounds:
+                run_id = judge_record(db, root, f"{strategy}-r{k}")
+                judges[run_id] = judge
+                configure_annotation(db, "pool", args.rollouts, priority=f"{strategy}:run={run_id}")
+    finally:
+        runtime.close()
+        db.engine.dispose()
+    return curve
+
+
+# --- summaries ---------------------------------------------------------------------------
+
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def mean_ci(values: Sequence[float]) -> tuple[float, float, float]:
+    """Mean and 95% t-interval over seeds."""
+    m = statistics.mean(values)
+    if len(values) < 2:
+        return m, m, m
+    half = T_975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+    return m, m - half, m + half
+
+
+def rollouts_to_reach(curve: Sequence[dict[str, Any]], metric: str, target: float) -> float | None:
+    """Rollouts at which the curve first reaches ``target`` (linear between rounds; the
+    first round from zero); None: never within the budget."""
+    prev_x, prev_y = 0.0, None
+    for p in curve:
+        x, y = float(p["rollouts"]), float(p[metric])
+        if y >= target:
+            if prev_y is None or prev_y >= target:
+                return x
+            return prev_x + (x - prev_x) * (target - prev_y) / (y - prev_y)
+        prev_x, prev_y = x, y
+    return None
+
+
+def headline(results: dict[str, dict[int, list[dict[str, Any]]]], metric: str) -> dict[str, Any]:
+    """The quality ``random`` reaches with the whole budget (mean over seeds), and the
+    rollouts each strategy needs to reach it, per seed and as a share of the budget."""
+    target = statistics.mean(curve[-1][metric] for curve in results["random"].values())
+    out: dict[str, Any] = {"target": target}
+    for strategy, by_seed in results.items():
+        needed = {seed: rollouts_to_reach(curve, metric, target) for seed, curve in by_seed.items()}
+        reached = [v for v in needed.values() if v is not None]
+        budget = statistics.mean(curve[-1]["rollouts"] for curve in by_seed.values())
+        out[strategy] = {
+            "per_seed": needed,
+            "mean_rollouts": statistics.mean(reached) if len(reached) == len(needed) else None,
+            "share_of_budget": (statistics.mean(reached) / budget) if len(reached) == len(needed) else None,
+        }
+    return out
+
+
+def plot(results: dict[str, dict[int, list[dict[str, Any]]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, metric, label in ((axes[0], "step_auc", "step AUC"), (axes[1], "processbench_f1", "ProcessBench F1")):
+        for strategy, by_seed in results.items():
+            curves = list(by_seed.values())
+            xs = [statistics.mean(c[k]["rollouts"] for c in curves) for k in range(len(curves[0]))]
+            stats = [mean_ci([c[k][metric] for c in curves]) for k in range(len(curves[0]))]
+            ax.plot(xs, [m for m, _, _ in stats], marker="o", label=strategy)
+            ax.fill_between(xs, [lo for _, lo, _ in stats], [hi for _, _, hi in stats], alpha=0.2)
+        ax.set_xlabel("rollouts spent")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle(f"held-out judge quality per rollout (mean and 95% interval over {len(curves)} seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    ap.add_argument("--pool", type=int, default=8000, help="Trajectories waiting (one per problem).")
+    ap.add_argument("--budget", type=int, default=40000, help="Rollouts in all, over every round.")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--rollouts", type=int, default=4, help="M, rollouts per prefix.")
+    ap.add_argument("--heldout", type=int, default=300, help="Held-out ProcessBench samples.")
+    ap.add_argument("--epochs", type=int, default=1000, help="The stand-in judge's full-batch training steps.")
+    ap.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
+    ap.add_argument("--plot", type=Path, default=None, help="Write the learning curves here (PNG).")
+    args = ap.parse_args()
+    if "random" not in args.strategies:
+        ap.error("--strategies must include random: the headline is measured against it")
+    policy = SyntheticPolicy(
+        POLICY["error_rate"],
+        POLICY["recovery_rate"],
+        tuple(OP_ERROR_RATES.items()),  # type: ignore[arg-type]
+    )
+    results: dict[str, dict[int, list[dict[str, Any]]]] = {s: {} for s in args.strategies}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in args.seeds:
+            root = Path(tmp) / f"seed{seed}"
+            root.mkdir()
+            pool_db = Database(f"sqlite:///{root}/questions.db")
+            upgrade(str(pool_db.engine.url))
+            synth_set(pool_db, "pool", problems=args.pool, seed=seed, **POLICY)  # type: ignore[arg-type]
+            with pool_db.session() as s:
+                questions = frozenset(q for (q,) in s.execute(text("SELECT question FROM problems")))
+            pool_db.engine.dispose()
+            heldout = write_processbench(root / "heldout.json", args.heldout, seed, policy, questions)
+            for strategy in args.strategies:
+                results[strategy][seed] = run_arm(strategy, seed, root, heldout, args)
+    show(results, args)
+    summary = {m: headline(results, m) for m in ("step_auc", "processbench_f1")}
+    for metric, h in summary.items():
+        print(f"\n{metric}: random reaches {h['target']:.3f} with the whole budget; rollouts to reach it:")
+        for strategy in args.strategies:
+            r = h[strategy]
+            share = "not reached on every seed" if r["share_of_budget"] is None else f"{r['share_of_budget']:.0%}"
+            per = ", ".join("-" if v is None else f"{v:.0f}" for v in r["per_seed"].values())
+            print(f"  {strategy:>16}: {share} of the budget (per seed: {per})")
+    if args.plot:
+        plot(results, args.plot)
+        print(f"learning curves: {args.plot}")
+    print(f"{time.perf_counter() - started:.0f} s")
+    emit({"bench": "active", "args": {k: str(v) for k, v in vars(args).items()}, "curves": results, **summary})
+
+
+def show(results: dict[str, dict[int, list[dict[str, Any]]]], args: argparse.Namespace) -> None:
+    print(f"\nmean over seeds {args.seeds} [95% interval]")
+    print(f"{'round':>5} {'strategy':>16} {'rollouts':>8} {'step AUC':>24} {'ProcessBench F1':>24}")
+    for k in range(args.rounds):
+        for strategy, by_seed in results.items():
+            curves = list(by_seed.values())
+            x = statistics.mean(c[k]["rollouts"] for c in curves)
+            auc = mean_ci([c[k]["step_auc"] for c in curves])
+            f1 = mean_ci([c[k]["processbench_f1"] for c in curves])
+            print(
+                f"{k + 1:>5} {strategy:>16} {x:>8.0f} {auc[0]:>8.3f} [{auc[1]:.3f}, {auc[2]:.3f}] "
+                f"{f1[0]:>8.1f} [{f1[1]:.1f}, {f1[2]:.1f}]"
+            )
+
+
+if __name__ == "__main__":
+    main()
