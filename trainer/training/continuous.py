@@ -4,7 +4,10 @@ One service per lineage at a time (a database lease, ``trainer:<lineage>``); a s
 waits for it.  Each cycle it first resumes an unfinished run of its lineage (a crash or a
 kill left it), then, when at least ``min_new_chunks`` chunks were labelled since the
 lineage's latest snapshot, makes a snapshot and trains on it, starting from the lineage's
-latest trained model (the recipe's base model for the first).
+latest trained model (the recipe's base model for the first).  Then every set whose
+priority strategy follows the lineage (``--priority uncertainty:lineage=NAME``) gets a new
+priority round: its waiting trajectories are re-scored by the new judge (queue work) and
+re-ordered, and the round records which run ordered them and what the set had spent.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from stepq.trainer.training.launch import train_command
 from stepq.trainer.training.recipe import Recipe
 from stepq.trainer.training.records import process_owner
 from stepq.workers.labels import parse_rule
+from stepq.workers.priority_rounds import follow_lineage
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +109,8 @@ def _step(
         run = unfinished[0]
         say(f"resuming training run {run.id} (snapshot {run.snapshot_id}) from {run.last_checkpoint or 'its start'}")
         assert run.snapshot_id is not None  # a lineage trains GRPO judges on snapshots
-        return _train(db, options, recipe, run.snapshot_id, Path(run.output_dir), run.base_model, renew, say)
+        trained = _train(db, options, recipe, run.snapshot_id, Path(run.output_dir), run.base_model, renew, say)
+        return trained and _reprioritise(db, options.lineage, say)
     with db.session() as session:
         set_ids = queries.set_ids_by_name(session, list(options.sets))
         labelled = queries.count_labelled(session, set_ids, rule)
@@ -122,7 +127,20 @@ def _step(
     done = [r for r in runs if r.status == RUN_DONE]
     base = str(Path(done[-1].output_dir) / FINAL) if done else recipe.model
     say(f"snapshot {snapshot} ({labelled - seen} new labelled chunks); training from {base}")
-    return _train(db, options, recipe, snapshot, options.output_root / name, base, renew, say)
+    trained = _train(db, options, recipe, snapshot, options.output_root / name, base, renew, say)
+    return trained and _reprioritise(db, options.lineage, say)
+
+
+def _reprioritise(db: Database, lineage: str, say: Callable[[str], None]) -> bool:
+    """The lineage has a new judge: every set ordered by it gets a new priority round (its
+    waiting trajectories re-scored by queue work), recorded with the run that ordered it."""
+    with db.session() as session:
+        for report in follow_lineage(session, lineage):
+            say(
+                f"priority round {report.round_id} ({report.strategy}): {report.scoring_jobs} scoring jobs "
+                f"for the judge of training run {report.judge_run_id}"
+            )
+    return True
 
 
 def _train(

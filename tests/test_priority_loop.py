@@ -1,0 +1,83 @@
+"""The active-learning loop in the trainer service: each judge the lineage trains re-orders the
+sets that follow it (a new priority round, recorded with the run and what the set had spent),
+and the generative judge scores the waiting trajectories by its verdicts' split over K votes
+(real GRPO training and hf generation on a tiny model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from stepq.models import Database, PriorityRound, RolloutWork, queries
+from stepq.trainer.training.continuous import ServiceOptions, serve
+from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+from stepq.workers.annotation_config import configure_annotation
+from stepq.workers.brokerless import run_in_process
+from stepq.workers.synthetic_set import synth_set
+from stepq.workers.work_kinds import SCORINGS
+from tests.tiny_models import build_tiny_model
+from tests.trainer_helpers import tiny_recipe
+
+pytestmark = pytest.mark.slow
+
+
+def _label(db: Database, problems: int) -> None:
+    synth_set(db, "s", problems=problems, seed=1, error_rate=0.25, recovery_rate=0.0)
+    configure_annotation(db, "s", 4)
+    run_in_process(db, WorkerRuntime(db, WorkerOptions(batch_rollouts=64, name="annotator")))
+
+
+def test_each_new_judge_of_the_lineage_reorders_the_sets_that_follow_it(pg: Database, tmp_path: Path) -> None:
+    model = build_tiny_model(tmp_path / "model")
+    recipe = tiny_recipe(tmp_path / "tiny.yaml", model, max_steps=2, save_steps=2)
+    options = ServiceOptions(
+        lineage="judge",
+        recipe=str(recipe),
+        output_root=tmp_path / "runs",
+        sets=("s",),
+        min_new_chunks=10,
+        val_fraction=0.2,
+        poll_s=0.1,
+        max_trainings=1,
+        max_idle_s=5,
+    )
+    said: list[str] = []
+    _label(pg, 12)
+    assert serve(pg, options, said.append) == 1
+    with pg.session() as s:
+        (first_run,) = queries.lineage_runs(s, "judge")
+    assert not any("priority round" in line for line in said), "no set follows the lineage yet"
+
+    synth_set(pg, "pool", problems=6, seed=2, error_rate=0.3)
+    with pg.session() as s:
+        queries.pause_set(s, "pool", True)  # its rollouts wait while the lineage trains
+    report = configure_annotation(pg, "pool", 2, priority="uncertainty:lineage=judge,votes=2").ordered
+    assert report is not None and report.judge_run_id == first_run.id
+
+    _label(pg, 30)  # new labels: the service trains the lineage's next judge
+    assert serve(pg, options, said.append) == 1
+    with pg.session() as s:
+        runs = queries.lineage_runs(s, "judge")
+        rounds = list(s.scalars(select(PriorityRound).order_by(PriorityRound.id)))
+        pool_id = queries.get_set(s, "pool").id
+        labelled = queries.count_labelled(s, [pool_id], "abs-q")
+    assert [r.status for r in runs] == ["done", "done"]
+    assert [(r.strategy, r.judge_run_id) for r in rounds] == [
+        ("uncertainty:lineage=judge,votes=2", first_run.id),
+        ("uncertainty:lineage=judge,votes=2", runs[1].id),
+    ]
+    assert rounds[1].labelled_before == labelled and rounds[1].details["judge_method"] == "grpo"
+    assert any(f"priority round {rounds[1].id}" in line for line in said)
+
+    with pg.session() as s:
+        queries.pause_set(s, "pool", False)
+    run_in_process(pg, WorkerRuntime(pg, WorkerOptions(name="scorer")), kinds=[SCORINGS])
+    with pg.session() as s:
+        placed = s.execute(
+            select(RolloutWork.priority, RolloutWork.priority_round_id).where(RolloutWork.problem_set_id == pool_id)
+        ).all()
+    assert len(placed) == 6 and {r for _, r in placed} == {rounds[1].id}, "the newer judge placed every item"
+    # two votes per chunk: P(Positive) is 0, 0.5 or 1, so a trajectory's uncertainty is 0 or 1
+    assert {p for p, _ in placed} <= {0.0, 1.0}
