@@ -14,9 +14,8 @@ from sqlalchemy.orm import Session
 from stepq.models import leases
 from stepq.models.base import epoch
 from stepq.models.counters import EventCount, LabelCounters, ProgressSample, SetCounters
-from stepq.models.problems import Problem, ProblemSet
+from stepq.models.problems import ProblemSet
 from stepq.models.sql import _insert, insert_ignore
-from stepq.models.trajectories import Trajectory
 from stepq.models.work import Lock, RolloutWork, Worker
 
 # --- locks and workers --------------------------------------------------------------
@@ -125,10 +124,9 @@ def progress(session: Session) -> list[dict[str, Any]]:
         ids = dict(session.execute(select(ProblemSet.name, ProblemSet.id)).all())
         per_set: dict[int, dict[str, int]] = {}
         for sid, state, count in session.execute(
-            select(Problem.problem_set_id, RolloutWork.state, func.count())
-            .join(Trajectory, Trajectory.id == RolloutWork.trajectory_id)
-            .join(Problem, Problem.id == Trajectory.problem_id)
-            .group_by(Problem.problem_set_id, RolloutWork.state)
+            select(RolloutWork.problem_set_id, RolloutWork.state, func.count()).group_by(
+                RolloutWork.problem_set_id, RolloutWork.state
+            )
         ):
             per_set.setdefault(sid, {})[state] = int(count)
         rows = session.execute(text("SELECT * FROM annotation_progress ORDER BY problem_set"))

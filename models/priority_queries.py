@@ -17,9 +17,10 @@ from typing import Any
 from sqlalchemy import bindparam, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from stepq.models import jobs
 from stepq.models.base import epoch
 from stepq.models.jobs import PENDING, QUEUED, RUNNING
-from stepq.models.prioritization import PriorityRound, PriorityScoring
+from stepq.models.prioritization import PRIORITY_SCORINGS, PriorityRound, PriorityScoring
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.rollouts import Rollout
 from stepq.models.trajectories import Chunk, Trajectory
@@ -207,3 +208,19 @@ def sets_being_scored(session: Session) -> set[int]:
     (a failed scoring job does not hold the set back; it shows in the set's troubles)."""
     unsettled = PriorityScoring.state.in_([PENDING, QUEUED, RUNNING])
     return set(session.scalars(select(PriorityScoring.problem_set_id).where(unsettled).distinct()))
+
+
+def priority_summary(session: Session) -> dict[int, dict[str, Any]]:
+    """set id -> its strategy, latest round, the judge behind it and the round's scoring jobs
+    per state, for every prioritised set (a few rows per set: cheap on any scale)."""
+    out: dict[int, dict[str, Any]] = {}
+    for pset in prioritised_sets(session):
+        round_ = latest_round(session, pset.id)
+        out[pset.id] = {
+            "strategy": pset.priority_strategy,
+            "round": round_.id if round_ else None,
+            "judge_run_id": round_.judge_run_id if round_ else None,
+            "scoring": round_progress(session, round_.id) if round_ else {},
+            "last_error": jobs.failed_in_set(session, PRIORITY_SCORINGS, pset.id)[1],
+        }
+    return out

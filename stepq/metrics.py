@@ -60,6 +60,24 @@ class StepqCollector(Collector):
             retrying.add_metric([name], troubles.get(row["problem_set_id"], {}).get("retrying", 0))
         yield from (rollouts, planned, rate, eta, labelled, trajectories, items, retrying)
 
+        order = GaugeMetricFamily(
+            "stepq_priority_round",
+            "The priority round ordering a set's work (strategy and the judge's training run as labels)",
+            labels=["set", "strategy", "judge_run"],
+        )
+        scoring = GaugeMetricFamily(
+            "stepq_priority_scoring_jobs", "The current round's scoring jobs per state", labels=["set", "state"]
+        )
+        for row in report["sets"]:
+            summary = row["priority"]
+            if summary.get("round") is None:
+                continue
+            judge = "" if summary["judge_run_id"] is None else str(summary["judge_run_id"])
+            order.add_metric([row["problem_set"], summary["strategy"], judge], summary["round"])
+            for state in STATES:
+                scoring.add_metric([row["problem_set"], state], summary["scoring"].get(state, 0))
+        yield from (order, scoring)
+
         happened = CounterMetricFamily(
             "stepq_events", "Lease expiries, failed items, retries, lost messages", labels=["event"]
         )

@@ -29,6 +29,7 @@ def collect(db: Database, queue_depth: Callable[[], int | None] | None = None) -
         work = queries.work_counts(s)
         workers = queries.live_workers(s, time.time() - WORKER_LIVE_S)
         troubles = jobs.troubles(s, ROLLOUT_WORK)
+        ordered = queries.priority_summary(s)
     sets = []
     for r in rows:
         rate = _rate(r, earlier.get(r["problem_set_id"]), now)
@@ -57,6 +58,7 @@ def collect(db: Database, queue_depth: Callable[[], int | None] | None = None) -
                 "failed": int(trouble.get("failed", 0)),
                 "retrying": int(trouble.get("retrying", 0)),
                 "last_error": trouble.get("last_error"),
+                "priority": ordered.get(r["problem_set_id"], {"strategy": "fifo"}),
             }
         )
     depth = queue_depth() if queue_depth else None
@@ -128,6 +130,16 @@ def render(report: dict[str, Any]) -> str:
     if not body:
         lines = ["no problem sets yet: try 'stepq synth' or 'stepq ingest'"]
     for r in report["sets"]:
+        order = r.get("priority") or {}
+        if order.get("round") is not None:
+            judge = f", judge: training run {order['judge_run_id']}" if order.get("judge_run_id") else ""
+            scoring = ", ".join(f"{k} {v}" for k, v in sorted(order["scoring"].items())) or "none"
+            lines.append(
+                f"  {r['problem_set']}: order {order['strategy']} (priority round {order['round']}{judge}; "
+                f"scoring jobs: {scoring})"
+            )
+            if order.get("last_error"):
+                lines.append(f"  {r['problem_set']}: a scoring job failed: {order['last_error'].splitlines()[0][:160]}")
         if r["last_error"]:
             lines.append(f"  {r['problem_set']}: last error: {r['last_error'].splitlines()[0][:160]}")
     work = ", ".join(f"{k} {v}" for k, v in sorted(report["work"].items())) or "none"

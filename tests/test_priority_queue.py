@@ -179,3 +179,51 @@ def test_fifo_puts_the_set_back_in_plan_order(sqlite: Database) -> None:
     assert report is not None and report.reset == 6
     assert _next_published(sqlite) == sorted(_priorities(sqlite, "f"))
     assert {r for _, r in _priorities(sqlite, "f").values()} == {None}
+
+
+def test_status_and_metrics_show_the_order_and_the_judge_behind_it(pg: Database) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from stepq.metrics import StepqCollector
+    from stepq.status import collect, render
+
+    synth_set(pg, "shown", problems=4, seed=1)
+    synth_set(pg, "plain", problems=2, seed=2)
+    configure_annotation(pg, "plain", 2)
+    with pg.session() as s:  # a judge's run, recorded as a finished PRM training
+        run_id = queries.create_run(
+            s, method="prm", recipe="r", base_model="b", output_dir="/nowhere/prm", host="h", status="done"
+        )
+    report = configure_annotation(pg, "shown", 2, priority=f"convincing-wrong:run={run_id}").ordered
+    assert report is not None
+    status = {r["problem_set"]: r["priority"] for r in collect(pg)["sets"]}
+    assert status["plain"] == {"strategy": "fifo"}
+    assert status["shown"] == {
+        "strategy": f"convincing-wrong:run={run_id}",
+        "round": report.round_id,
+        "judge_run_id": run_id,
+        "scoring": {"pending": 1},
+        "last_error": None,
+    }
+    text_report = render(collect(pg))
+    assert f"shown: order convincing-wrong:run={run_id} (priority round {report.round_id}, judge: training run" in (
+        text_report
+    )
+    registry = CollectorRegistry()
+    registry.register(StepqCollector(pg))
+    scraped = generate_latest(registry).decode()
+    assert (
+        f'stepq_priority_round{{judge_run="{run_id}",set="shown",strategy="convincing-wrong:run={run_id}"}} '
+        f"{float(report.round_id)}" in scraped
+    )
+    assert 'stepq_priority_scoring_jobs{set="shown",state="pending"} 1.0' in scraped
+
+    # The judge's model is on no worker: the scoring job fails for good, says why, and the
+    # set's rollouts are published anyway (in plan order), not held back for ever.
+    run_in_process(pg, _runtime(pg), kinds=[SCORINGS])
+    shown = {r["problem_set"]: r for r in collect(pg)["sets"]}["shown"]["priority"]
+    assert shown["scoring"] == {"failed": 1} and "/nowhere/prm/final is not on this worker" in shown["last_error"]
+    assert "shown: a scoring job failed: permanent: ConfigError: the judge's model" in render(collect(pg))
+    with pg.session() as s:
+        assert queries.sets_being_scored(s) == set()
+        assert len(jobs.pending_ids(s, ROLLOUT_WORK, 100)) == 6
