@@ -227,3 +227,40 @@ def test_status_and_metrics_show_the_order_and_the_judge_behind_it(pg: Database)
     with pg.session() as s:
         assert queries.sets_being_scored(s) == set()
         assert len(jobs.pending_ids(s, ROLLOUT_WORK, 100)) == 6
+
+
+def _doc_sql(marker: str) -> list[str]:
+    """The statements of the ``sql`` block in docs/operations.md that starts with ``marker``."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text(encoding="utf-8")
+    for block in doc.split("```sql\n")[1:]:
+        body = block.split("```", 1)[0]
+        if body.startswith(marker):
+            return [statement for statement in body.split(";") if "SELECT" in statement]
+    raise AssertionError(f"no sql block starting {marker!r} in docs/operations.md")
+
+
+def test_the_documented_round_queries_say_what_each_round_cost(pg: Database) -> None:
+    synth_set(pg, "cost", problems=10, seed=6)
+    configure_annotation(pg, "cost", 4, priority="random:seed=1")
+    rt = _runtime(pg)
+
+    def spent() -> int:
+        with pg.engine.connect() as conn:
+            return int(conn.execute(text("SELECT count(*) FROM rollouts")).scalar_one())
+
+    run_in_process(pg, rt, stop=lambda: spent() >= 60)
+    at_second = spent()
+    assert 0 < at_second < 200
+    configure_annotation(pg, "cost", 4, priority="random:seed=2")
+    run_in_process(pg, rt)
+    total = spent()
+    with pg.engine.connect() as conn:
+        cost, placed = (conn.execute(text(sql)).mappings().all() for sql in _doc_sql("-- what each priority round"))
+        labelled = conn.execute(text("SELECT labelled_chunks FROM annotation_progress")).scalar_one()
+    assert [(r["round"], r["problem_set"], r["strategy"]) for r in cost] == [
+        (1, "cost", "random:seed=1"),
+        (2, "cost", "random:seed=2"),
+    ]
+    assert [r["rollouts"] for r in cost] == [at_second, total - at_second]
+    assert sum(r["labelled_chunks"] for r in cost) == labelled
+    assert {r["round"] for r in placed} == {1, 2} and sum(r["trajectories"] for r in placed) == 10
