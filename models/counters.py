@@ -39,6 +39,8 @@ class SetCounters(Base):
     """Chunks of trajectories whose work is done (what an exhaustive budget would sample)."""
     rollouts_done: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     """Rollouts of trajectories whose work is done (what was sampled for them)."""
+    tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    """Tokens generated for the set's rollouts (migration 0014): what GPU time is paid in."""
 
 
 class LabelCounters(Base):

@@ -14,8 +14,10 @@ from sqlalchemy.orm import Session
 from stepq.models import leases
 from stepq.models.base import epoch
 from stepq.models.counters import EventCount, LabelCounters, ProgressSample, SetCounters
-from stepq.models.problems import ProblemSet
+from stepq.models.problems import Problem, ProblemSet
+from stepq.models.rollouts import Rollout
 from stepq.models.sql import _insert, insert_ignore
+from stepq.models.trajectories import Trajectory
 from stepq.models.work import Lock, RolloutWork, Worker
 
 # --- locks and workers --------------------------------------------------------------
@@ -129,15 +131,28 @@ def progress(session: Session) -> list[dict[str, Any]]:
             )
         ):
             per_set.setdefault(sid, {})[state] = int(count)
+        tokens = dict(
+            session.execute(
+                select(Problem.problem_set_id, func.coalesce(func.sum(Rollout.tokens), 0))
+                .join(Trajectory, Trajectory.problem_id == Problem.id)
+                .join(Rollout, Rollout.trajectory_id == Trajectory.id)
+                .group_by(Problem.problem_set_id)
+            ).all()
+        )
         rows = session.execute(text("SELECT * FROM annotation_progress ORDER BY problem_set"))
         return [
-            {**r._mapping, "problem_set_id": ids[r.problem_set], "work": per_set.get(ids[r.problem_set], {})}
+            {
+                **r._mapping,
+                "problem_set_id": ids[r.problem_set],
+                "work": per_set.get(ids[r.problem_set], {}),
+                "tokens": int(tokens.get(ids[r.problem_set], 0)),
+            }
             for r in rows
         ]
     sums = {
         c: func.coalesce(func.sum(getattr(SetCounters, c)), 0).label(c)
         for c in (
-            "problems", "trajectories", "chunks", "rollouts", "chunks_done", "rollouts_done",
+            "problems", "trajectories", "chunks", "rollouts", "chunks_done", "rollouts_done", "tokens",
             "work_pending", "work_queued", "work_running", "work_done", "work_failed",
         )
     }  # fmt: skip
@@ -178,6 +193,7 @@ def progress(session: Session) -> list[dict[str, Any]]:
                 "rollouts_done": n["rollouts"],
                 "rollouts_planned": n["chunks"] * pset.rollouts_per_prefix,
                 "rollouts_saved": n["chunks_done"] * pset.rollouts_per_prefix - n["rollouts_done"],
+                "tokens": n["tokens"],
                 "labelled_chunks": labelled,
                 "positive_share": (int(m["positive"] or 0) / labelled) if labelled else None,
                 "work": {s: n[f"work_{s}"] for s in ("pending", "queued", "running", "done", "failed")},

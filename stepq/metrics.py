@@ -43,6 +43,12 @@ class StepqCollector(Collector):
         rate = GaugeMetricFamily("stepq_rollouts_per_second", "Current rollout rate, per set", labels=["set"])
         eta = GaugeMetricFamily("stepq_eta_seconds", "Estimated seconds to finish, per set", labels=["set"])
         labelled = GaugeMetricFamily("stepq_labelled_chunks", "Chunks labelled under the set's rule", labels=["set"])
+        tokens = CounterMetricFamily("stepq_tokens", "Tokens generated for the set's rollouts", labels=["set"])
+        tokens_saved = GaugeMetricFamily(
+            "stepq_tokens_saved_estimate",
+            "Tokens the budget did not spend (rollouts saved x the set's mean tokens per rollout)",
+            labels=["set"],
+        )
         trajectories = GaugeMetricFamily("stepq_trajectories_done", "Trajectories finished, per set", labels=["set"])
         items = GaugeMetricFamily("stepq_work_items", "Work items per set and state", labels=["set", "state"])
         retrying = GaugeMetricFamily("stepq_work_items_retrying", "Items backing off after an error", labels=["set"])
@@ -54,11 +60,14 @@ class StepqCollector(Collector):
             if row["eta_s"] is not None:
                 eta.add_metric([name], row["eta_s"])
             labelled.add_metric([name], row["labelled_chunks"])
+            tokens.add_metric([name], row["tokens"])
+            if row["tokens_saved_estimate"] is not None:
+                tokens_saved.add_metric([name], row["tokens_saved_estimate"])
             trajectories.add_metric([name], row["trajectories_done"])
             for state in STATES:
                 items.add_metric([name, state], row["work"].get(state, 0))
             retrying.add_metric([name], troubles.get(row["problem_set_id"], {}).get("retrying", 0))
-        yield from (rollouts, planned, rate, eta, labelled, trajectories, items, retrying)
+        yield from (rollouts, planned, rate, eta, labelled, tokens, tokens_saved, trajectories, items, retrying)
 
         order = GaugeMetricFamily(
             "stepq_priority_round",

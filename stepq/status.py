@@ -50,6 +50,7 @@ def collect(db: Database, queue_depth: Callable[[], int | None] | None = None) -
                 "rollouts_done": int(r["rollouts_done"]),
                 "rollouts_planned": int(r["rollouts_planned"]),
                 "rollouts_saved": int(r["rollouts_saved"]),
+                **_tokens(r),
                 "labelled_chunks": int(r["labelled_chunks"]),
                 "positive_share": None if share is None else round(float(share), 4),
                 "rollouts_per_s": round(rate, 2),
@@ -63,6 +64,18 @@ def collect(db: Database, queue_depth: Callable[[], int | None] | None = None) -
         )
     depth = queue_depth() if queue_depth else None
     return {"sets": sets, "work": work, "workers": workers, "broker_queue_depth": depth}
+
+
+def _tokens(row: dict[str, Any]) -> dict[str, Any]:
+    """Generated tokens, per labelled chunk, and the tokens the budget saved, estimated at the
+    set's mean tokens per rollout (a saved rollout was never generated: its length is unknown)."""
+    tokens, rollouts, labelled = int(row.get("tokens") or 0), int(row["rollouts_done"]), int(row["labelled_chunks"])
+    per_rollout = tokens / rollouts if rollouts else None
+    return {
+        "tokens": tokens,
+        "tokens_per_labelled_chunk": round(tokens / labelled, 1) if labelled else None,
+        "tokens_saved_estimate": None if per_rollout is None else round(int(row["rollouts_saved"]) * per_rollout),
+    }
 
 
 def _rate(row: dict[str, Any], sample: tuple[float, int] | None, now: float) -> float:
@@ -94,6 +107,8 @@ def render(report: dict[str, Any]) -> str:
         "rollouts",
         "%",
         "saved",
+        "tokens",
+        "~tokens saved",
         "labelled",
         "positive",
         "rollouts/s",
@@ -113,6 +128,8 @@ def render(report: dict[str, Any]) -> str:
             f"{r['rollouts_done']}/{r['rollouts_planned']}",
             _percent(r),
             str(r["rollouts_saved"]),
+            _count(r["tokens"]),
+            "-" if r["tokens_saved_estimate"] is None else _count(r["tokens_saved_estimate"]),
             str(r["labelled_chunks"]),
             "-" if r["positive_share"] is None else f"{100 * r['positive_share']:.1f}%",
             f"{r['rollouts_per_s']:.1f}",
@@ -150,6 +167,14 @@ def render(report: dict[str, Any]) -> str:
     broker = "" if depth is None else f"; broker queue: {depth} messages"
     lines.append(f"work items: {work}; workers: {live} live ({busy} busy, {live - busy} idle){broker}")
     return "\n".join(lines)
+
+
+def _count(n: int) -> str:
+    """Token counts run to billions: 1234 -> 1.2k, 5600000 -> 5.6M."""
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(n)
 
 
 def _percent(row: dict[str, Any]) -> str:

@@ -42,6 +42,15 @@ def _assert_counters_match_the_tables(db: Database) -> None:
         work = queries.work_counts(s)
         view = {r["problem_set"]: r for r in s.execute(text("SELECT * FROM annotation_progress")).mappings()}
         states = dict(s.execute(text("SELECT state, count(*) FROM rollout_work GROUP BY state")).all())
+        tokens = dict(
+            s.execute(
+                text(
+                    "SELECT ps.name, sum(r.tokens) FROM rollouts r JOIN trajectories t ON t.id = r.trajectory_id "
+                    "JOIN problems p ON p.id = t.problem_id JOIN problem_sets ps ON ps.id = p.problem_set_id "
+                    "GROUP BY ps.name"
+                )
+            ).all()
+        )
         per_set_states = {
             (name, state): n
             for name, state, n in s.execute(
@@ -59,6 +68,7 @@ def _assert_counters_match_the_tables(db: Database) -> None:
         assert (counted[name]["positive_share"] is None) == (share is None)
         if share is not None:
             assert abs(counted[name]["positive_share"] - float(share)) < 1e-9
+        assert counted[name]["tokens"] == int(tokens.get(name) or 0), name
         for state, n in counted[name]["work"].items():
             assert n == per_set_states.get((name, state), 0), (name, state)
     assert work == {k: int(v) for k, v in states.items()}

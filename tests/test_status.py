@@ -63,3 +63,22 @@ def test_live_busy_and_idle_workers(pg: Database) -> None:
     assert set(workers) == {"idle", "busy"}
     assert workers["busy"]["busy_items"] == 2 and workers["idle"]["busy_items"] == 0
     assert "workers: 2 live (1 busy, 1 idle)" in render(report)
+
+
+def test_tokens_spent_per_labelled_chunk_and_saved_by_the_budget(any_db: Database) -> None:
+    """Status counts the generated tokens (on PostgreSQL from the trigger-kept counters) and
+    estimates the tokens the adaptive budget did not spend at the set's mean per rollout."""
+    from sqlalchemy import text
+
+    synth_set(any_db, "t", problems=12, seed=3, error_rate=0.3)
+    configure_annotation(any_db, "t", 8, budget="adaptive")
+    run_in_process(any_db, WorkerRuntime(any_db, WorkerOptions(name="t")))
+    with any_db.engine.connect() as conn:
+        tokens, rollouts = conn.execute(text("SELECT sum(tokens), count(*) FROM rollouts")).one()
+    (row,) = collect(any_db)["sets"]
+    assert row["tokens"] == tokens > 0 and row["rollouts_done"] == rollouts
+    assert row["tokens_per_labelled_chunk"] == round(tokens / row["labelled_chunks"], 1)
+    assert row["rollouts_saved"] > 0, "the adaptive budget saved rollouts on this set"
+    assert row["tokens_saved_estimate"] == round(row["rollouts_saved"] * tokens / rollouts)
+    table = render(collect(any_db))
+    assert "~tokens saved" in table.splitlines()[0]
