@@ -29,6 +29,7 @@ needs matplotlib) and one JSON object on its last line.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import statistics
@@ -260,18 +261,20 @@ def rollouts_to_reach(curve: Sequence[dict[str, Any]], metric: str, target: floa
 
 
 def headline(results: dict[str, dict[int, list[dict[str, Any]]]], metric: str) -> dict[str, Any]:
-    """The quality ``random`` reaches with the whole budget (mean over seeds), and the
-    rollouts each strategy needs to reach it, per seed and as a share of the budget."""
-    target = statistics.mean(curve[-1][metric] for curve in results["random"].values())
-    out: dict[str, Any] = {"target": target}
+    """Per seed, the quality ``random`` reaches with the whole budget on that seed's pool, and
+    the rollouts each strategy needs to reach it there (paired: the same pool and held-out
+    file), as a share of the budget; None where a strategy never reaches it."""
+    targets = {seed: curve[-1][metric] for seed, curve in results["random"].items()}
+    out: dict[str, Any] = {"targets": targets}
     for strategy, by_seed in results.items():
-        needed = {seed: rollouts_to_reach(curve, metric, target) for seed, curve in by_seed.items()}
-        reached = [v for v in needed.values() if v is not None]
-        budget = statistics.mean(curve[-1]["rollouts"] for curve in by_seed.values())
+        needed = {seed: rollouts_to_reach(curve, metric, targets[seed]) for seed, curve in by_seed.items()}
+        shares = {seed: None if v is None else v / by_seed[seed][-1]["rollouts"] for seed, v in needed.items()}
+        reached = [v for v in shares.values() if v is not None]
         out[strategy] = {
-            "per_seed": needed,
-            "mean_rollouts": statistics.mean(reached) if len(reached) == len(needed) else None,
-            "share_of_budget": (statistics.mean(reached) / budget) if len(reached) == len(needed) else None,
+            "rollouts_per_seed": needed,
+            "share_per_seed": shares,
+            "reached": f"{len(reached)}/{len(shares)}",
+            "mean_share_where_reached": statistics.mean(reached) if reached else None,
         }
     return out
 
@@ -310,7 +313,17 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=1000, help="The stand-in judge's full-batch training steps.")
     ap.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
     ap.add_argument("--plot", type=Path, default=None, help="Write the learning curves here (PNG).")
+    ap.add_argument(
+        "--from-json", type=Path, default=None, help="Summarise (and plot) a run's printed JSON instead of running."
+    )
     args = ap.parse_args()
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text().strip().splitlines()[-1])
+        curves = {s: {int(seed): c for seed, c in by.items()} for s, by in saved["curves"].items()}
+        random_curves = curves["random"]
+        args.seeds, args.rounds = sorted(random_curves), len(next(iter(random_curves.values())))
+        report(curves, args)
+        return
     if "random" not in args.strategies:
         ap.error("--strategies must include random: the headline is measured against it")
     policy = SyntheticPolicy(
@@ -333,20 +346,28 @@ def main() -> None:
             heldout = write_processbench(root / "heldout.json", args.heldout, seed, policy, questions)
             for strategy in args.strategies:
                 results[strategy][seed] = run_arm(strategy, seed, root, heldout, args)
-    show(results, args)
+    report(results, args)
+    print(f"{time.perf_counter() - started:.0f} s")
     summary = {m: headline(results, m) for m in ("step_auc", "processbench_f1")}
-    for metric, h in summary.items():
-        print(f"\n{metric}: random reaches {h['target']:.3f} with the whole budget; rollouts to reach it:")
-        for strategy in args.strategies:
+    emit({"bench": "active", "args": {k: str(v) for k, v in vars(args).items()}, "curves": results, **summary})
+
+
+def report(results: dict[str, dict[int, list[dict[str, Any]]]], args: argparse.Namespace) -> None:
+    show(results, args)
+    for metric in ("step_auc", "processbench_f1"):
+        h = headline(results, metric)
+        targets = ", ".join(f"{t:.3f}" for t in h["targets"].values())
+        print(f"\n{metric}: rollouts each strategy needs to reach what random reaches with the whole budget")
+        print(f"  (per seed: {targets}), as a share of the budget:")
+        for strategy in results:
             r = h[strategy]
-            share = "not reached on every seed" if r["share_of_budget"] is None else f"{r['share_of_budget']:.0%}"
-            per = ", ".join("-" if v is None else f"{v:.0f}" for v in r["per_seed"].values())
-            print(f"  {strategy:>16}: {share} of the budget (per seed: {per})")
+            per = ", ".join("never" if v is None else f"{v:.0%}" for v in r["share_per_seed"].values())
+            mean = r["mean_share_where_reached"]
+            where = "-" if mean is None else f"{mean:.0%}"
+            print(f"  {strategy:>16}: reached on {r['reached']} seeds, mean {where} (per seed: {per})")
     if args.plot:
         plot(results, args.plot)
         print(f"learning curves: {args.plot}")
-    print(f"{time.perf_counter() - started:.0f} s")
-    emit({"bench": "active", "args": {k: str(v) for k, v in vars(args).items()}, "curves": results, **summary})
 
 
 def show(results: dict[str, dict[int, list[dict[str, Any]]]], args: argparse.Namespace) -> None:
