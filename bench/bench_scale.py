@@ -157,8 +157,9 @@ def seed(db: Database, rollouts: int) -> int:
     _copy(
         db,
         "rollout_work",
-        "trajectory_id, target_m, state, attempts, enqueue_count, trajectory_is_sample, last_error, retry_at",
-        (_work_row(t, done) for t in range(total)),
+        "trajectory_id, problem_set_id, target_m, state, attempts, enqueue_count, trajectory_is_sample, last_error, "
+        "retry_at",
+        (_work_row(t, done, n_sets) for t in range(total)),
     )
     searches = total // SEARCH_EVERY
     _copy(
@@ -190,15 +191,16 @@ def seed(db: Database, rollouts: int) -> int:
     return total
 
 
-def _work_row(t: int, done: int) -> str:
+def _work_row(t: int, done: int, n_sets: int) -> str:
     """Done work, with 1 in TROUBLED failed and 1 in TROUBLED backing off after an error;
-    the rest pending."""
+    the rest pending.  Trajectory t is of problem t // 2, of set (t // 2) % n_sets + 1."""
     state, error, retry_at = ("done" if t < done else "pending"), "\\N", "\\N"
     if t < done and t % TROUBLED == 0:
         state, error = "failed", "GenerationError: the engine refused"
     elif t < done and t % TROUBLED == 1:
         state, error, retry_at = "pending", "GenerationError: timed out", "4102444800"
-    return f"{t + 1}\t{M}\t{state}\t{int(t < done)}\t{int(t < done)}\tfalse\t{error}\t{retry_at}\n"
+    set_id = (t // 2) % n_sets + 1
+    return f"{t + 1}\t{set_id}\t{M}\t{state}\t{int(t < done)}\t{int(t < done)}\tfalse\t{error}\t{retry_at}\n"
 
 
 def _esc(value: str) -> str:

@@ -183,7 +183,14 @@ def test_resegment_touches_only_trajectories_without_rollouts(sqlite: Database) 
         s.execute(text("UPDATE problem_sets SET rollouts_per_prefix = 1"))
         work_id = s.execute(
             RolloutWork.__table__.insert()
-            .values(trajectory_id=first, target_m=1, state="pending", attempts=0, enqueue_count=0)
+            .values(
+                trajectory_id=first,
+                problem_set_id=queries.get_set(s, "r").id,
+                target_m=1,
+                state="pending",
+                attempts=0,
+                enqueue_count=0,
+            )
             .returning(RolloutWork.__table__.c.id)
         ).scalar_one()
     assert run_work_item(WorkerRuntime(sqlite, WorkerOptions(name="t")), work_id).status == "done"

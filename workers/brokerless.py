@@ -1,7 +1,7 @@
 """The embedded default: the dispatcher and the task code run in this process.
 
 No broker and no worker processes; the dispatcher publishes into a local list and the same
-handlers a Celery worker runs drain it.  Used by ``stepq run`` (rollouts, and the judge
+handlers a Celery worker runs drain it.  Used by ``stepq run`` (rollouts, and the priority
 scorings that order them), ``stepq search run`` (step searches), tests and benchmarks.
 """
 

@@ -13,7 +13,7 @@ carries it (the broker's contents are read each cycle: waiting and delivered-una
 messages, so a lost message is found while the queue holds other work) and it was queued a
 grace period ago.  When the contents cannot be read, only an empty queue says messages were
 lost; when not even the depth can be told, a job queued ``requeue_after_s`` ago is presumed
-lost.  Every kind of queue work (``work_kinds``: rollouts, step searches, judge scorings)
+lost.  Every kind of queue work (``work_kinds``: rollouts, step searches, priority scorings)
 shares that one bound, counted in messages; each cycle starts with the next kind.  Rollout
 work is published one set at a time in turn, each set's in its priority order
 (``jobs.pending_ids``), so a large or prioritised set cannot starve another.
