@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, func, or_, select, update
+from sqlalchemy import and_, bindparam, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from stepq.models import jobs
@@ -29,11 +29,18 @@ from stepq.models.work import RolloutWork
 WAITING = (PENDING, QUEUED)
 
 
-def _waiting_ids(session: Session, set_id: int, after_id: int) -> list[int]:
+def _top_work_id(session: Session) -> int:
+    return int(session.scalar(select(func.max(RolloutWork.id))) or 0)
+
+
+def _waiting_ids(session: Session, set_id: int, after_id: int, upto_id: int) -> list[int]:
+    """The set's waiting work in ``after_id < id <= upto_id`` (read after ``upto_id``, so work
+    committed in between is left to the next cover, not claimed covered and missed)."""
+    in_range = and_(RolloutWork.id > after_id, RolloutWork.id <= upto_id)
     return list(
         session.scalars(
             select(RolloutWork.id)
-            .where(RolloutWork.id > after_id, RolloutWork.problem_set_id == set_id, RolloutWork.state.in_(WAITING))
+            .where(in_range, RolloutWork.problem_set_id == set_id, RolloutWork.state.in_(WAITING))
             .order_by(RolloutWork.id)
         )
     )
@@ -89,9 +96,9 @@ def start_round(
     )
     session.add(round_)
     session.flush()
-    ids = _waiting_ids(session, set_id, 0)
-    n_jobs = _add_scoring_jobs(session, round_, ids, batch, now)
-    round_.covered_to_id = max(ids[-1] if ids else 0, int(session.scalar(select(func.max(RolloutWork.id))) or 0))
+    top = _top_work_id(session)
+    n_jobs = _add_scoring_jobs(session, round_, _waiting_ids(session, set_id, 0, top), batch, now)
+    round_.covered_to_id = top
     return round_.id, n_jobs
 
 
@@ -105,7 +112,7 @@ def cover_new_work(session: Session, batch: int) -> int:
     """Scoring jobs for work planned since each prioritised set's latest round began (new
     problems, new trajectories); returns how many jobs were added.  One read of the table's
     largest id when nothing is new."""
-    top = int(session.scalar(select(func.max(RolloutWork.id))) or 0)
+    top = _top_work_id(session)
     added = 0
     now = epoch()
     prioritised = select(ProblemSet.id).where(ProblemSet.priority_strategy != "fifo")
@@ -113,7 +120,8 @@ def cover_new_work(session: Session, batch: int) -> int:
         round_ = latest_round(session, set_id)
         if round_ is None or round_.covered_to_id >= top:
             continue
-        added += _add_scoring_jobs(session, round_, _waiting_ids(session, set_id, round_.covered_to_id), batch, now)
+        waiting = _waiting_ids(session, set_id, round_.covered_to_id, top)
+        added += _add_scoring_jobs(session, round_, waiting, batch, now)
         round_.covered_to_id = top
     return added
 
