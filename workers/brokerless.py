@@ -25,12 +25,14 @@ def run_in_process(
     *,
     kinds: Sequence[JobKind] = (ROLLOUTS, SCORINGS),
     on_item: Callable[[int, str], None] | None = None,
+    on_kind: JobKind = ROLLOUTS,
     options: DispatchOptions | None = None,
     items_per_task: int = 1,
     stop: Callable[[], bool] | None = None,
 ) -> dict[str, int]:
     """Run every pending job of these kinds to the end, or until ``stop()`` says so between
-    messages (what was published and not run goes back to pending); returns outcome counts."""
+    messages (what was published and not run goes back to pending); returns outcome counts.
+    ``on_item(id, status)`` hears of each job of ``on_kind`` (a progress bar's unit)."""
     inbox: deque[tuple[JobKind, list[int]]] = deque()
 
     def publisher(kind: JobKind, per: int) -> Callable[[Sequence[int]], None]:
@@ -73,7 +75,7 @@ def run_in_process(
                 kind, ids = inbox.popleft()
                 for job_id, status in kind.handler()(runtime, ids).items():
                     outcomes[status] = outcomes.get(status, 0) + 1
-                    if on_item:
+                    if on_item and kind is on_kind:
                         on_item(job_id, status)
                 dispatcher.acquire()  # renew the lock between tasks
     finally:
