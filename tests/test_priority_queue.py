@@ -264,3 +264,24 @@ def test_the_documented_round_queries_say_what_each_round_cost(pg: Database) -> 
     assert [r["rollouts"] for r in cost] == [at_second, total - at_second]
     assert sum(r["labelled_chunks"] for r in cost) == labelled
     assert {r["round"] for r in placed} == {1, 2} and sum(r["trajectories"] for r in placed) == 10
+
+
+def test_pausing_and_raising_m_keep_the_order(any_db: Database) -> None:
+    from tests.pipeline_checks import assert_exact
+
+    synth_set(any_db, "m", problems=6, seed=7)
+    configure_annotation(any_db, "m", 2, priority="random:seed=3")
+    run_in_process(any_db, _runtime(any_db), kinds=[SCORINGS])
+    order = _next_published(any_db)
+    assert order == sorted(order, key=lambda t: -random_priority(3, t))
+    with any_db.session() as s:
+        queries.pause_set(s, "m", True)
+    assert _next_published(any_db) == [], "a paused set publishes nothing"
+    with any_db.session() as s:
+        queries.pause_set(s, "m", False)
+    run_in_process(any_db, _runtime(any_db))
+    configure_annotation(any_db, "m", 4)  # raised M: the finished work reopens, in its order
+    assert _next_published(any_db) == order
+    assert {r for _, r in _priorities(any_db, "m").values()} == {1}
+    run_in_process(any_db, _runtime(any_db))
+    assert_exact(any_db, "m", 4)
