@@ -48,7 +48,7 @@ def test_the_broker_says_which_jobs_its_messages_carry(redis_client: redis.Redis
     acks_late) both carry their jobs; a message that vanished carries nothing."""
     from kombu import Connection
 
-    from stepq.workers.broker import redis_jobs_in_broker
+    from stepq.workers.broker import RESERVED_FOR_S, redis_jobs_in_broker
     from stepq.workers.work_kinds import ROLLOUTS
 
     queue = f"stepq.test.{uuid.uuid4().hex[:6]}"
@@ -70,5 +70,13 @@ def test_the_broker_says_which_jobs_its_messages_carry(redis_client: redis.Redis
         got = contents()
         assert got is not None and not (ids & got.get(task, set())), "a lost message's jobs are carried by none"
         assert sum(len(v) for v in got.values()) == 4 - len(ids), "the others are all still there"
+        # The worker that took the message died before claiming its jobs: once its delivery is
+        # older than RESERVED_FOR_S, the message no longer counts (its jobs get published again).
+        tag, delivered_at = redis_client.zrange("unacked_index", 0, -1, withscores=True)[0]
+        taken_ids = set(json.loads(base64.b64decode(json.loads(redis_client.hget("unacked", tag))[0]["body"]))[0][0])
+        redis_client.zadd("unacked_index", {tag: delivered_at - RESERVED_FOR_S - 1})
+        stale = contents()
+        assert stale is not None and not (taken_ids & set().union(*stale.values())), "a dead worker's reservation"
+        assert sum(len(v) for v in stale.values()) == 4 - len(ids) - len(taken_ids)
     redis_client.flushdb()
     assert contents() == {}

@@ -6,7 +6,8 @@ other work: a job marked queued in the database whose id is in no message is los
 the queue's depth.  The broker stays bounded (a few messages per live worker), so reading
 all of it each cycle is cheap.  Celery's Redis transport keeps waiting messages on a list
 named after the queue and delivered-unacknowledged ones (``acks_late``: until the task ends)
-in the ``unacked`` hash; a message is JSON whose base64 body is ``[args, kwargs, embed]``,
+in the ``unacked`` hash, with their delivery times in ``unacked_index`` (a message a dead
+worker took stops counting after ``RESERVED_FOR_S``); a message is JSON whose base64 body is ``[args, kwargs, embed]``,
 and a stepq task's first argument is its list of job ids.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -22,6 +24,14 @@ log = logging.getLogger("stepq.dispatcher")
 
 UNACKED_KEY = "unacked"
 """kombu's Redis transport: delivery tag -> [message, exchange, routing key] until acked."""
+UNACKED_INDEX_KEY = "unacked_index"
+"""kombu's Redis transport: delivery tag -> when it was delivered (epoch s), a sorted set."""
+RESERVED_FOR_S = 30.0
+"""How long a delivered, unacknowledged message counts as carrying its jobs.  A worker
+(prefetch 1, acks_late) holds one message at a time and claims its jobs as soon as it starts
+it; jobs of a message delivered this long ago that are still queued were never claimed: its
+worker died first (SIGKILL mid-claim), and the message would only come back after the
+visibility timeout (an hour by default)."""
 
 JobsInBroker = dict[str, set[int]]
 """Task name -> ids of the jobs some message of that task carries."""
@@ -48,9 +58,12 @@ def redis_queue_depth(broker_url: str, queue: str) -> Callable[[], int | None]:
     return depth
 
 
-def redis_jobs_in_broker(broker_url: str, queue: str) -> Callable[[], JobsInBroker | None]:
+def redis_jobs_in_broker(
+    broker_url: str, queue: str, reserved_for_s: float = RESERVED_FOR_S
+) -> Callable[[], JobsInBroker | None]:
     """Which jobs have a message in the broker now, per task, or None when it cannot be told
-    (not Redis, unreachable, or a message stepq cannot read: then nothing is presumed lost)."""
+    (not Redis, unreachable, or a message stepq cannot read: then nothing is presumed lost).
+    A delivered, unacknowledged message counts for ``reserved_for_s`` after its delivery."""
     if not _is_redis(broker_url):
         return lambda: None
     import redis
@@ -60,12 +73,15 @@ def redis_jobs_in_broker(broker_url: str, queue: str) -> Callable[[], JobsInBrok
     def read() -> JobsInBroker | None:
         try:
             waiting = client.lrange(queue, 0, -1)
-            delivered = client.hvals(UNACKED_KEY)
+            delivered = client.hgetall(UNACKED_KEY)
+            since = dict(client.zrange(UNACKED_INDEX_KEY, 0, -1, withscores=True))  # type: ignore[arg-type]
         except redis.RedisError:
             return None
+        now = time.time()
+        reserved = [raw for tag, raw in delivered.items() if now - since.get(tag, now) < reserved_for_s]  # type: ignore[union-attr]
         try:
             messages = [json.loads(raw) for raw in waiting]  # type: ignore[union-attr]
-            messages += [json.loads(raw)[0] for raw in delivered]  # type: ignore[union-attr]
+            messages += [json.loads(raw)[0] for raw in reserved]
             return jobs_in(messages)
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             log.warning("cannot read the broker's messages (%s); lost messages wait for an empty queue", exc)
