@@ -153,3 +153,26 @@ def freeze_holding_a_lease(pg: Database, proc: subprocess.Popen[bytes], owner: s
         return bool(held)
 
     wait_for(holding, 60, f"{owner} to hold a lease", interval=0.05)
+
+
+def start_dispatcher(cluster: Cluster, name: str = "dispatcher") -> subprocess.Popen[bytes]:
+    """A ``stepq dispatch`` process of the cluster, logging to ``NAME.log``."""
+    log = (cluster.logs / f"{name}.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stepq", "dispatch"], env=cluster.env, stdout=log, stderr=subprocess.STDOUT
+    )
+    cluster.procs.append(proc)
+    return proc
+
+
+def rollout_count(db: Database) -> int:
+    with db.engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM rollouts")).scalar_one())
+
+
+def all_work_done(db: Database) -> bool:
+    from stepq.models import queries
+
+    with db.session() as s:
+        counts = queries.work_counts(s)
+    return bool(counts) and set(counts) == {"done"}

@@ -6,37 +6,15 @@ uninterrupted run, every item placed by a recorded round."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 
 import pytest
 from sqlalchemy import text
 
-from stepq.models import Database, queries
-from tests.helpers import Cluster, freeze_holding_a_lease, wait_for
+from stepq.models import Database
+from tests.helpers import Cluster, all_work_done, freeze_holding_a_lease, rollout_count, start_dispatcher, wait_for
 from tests.pipeline_checks import assert_exact
 
 pytestmark = pytest.mark.integration
-
-
-def _dispatcher(cluster: Cluster) -> subprocess.Popen[bytes]:
-    log = (cluster.logs / "dispatcher.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stepq", "dispatch"], env=cluster.env, stdout=log, stderr=subprocess.STDOUT
-    )
-    cluster.procs.append(proc)
-    return proc
-
-
-def _rollouts(db: Database) -> int:
-    with db.engine.connect() as conn:
-        return int(conn.execute(text("SELECT count(*) FROM rollouts")).scalar_one())
-
-
-def _all_done(db: Database) -> bool:
-    with db.session() as s:
-        counts = queries.work_counts(s)
-    return bool(counts) and set(counts) == {"done"}
 
 
 def _placed(db: Database) -> list[tuple[float, int | None, float | None]]:
@@ -53,8 +31,8 @@ def test_the_first_completed_items_are_the_highest_priority_ones(cluster: Cluste
     out = cluster.cli("annotate", "--set", "p", "--rollouts", "2", "--priority", "random:seed=5").stdout
     assert "priority round 1: 1 scoring jobs queued" in out
     cluster.start_worker("w1")
-    _dispatcher(cluster)
-    wait_for(lambda: _all_done(pg), 180, "all work done")
+    start_dispatcher(cluster)
+    wait_for(lambda: all_work_done(pg), 180, "all work done")
     placed = _placed(pg)
     by_priority = sorted((p for p, _, _ in placed), reverse=True)
     first = [p for p, _, _ in placed[:5]]
@@ -69,14 +47,14 @@ def test_a_worker_killed_mid_round_leaves_exact_results(cluster: Cluster, pg: Da
     cluster.cli("synth", "--set", "k", "--problems", "40", "--seed", "4", "--latency-s", "0.004")
     cluster.cli("annotate", "--set", "k", "--rollouts", "8", "--priority", "random:seed=2")
     victim = cluster.start_worker("victim")
-    _dispatcher(cluster)
-    wait_for(lambda: _rollouts(pg) > 200, 120, "the round to be under way")
+    start_dispatcher(cluster)
+    wait_for(lambda: rollout_count(pg) > 200, 120, "the round to be under way")
     freeze_holding_a_lease(pg, victim, "victim")
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=10)
-    assert not _all_done(pg)
+    assert not all_work_done(pg)
     cluster.start_worker("rescuer")
-    wait_for(lambda: _all_done(pg), 240, "all work done after the kill")
+    wait_for(lambda: all_work_done(pg), 240, "all work done after the kill")
     assert_exact(pg, "k", 8)
     assert {r for _, r, _ in _placed(pg)} == {1}
 
@@ -86,11 +64,11 @@ def test_reprioritising_while_workers_run_loses_and_duplicates_nothing(cluster: 
     cluster.cli("annotate", "--set", "rp", "--rollouts", "8", "--priority", "random:seed=1")
     cluster.start_worker("w1")
     cluster.start_worker("w2")
-    _dispatcher(cluster)
+    start_dispatcher(cluster)
     for seed, after in ((2, 100), (3, 600), (4, 1200)):
-        wait_for(lambda a=after: _rollouts(pg) > a, 120, f"{after} rollouts")  # type: ignore[misc]
+        wait_for(lambda a=after: rollout_count(pg) > a, 120, f"{after} rollouts")  # type: ignore[misc]
         cluster.cli("annotate", "--set", "rp", "--rollouts", "8", "--priority", f"random:seed={seed}")
-    wait_for(lambda: _all_done(pg), 240, "all work done")
+    wait_for(lambda: all_work_done(pg), 240, "all work done")
     assert_exact(pg, "rp", 8)
     rounds = {r for _, r, _ in _placed(pg)}
     assert rounds <= {1, 2, 3, 4} and len(rounds) >= 2, "items placed by several rounds, each recorded"
