@@ -140,10 +140,13 @@ def queued_count(session: Session, t: JobTable) -> int:
     return int(session.scalar(select(func.count()).select_from(m).where(m.state == QUEUED)) or 0)
 
 
-def queued_ids(session: Session, t: JobTable, before: float) -> list[int]:
-    """Jobs marked queued before ``before`` (candidates for a lost message)."""
+def queued_ids(session: Session, t: JobTable, before: float | None = None) -> list[int]:
+    """Jobs marked queued (before ``before``: candidates for a lost message)."""
     m = t.model
-    return list(session.scalars(select(m.id).where(m.state == QUEUED, m.enqueued_at < before).order_by(m.id)))
+    queued = select(m.id).where(m.state == QUEUED)
+    if before is not None:
+        queued = queued.where(m.enqueued_at < before)
+    return list(session.scalars(queued.order_by(m.id)))
 
 
 def mark_queued(session: Session, t: JobTable, ids: Sequence[int], now: float) -> list[int]:

@@ -49,6 +49,7 @@ from stepq.models.rollout_queries import (
     WorkContext,
     label_rules_of,
     load_work_context,
+    load_work_contexts,
     rollout_rewards,
     rollouts_to_regrade,
     update_grades,
@@ -132,6 +133,7 @@ from stepq.models.work_queries import (
     reopen_trajectories,
     trajectory_counted,
     work_counts,
+    work_trajectories,
 )
 
 __all__ = [
@@ -171,6 +173,7 @@ __all__ = [
     "live_worker_count",
     "live_workers",
     "load_work_context",
+    "load_work_contexts",
     "lock_holder",
     "mark_trajectory_counted",
     "next_snapshot_number",
@@ -235,6 +238,7 @@ __all__ = [
     "upsert_q_values",
     "waiting_in_range",
     "work_counts",
+    "work_trajectories",
     "worker_stopped",
     "write_priorities",
 ]

@@ -116,6 +116,14 @@ def reopen_trajectories(session: Session, trajectory_ids: Sequence[int]) -> int:
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
+def work_trajectories(session: Session, work_ids: Sequence[int]) -> dict[int, int]:
+    """Work item id -> its trajectory's id."""
+    if not work_ids:
+        return {}
+    rows = session.execute(select(RolloutWork.id, RolloutWork.trajectory_id).where(RolloutWork.id.in_(list(work_ids))))
+    return {int(w): int(t) for w, t in rows}
+
+
 def mark_trajectory_counted(session: Session, trajectory_id: int, counted: bool) -> None:
     session.execute(
         update(RolloutWork).where(RolloutWork.trajectory_id == trajectory_id).values(trajectory_is_sample=counted)

@@ -48,6 +48,10 @@ class Settings:
     messages_per_worker: int = 2
     """Broker messages kept queued per live worker (at least 2): the queue's bound; the
     backlog waits in the database."""
+    split_tail: bool = True
+    """Near the end of the backlog, publish messages of fewer than ``items_per_task``
+    trajectories (down to one), so the last minutes of a set keep every worker busy; off:
+    every message is full (the most trajectories per engine call to the end)."""
     broker_wait_s: float = 60.0
     """How long a worker or dispatcher waits for an unreachable broker at start before it
     exits with the broker exit code (6); once running, a lost broker is reconnected to."""
@@ -64,6 +68,10 @@ class Settings:
     grade_timeout_s: int = 3
     """math-verify's timeout per answer; it holds in every pool (math-verify runs in a verify
     subprocess, killed when it overruns)."""
+    write_behind: bool = True
+    """A queue worker commits a trajectory's last batch on a background thread while its next
+    task generates (the engine does not wait on the database); the job stays leased until
+    committed."""
     store_rollout_text: bool = True
     """Keep rollout texts; at tens of millions of rollouts dropping them saves most of the space."""
     synchronous_commit: bool = False
@@ -141,8 +149,10 @@ class Settings:
     def embedded(self) -> bool:
         return self.database_url.startswith("sqlite")
 
-    def worker_options(self, name: str | None = None) -> WorkerOptions:
+    def worker_options(self, name: str | None = None, *, queue_worker: bool = False) -> WorkerOptions:
+        """``queue_worker``: a ``stepq worker`` process (write-behind applies to it only)."""
         return WorkerOptions(
+            write_behind=queue_worker and self.write_behind,
             store_text=self.store_rollout_text,
             lease_ttl_s=self.lease_ttl_s,
             batch_rollouts=self.batch_rollouts,
@@ -163,5 +173,6 @@ class Settings:
             requeue_after_s=self.requeue_after_s,
             lost_grace_s=self.lost_grace_s,
             messages_per_worker=self.messages_per_worker,
+            split_tail=self.split_tail,
             worker_live_s=max(30.0, 3 * self.heartbeat_s),
         )

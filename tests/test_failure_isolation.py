@@ -227,29 +227,26 @@ def test_a_worker_with_another_generator_refuses_the_trajectory(any_db: Database
     assert len(generators) == 1, "nothing was mixed in"
 
 
-def test_an_error_escaping_a_task_after_its_first_claim_leaves_nothing_running(any_db: Database) -> None:
-    """The second item's context cannot be loaded (a database error, say): the exception
-    escapes the task, and the first item, already claimed, is released with the error counted
+def test_an_error_escaping_a_task_after_its_claims_leaves_nothing_running(any_db: Database) -> None:
+    """The claimed items' contexts cannot be loaded (a database error, say): the exception
+    escapes the task, and both items, already claimed, are released with the error counted
     (an attempt, a backoff), not left running with a lease the heartbeat renews for ever."""
     first, second = _setup(any_db, problems=2)[:2]
     rt = WorkerRuntime(any_db, WorkerOptions(name="w", lease_ttl_s=300))
-    original = queries.load_work_context
-    calls: list[int] = []
+    original = queries.load_work_contexts
 
-    def flaky(session: object, trajectory_id: int) -> object:
-        calls.append(trajectory_id)
-        if len(calls) == 2:
-            raise RuntimeError("connection reset while loading the item")
-        return original(session, trajectory_id)  # type: ignore[arg-type]
+    def broken(session: object, trajectory_ids: object) -> object:
+        raise RuntimeError("connection reset while loading the items")
 
-    queries.load_work_context = flaky  # type: ignore[assignment]
+    queries.load_work_contexts = broken  # type: ignore[assignment]
     try:
         with pytest.raises(RuntimeError, match="connection reset"):  # it escapes the task
             run_work_items(rt, [first, second])
     finally:
-        queries.load_work_context = original  # type: ignore[assignment]
-    item = _item(any_db, first)
-    assert item.state != "running" and item.attempts == 1 and "connection reset" in (item.last_error or "")
+        queries.load_work_contexts = original  # type: ignore[assignment]
+    for work_id in (first, second):
+        item = _item(any_db, work_id)
+        assert item.state != "running" and item.attempts == 1 and "connection reset" in (item.last_error or "")
     assert rt.heartbeat.beat() == 0, "no lease is renewed once no task holds the item"
     rt.close()
 

@@ -18,13 +18,14 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from stepq.models import Database, jobs, queries
 from stepq.models.errors import ConfigError, GenerationError, LeaseLost
 from stepq.models.problems import ProblemSet
 from stepq.models.rollouts import Rollout
-from stepq.models.work import ROLLOUT_WORK, RolloutWork
+from stepq.models.work import ROLLOUT_WORK
 from stepq.workers import queue
 from stepq.workers.backends import (
     Completion,
@@ -42,6 +43,7 @@ from stepq.workers.logcontext import bind
 from stepq.workers.queue import HeldJobs, RetryPolicy
 from stepq.workers.qvalues import TrajectoryLabeller
 from stepq.workers.seeds import derive_seed
+from stepq.workers.write_behind import WriteBehind
 
 log = logging.getLogger("stepq.worker")
 GENERATE_TIMEOUT_EXIT = 69
@@ -67,6 +69,10 @@ class WorkerOptions:
     """A generate call (or a search turn) still running after this long is presumed hung: its
     work is handed back and the process exits (``GENERATE_TIMEOUT_EXIT``) for its supervisor to
     restart it.  0: no deadline."""
+    write_behind: bool = False
+    """Commit a trajectory's last batch on a background thread while the next task generates
+    (``write_behind``); a queue worker's setting, not the embedded runner's, which reports each
+    item as it is done."""
 
     @property
     def heartbeat_interval_s(self) -> float:
@@ -98,6 +104,7 @@ class WorkerRuntime:
         self.held = HeldJobs()
         """The jobs (of every kind) this process's running tasks hold: what the heartbeat renews."""
         self.retry = RetryPolicy(self.options.max_attempts, self.options.retry_backoff_s)
+        self.writer = WriteBehind(self.held) if self.options.write_behind else None
         self.engine_s = 0.0
         """Seconds spent inside generate calls (metrics: engine time per worker)."""
         self.grades: Counter[str] = Counter()
@@ -179,6 +186,8 @@ class WorkerRuntime:
         return self._backends[key]
 
     def close(self) -> None:
+        if self.writer is not None:  # while the heartbeat still renews what it holds
+            self.writer.close()
         self.heartbeat.stop()
         for backend in self._backends.values():
             backend.close()
@@ -190,7 +199,7 @@ class WorkerRuntime:
 
 @dataclass(frozen=True)
 class WorkOutcome:
-    status: str  # done | skipped | lost | failed | retry | handed-back
+    status: str  # done | skipped | lost | failed | retry | handed-back | writing (write-behind has it)
 
 
 def next_batch(requests: dict[int, list[int]], size: int) -> list[tuple[int, list[int]]]:
@@ -241,6 +250,13 @@ class TrajectoryJob:
         self.decision = self.labeller.decide(ctx.rewards)
         self.batch: list[tuple[int, list[int]]] = []
         self.first = True
+
+    @property
+    def last_batch(self) -> bool:
+        """This batch surely finishes the trajectory: its budget asks once and the batch
+        serves every request (so nothing waits on what it says)."""
+        asked = sum(len(js) for js in self.decision.requests.values())
+        return self.policy.asks_once and sum(len(js) for _, js in self.batch) == asked
 
     def next_requests(self) -> list[GenerationRequest]:
         """The next batch: the whole round when it fits, so a crash never splits one."""
@@ -369,20 +385,21 @@ def _run(
     rt: WorkerRuntime, work_ids: list[int], outcomes: dict[int, WorkOutcome], claimed: list[int]
 ) -> dict[int, WorkOutcome]:
     active: list[TrajectoryJob] = []
-    for work_id in work_ids:
-        if rt.stopping.is_set():  # not claimed: the dispatcher publishes it again
-            outcomes[work_id] = WorkOutcome("skipped")
-            continue
+    contexts: dict[int, queries.WorkContext] = {}
+    if not rt.stopping.is_set():  # else none is claimed: the dispatcher publishes them again
+        with rt.db.session() as s:  # one transaction claims the message's jobs...
+            claimed.extend(w for w in work_ids if jobs.claim(s, ROLLOUT_WORK, w, rt.name, rt.options.lease_ttl_s))
+    if claimed:  # ...and, once that committed (an error loading them counts an attempt), one loads them
         with rt.db.session() as s:
-            ctx = None
-            if jobs.claim(s, ROLLOUT_WORK, work_id, rt.name, rt.options.lease_ttl_s):
-                claimed.append(work_id)
-                ctx = queries.load_work_context(s, s.get_one(RolloutWork, work_id).trajectory_id)
-        if ctx is None:
+            trajectory_of = queries.work_trajectories(s, claimed)
+            loaded = queries.load_work_contexts(s, list(trajectory_of.values()))
+        contexts = {w: loaded[trajectory_of[w]] for w in claimed}
+    for work_id in work_ids:
+        if work_id not in contexts:
             outcomes[work_id] = WorkOutcome("skipped")
             continue
         try:
-            active.append(TrajectoryJob(rt, work_id, ctx))
+            active.append(TrajectoryJob(rt, work_id, contexts[work_id]))
         except Exception as exc:
             outcomes[work_id] = WorkOutcome(_fail(rt, work_id, exc))
     while active:
@@ -402,6 +419,10 @@ def _run(
                 generated = _engine_call_isolated(members[0][0].backend, members, params)
             rt.engine_s += time.monotonic() - started
             for job, reqs, result in generated:
+                if rt.writer is not None and not isinstance(result, Exception) and job.last_batch:
+                    rt.writer.submit(ROLLOUT_WORK, job.work_id, partial(_commit_last_batch, job, reqs, result))
+                    outcomes[job.work_id] = WorkOutcome("writing")
+                    continue
                 try:
                     if isinstance(result, Exception):
                         raise result
@@ -416,6 +437,19 @@ def _run(
                     outcomes[job.work_id] = WorkOutcome(_fail(rt, job.work_id, exc, job.set_name))
         active = still
     return outcomes
+
+
+def _commit_last_batch(job: TrajectoryJob, requests: list[GenerationRequest], results: list[list[Completion]]) -> None:
+    """On the write-behind thread: commit a trajectory's last batch and settle its job."""
+    rt = job.rt
+    try:
+        if not job.write(requests, results):  # cannot happen while asks_once holds; never strand it
+            log.warning("work item %s is not done after its last batch; handing it back", job.work_id)
+            queue.hand_back(rt.db, {ROLLOUT_WORK: [job.work_id]}, rt.name)
+    except LeaseLost as exc:
+        log.warning("%s", exc)
+    except Exception as exc:
+        _fail(rt, job.work_id, exc, job.set_name)
 
 
 def _hand_back(rt: WorkerRuntime, trajectories: list[TrajectoryJob], outcomes: dict[int, WorkOutcome]) -> None:

@@ -76,6 +76,12 @@ class BudgetPolicy(Protocol):
 
     def counts_trajectory(self) -> bool: ...
 
+    @property
+    def asks_once(self) -> bool:
+        """Its first decision asks for every rollout the labels need: once those are written
+        the trajectory is done, whatever they say (a worker may commit them behind its back)."""
+        ...
+
     def decide(self, obs: Observation, rule: LabelRule) -> Decision: ...
 
 
@@ -102,6 +108,10 @@ class Exhaustive:
 
     def counts_trajectory(self) -> bool:
         return False
+
+    @property
+    def asks_once(self) -> bool:
+        return True
 
     def decide(self, obs: Observation, rule: LabelRule) -> Decision:
         requests: dict[int, list[int]] = {}
@@ -164,6 +174,10 @@ class Adaptive:
 
     def counts_trajectory(self) -> bool:
         return True
+
+    @property
+    def asks_once(self) -> bool:
+        return False  # each round's outcomes decide the next
 
     def decide(self, obs: Observation, rule: LabelRule) -> Decision:
         """Prove prefixes alive or dead, probe some inferred dead, bisect between the last

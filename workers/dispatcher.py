@@ -37,6 +37,7 @@ from typing import Any
 from stepq.models import Database, epoch, jobs, queries
 from stepq.models.errors import BrokerError
 from stepq.workers.broker import JobsInBroker
+from stepq.workers.message_split import SmallMessages, split_messages, tail_threshold
 from stepq.workers.priority_rounds import SCORING_BATCH
 from stepq.workers.queue import Outlet
 
@@ -65,6 +66,9 @@ class DispatchOptions:
     """How often the dispatcher records each set's progress (rates, ETAs, history)."""
     outage_backoff_max_s: float = 30.0
     """The longest wait between tries while the broker or the database is unreachable."""
+    split_tail: bool = True
+    """Near the end of the backlog, publish smaller messages so every live worker finishes
+    together (``message_split``); off: every message carries ``per_message`` jobs."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,7 @@ class CycleReport:
     requeued: int = 0
     published: int = 0
     bound: int | None = None
+    live_workers: int = 0
 
 
 class Dispatcher:
@@ -99,6 +104,7 @@ class Dispatcher:
         self._sampled_at = 0.0
         self._turn = 0
         self._set_turn = 0
+        self._small = SmallMessages()
 
     def cycle(self) -> CycleReport:
         """One pass; call only while holding the lock (``run`` does)."""
@@ -117,42 +123,58 @@ class Dispatcher:
                 queries.record_progress(s, now)
                 self._sampled_at = now
         requeued = self.recover_lost(now)
-        bound = self.bound()
+        live = self.live_workers()
+        bound = self.bound(live)
         published = 0
         # Each cycle starts with the next kind, so one kind's backlog cannot starve another's.
         self._turn = (self._turn + 1) % max(1, len(self.outlets))
         for outlet in self.outlets[self._turn :] + self.outlets[: self._turn]:
-            published += self.publish_pending(outlet, bound)
-        report = CycleReport(planned, expired, failed, requeued, published, bound)
+            published += self.publish_pending(outlet, bound, live)
+        report = CycleReport(planned, expired, failed, requeued, published, bound, live)
         if any((planned, expired, failed, requeued, published)):
             log.info("dispatch: %s", report)
         return report
 
-    def publish_pending(self, outlet: Outlet, bound: int | None) -> int:
-        """Mark pending jobs of one kind queued and publish them, while the bound has room."""
+    def publish_pending(self, outlet: Outlet, bound: int | None, live: int = 0) -> int:
+        """Mark pending jobs of one kind queued and publish them, while the bound has room.
+
+        Near the end of the backlog (fewer pending jobs than ``message_split.tail_threshold``
+        for ``live`` workers) the messages get smaller, so the last ones spread over every
+        worker."""
         table, per = outlet.kind.table, outlet.per_message
         batch = max(per, self.options.batch // per * per)
+        tail = tail_threshold(per, live) if bound is not None and self.options.split_tail else 0
         published = 0
         while True:
             if published and not self.acquire():  # a long cycle renews its lock as it goes
                 log.warning("dispatcher lock lost mid-cycle; stopping this cycle")
                 break
             with self.db.session() as s:
-                room = batch if bound is None else min(batch, (bound - self.queued_messages(s)) * per)
-                waiting = queries.sets_being_scored(s) if table.dispatch_order is not None and room > 0 else set()
-                ids = jobs.pending_ids(s, table, room, first_set=self._set_turn, skip_sets=waiting) if room > 0 else []
+                room_messages = None if bound is None else bound - self.queued_messages(s)
+                room = batch if room_messages is None else min(batch, room_messages * per)
+                limit = max(room, tail) if room > 0 else 0
+                waiting = queries.sets_being_scored(s) if table.dispatch_order is not None and limit > 0 else set()
+                ids = jobs.pending_ids(s, table, limit, first_set=self._set_turn, skip_sets=waiting) if limit else []
                 self._set_turn += 1
-                claimed = jobs.mark_queued(s, table, ids, epoch())
-            if not claimed:
+                messages = split_messages(ids, per, live if tail else 1, complete=len(ids) < limit)
+                messages = messages[:room_messages] if room_messages is not None else messages
+                claimed = set(jobs.mark_queued(s, table, [i for m in messages for i in m], epoch()))
+            messages = [kept for m in messages if (kept := [i for i in m if i in claimed])]
+            if not messages:
                 break
             try:
-                outlet.publish(claimed)
+                if all(len(m) == per for m in messages[:-1]):
+                    outlet.publish([i for m in messages for i in m])  # full messages (the last may be short)
+                else:
+                    for m in messages:
+                        outlet.publish(m)
             except Exception as exc:
                 with self.db.session() as s:
-                    jobs.unmark_queued(s, table, claimed)
+                    jobs.unmark_queued(s, table, list(claimed))
                 raise BrokerError(f"cannot publish to the broker: {exc}") from exc
+            self._small.add(table.name, messages, per)
             published += len(claimed)
-            if len(ids) < room:
+            if len(ids) < limit or sum(map(len, messages)) < len(ids):
                 break
         return published
 
@@ -190,15 +212,28 @@ class Dispatcher:
     def queued_messages(self, session: Any) -> int:
         """Messages in the broker (waiting, or reserved by a worker that has not claimed their
         jobs yet), over every kind: the one bound counts them all."""
-        return sum(-(-jobs.queued_count(session, o.kind.table) // o.per_message) for o in self.outlets)
+        total = 0
+        for o in self.outlets:
+            t = o.kind.table
+            if self._small.tracks(t.name):  # a tail of small messages: count them as they are
+                total += self._small.count(t.name, jobs.queued_ids(session, t), o.per_message)
+            else:
+                total += -(-jobs.queued_count(session, t) // o.per_message)
+        return total
 
-    def bound(self) -> int | None:
+    def live_workers(self) -> int:
+        """Workers whose heartbeat is recent (0 for the embedded runner: it has no bound)."""
+        if self.options.messages_per_worker is None:
+            return 0
+        with self.db.session() as s:
+            return queries.live_worker_count(s, epoch() - self.options.worker_live_s)
+
+    def bound(self, live: int | None = None) -> int | None:
         """How many messages may be queued at once: a few per live worker."""
         o = self.options
         if o.messages_per_worker is None:
             return None
-        with self.db.session() as s:
-            live = queries.live_worker_count(s, epoch() - o.worker_live_s)
+        live = self.live_workers() if live is None else live
         return max(o.min_messages, o.messages_per_worker * live)
 
     def acquire(self) -> bool:

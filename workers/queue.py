@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -122,23 +123,34 @@ def hand_back(db: Database, held: dict[JobTable, list[int]], owner: str) -> int:
 
 
 class HeldJobs:
-    """The jobs this process's running tasks hold now, per table: exactly what its heartbeat
-    renews.  A task registers its jobs for as long as it runs (``holding``); once the task
-    ends, however it ends, nothing renews them and their leases run out."""
+    """The jobs this process holds now, per table: exactly what its heartbeat renews.  A task
+    registers its jobs for as long as it runs (``holding``), and the write-behind thread for as
+    long as it still has a job's batch to commit (``hold``/``release``); once nothing holds a
+    job, nothing renews it and its lease runs out.  Counted, so the two can overlap."""
 
     def __init__(self) -> None:
-        self._held: dict[JobTable, set[int]] = {}
+        self._held: dict[JobTable, Counter[int]] = {}
         self._lock = threading.Lock()
 
     @contextmanager
     def holding(self, table: JobTable, ids: Sequence[int]) -> Iterator[None]:
-        with self._lock:
-            self._held.setdefault(table, set()).update(ids)
+        self.hold(table, ids)
         try:
             yield
         finally:
-            with self._lock:
-                self._held[table].difference_update(ids)
+            self.release(table, ids)
+
+    def hold(self, table: JobTable, ids: Sequence[int]) -> None:
+        with self._lock:
+            self._held.setdefault(table, Counter()).update(ids)
+
+    def release(self, table: JobTable, ids: Sequence[int]) -> None:
+        with self._lock:
+            held = self._held[table]
+            held.subtract(ids)
+            for i in ids:
+                if held.get(i, 0) <= 0:
+                    held.pop(i, None)
 
     def now(self) -> dict[JobTable, list[int]]:
         with self._lock:

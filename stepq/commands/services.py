@@ -109,10 +109,12 @@ def worker(
     def runtime() -> WorkerRuntime:
         # Built in the process that runs tasks (each prefork child after its fork), once:
         # the engine stays warm for every task that process runs.
-        database = Database(settings.database_url, pool_size=2, synchronous_commit=settings.synchronous_commit)
+        # A connection for each thread that runs tasks, the write-behind thread and the heartbeat.
+        threads = (concurrency if pool == "threads" else 1) + 2
+        database = Database(settings.database_url, pool_size=threads, synchronous_commit=settings.synchronous_commit)
         return WorkerRuntime(
             database,
-            settings.worker_options(name),
+            settings.worker_options(name, queue_worker=True),
             Grader(timeout_s=settings.grade_timeout_s),
             backend_override=make_backend(backend, config) if backend else None,
             owns_override=True,
