@@ -26,6 +26,7 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from stepq.models import leases
 from stepq.models.base import epoch
+from stepq.models.wakeup import announce
 
 PENDING = "pending"
 QUEUED = "queued"
@@ -279,6 +280,8 @@ def retry_failed(session: Session, t: JobTable, set_id: int | None = None) -> in
             synchronize_session=False
         )
     )
+    if result.rowcount:  # type: ignore[attr-defined]
+        announce(session)
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 

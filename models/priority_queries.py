@@ -24,6 +24,7 @@ from stepq.models.prioritization import PRIORITY_SCORINGS, PriorityRound, Priori
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.rollouts import Rollout
 from stepq.models.trajectories import Chunk, Trajectory
+from stepq.models.wakeup import announce
 from stepq.models.work import RolloutWork
 
 WAITING = (PENDING, QUEUED)
@@ -99,6 +100,7 @@ def start_round(
     top = _top_work_id(session)
     n_jobs = _add_scoring_jobs(session, round_, _waiting_ids(session, set_id, 0, top), batch, now)
     round_.covered_to_id = top
+    announce(session)
     return round_.id, n_jobs
 
 

@@ -17,6 +17,7 @@ from stepq.models.jobs import PENDING
 from stepq.models.problems import Problem
 from stepq.models.search import STEP_SEARCHES, SearchTurn, StepSearch
 from stepq.models.sql import _insert, insert_ignore
+from stepq.models.wakeup import announce
 
 
 def create_searches(session: Session, rows: Sequence[dict[str, Any]]) -> int:
@@ -24,7 +25,10 @@ def create_searches(session: Session, rows: Sequence[dict[str, Any]]) -> int:
     were new.  Starting the same search again adds only new problems."""
     now = epoch()
     values = [{"state": PENDING, "attempts": 0, "updated_at": now, "judge_config": {}, **r} for r in rows]
-    return insert_ignore(session, StepSearch, values)
+    new = insert_ignore(session, StepSearch, values)
+    if new:
+        announce(session)
+    return new
 
 
 def problems_of_set(session: Session, set_id: int) -> list[tuple[int, str]]:

@@ -19,6 +19,7 @@ from stepq.models.problems import Problem, ProblemSet
 from stepq.models.rollouts import ChunkLabel, QValue, Rollout
 from stepq.models.sql import insert_ignore
 from stepq.models.trajectories import Chunk, Trajectory
+from stepq.models.wakeup import announce
 from stepq.models.work import RolloutWork
 
 # --- problem sets -------------------------------------------------------------------
@@ -30,6 +31,8 @@ def pause_set(session: Session, name: str, paused: bool) -> bool:
     pset = get_set(session, name)
     changed = pset.paused != paused
     pset.paused = paused
+    if changed and not paused:
+        announce(session)
     return changed
 
 
@@ -242,6 +245,7 @@ def flag_for_planning(session: Session, set_id: Any) -> None:
         .where(ProblemSet.id == set_id, ProblemSet.needs_planning.is_(False))
         .values(needs_planning=True)
     )
+    announce(session)
 
 
 def set_excluded(session: Session, set_id: int, problem_ids: Sequence[int]) -> None:

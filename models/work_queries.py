@@ -19,6 +19,7 @@ from stepq.models.jobs import DONE, FAILED, PENDING, QUEUED, RUNNING
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.sql import insert_ignore
 from stepq.models.trajectories import Trajectory
+from stepq.models.wakeup import announce
 from stepq.models.work import RolloutWork
 
 # --- planning -------------------------------------------------------------------------
@@ -83,6 +84,8 @@ def plan_work(session: Session, set_id: int | None = None) -> int:
             .execution_options(synchronize_session=False)
         )
         changed += sum(int(r.rowcount or 0) for r in (running, queued, reopened))  # type: ignore[attr-defined,misc]
+    if changed and set_id is not None:  # a person planned a set (the dispatcher plans them all)
+        announce(session)
     return changed
 
 
@@ -103,6 +106,7 @@ def reopen_set(session: Session, set_id: int) -> int:
         .values(state=PENDING, attempts=0)
         .execution_options(synchronize_session=False)
     )
+    announce(session)
     return int(result.rowcount or 0) + int(running.rowcount or 0)  # type: ignore[attr-defined]
 
 
@@ -113,6 +117,7 @@ def reopen_trajectories(session: Session, trajectory_ids: Sequence[int]) -> int:
     result = session.execute(
         update(RolloutWork).where(in_ids, RolloutWork.state == DONE).values(state=PENDING, attempts=0)
     )
+    announce(session)
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 

@@ -94,12 +94,16 @@ class Dispatcher:
         queue_depth: Callable[[], int | None] | None = None,
         in_broker: Callable[[], JobsInBroker | None] | None = None,
         name: str | None = None,
+        wakeup: Callable[[float], bool] | None = None,
     ) -> None:
+        """``wakeup(seconds)``: wait at most that long between cycles, returning early (True)
+        when work is announced (``models.wakeup.WorkListener.wait``); None: sleep."""
         self.db = db
         self.outlets = list(outlets)
         self.options = options or DispatchOptions()
         self.queue_depth = queue_depth or (lambda: None)
         self.in_broker = in_broker or (lambda: None)
+        self.wakeup = wakeup
         self.name = name or f"dispatcher@{socket.gethostname()}:{os.getpid()}"
         self._sampled_at = 0.0
         self._turn = 0
@@ -236,6 +240,17 @@ class Dispatcher:
         live = self.live_workers() if live is None else live
         return max(o.min_messages, o.messages_per_worker * live)
 
+    def pause(self, stop: threading.Event, seconds: float) -> None:
+        """Wait between cycles: until ``seconds`` pass, work is announced, or ``stop`` is set
+        (checked every half second while listening)."""
+        if self.wakeup is None:
+            stop.wait(seconds)
+            return
+        deadline = time.monotonic() + seconds
+        while not stop.is_set() and (left := deadline - time.monotonic()) > 0:
+            if self.wakeup(min(left, 0.5)):
+                return
+
     def acquire(self) -> bool:
         with self.db.session() as s:
             return queries.acquire_lock(s, LOCK_NAME, self.name, self.options.lock_ttl_s)
@@ -287,7 +302,7 @@ class Dispatcher:
                     outage = None
                 if once:
                     return published
-                stop.wait(interval_s)
+                self.pause(stop, interval_s)
         finally:
             try:
                 self.release()

@@ -143,6 +143,7 @@ def worker(
 def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
     """Publish missing work (rollouts, step searches) to the broker; only one dispatcher
     acts at a time."""
+    from stepq.models.wakeup import WorkListener
     from stepq.workers.broker import redis_jobs_in_broker, redis_queue_depth
     from stepq.workers.celery_app import create_app, outlets, wait_for_broker
     from stepq.workers.dispatcher import Dispatcher
@@ -152,17 +153,22 @@ def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
     database = open_db(settings)
     wait_for_broker(settings.broker_url, settings.broker_wait_s)
     app = create_app(settings.celery_options())
+    listener = WorkListener(database.engine) if database.engine.dialect.name == "postgresql" else None
     dispatcher = Dispatcher(
         database,
         outlets(app, settings.items_per_task),
         options=settings.dispatch_options(),
         queue_depth=redis_queue_depth(settings.broker_url, settings.queue),
         in_broker=redis_jobs_in_broker(settings.broker_url, settings.queue),
+        wakeup=listener.wait if listener else None,
     )
     try:
         published = dispatcher.run(once=once, interval_s=interval or settings.dispatch_interval_s, wait_s=wait)
     except KeyboardInterrupt:
         published = 0
+    finally:
+        if listener:
+            listener.close()
     click.echo(f"published {published} work items")
 
 
