@@ -165,3 +165,30 @@ def test_only_one_dispatcher_holds_the_lock(any_db: Database) -> None:
     assert b.run(once=True, wait_s=0.5) == 0, "b waited and gave up"
     a.release()
     assert b.acquire()
+
+
+def test_a_messages_contexts_load_together_as_each_alone(any_db: Database) -> None:
+    """The bulk loader a task uses reads what the one-trajectory loader reads: chunks in
+    order, every stored reward, the generator, the problem and its set."""
+    _setup(any_db, problems=4, m=2)
+    rt = WorkerRuntime(any_db, WorkerOptions(name="w"))
+    with any_db.session() as s:
+        ids = jobs.pending_ids(s, ROLLOUT_WORK, 10)
+    run_work_item(rt, ids[0])  # one trajectory has rollouts (and a generator)
+    rt.close()
+    with any_db.session() as s:
+        trajectory_of = queries.work_trajectories(s, ids)
+        tids = [trajectory_of[w] for w in ids]
+        together = queries.load_work_contexts(s, tids)
+        for tid in tids:
+            alone = queries.load_work_context(s, tid)
+            got = together[tid]
+            assert (got.trajectory.id, got.problem.id, got.problem_set.id) == (
+                alone.trajectory.id,
+                alone.problem.id,
+                alone.problem_set.id,
+            )
+            assert [c.idx for c in got.chunks] == [c.idx for c in alone.chunks] == sorted(c.idx for c in got.chunks)
+            assert len(got.chunks) == got.trajectory.n_chunks
+            assert (got.rewards, got.generator) == (alone.rewards, alone.generator)
+        assert sum(1 for t in tids if together[t].rewards) == 1 and together[tids[0]].generator is not None
