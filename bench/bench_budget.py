@@ -46,6 +46,8 @@ SETTINGS = {
     "quick": [("medium", 0.05)],
     "all": [(s, r) for r in (0.0, 0.05, 0.2) for s in ("medium",)] + [(s, 0.05) for s in ("strong", "weak", "weakest")],
 }
+NEURAL = ("weak", "medium")
+"""Strengths of the neural policy (``--settings neural``; ``bench/neural_policy.py``)."""
 
 
 def policy_config(strength: str, recovery: float) -> dict[str, Any]:
@@ -219,8 +221,16 @@ def main() -> None:
     ap.add_argument("--problems", type=int, default=500)
     ap.add_argument("--rollouts", type=int, default=16)
     ap.add_argument("--budget", default=Adaptive().spec, help="the adaptive budget spec to measure")
-    ap.add_argument("--settings", choices=sorted(SETTINGS), default="all")
+    ap.add_argument("--settings", choices=[*sorted(SETTINGS), "neural"], default="all")
+    ap.add_argument("--neural-problems", type=int, default=80, help="trajectories per neural setting")
+    ap.add_argument("--reference-rollouts", type=int, default=64, help="M of the neural settings' reference")
+    ap.add_argument("--policy-cache", type=Path, default=None, help="where the neural policies are kept")
     args = ap.parse_args()
+    if args.settings == "neural":
+        from bench.budget_neural import measure_neural
+
+        emit(measure_neural(args, NEURAL))
+        return
     result: dict[str, Any] = {
         "trajectories": args.problems,
         "rollouts_per_prefix": args.rollouts,

@@ -37,7 +37,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.common import emit
+from bench.common import emit, train_causal_lm
 from stepq.migrations import upgrade
 from stepq.models import Database
 from stepq.trainer.evaluation.best_of_n import pick
@@ -141,46 +141,17 @@ def pretrain(base: Path, texts: Sequence[tuple[str, list[str]]], steps: int, bat
     """Next-token training of the backbone on correct solutions, as a real PRM starts from a
     language model that can already do the arithmetic it will judge.  The loss is on the
     solution only (the question's numbers cannot be predicted).  Returns the final loss."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from stepq.trainer.prm.model import encode
 
     tokenizer = AutoTokenizer.from_pretrained(base)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = AutoModelForCausalLM.from_pretrained(base).to(device)
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
     encoded = []
     for question, solution in texts:
         e = encode(tokenizer, question, solution, 512)
         start = len(encode(tokenizer, question, [], 512).ids)
         encoded.append((e.ids, start))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / 100))
-    model.train()
-    loss_value = float("nan")
-    for step in range(steps):
-        batch = [encoded[rng.randrange(len(encoded))] for _ in range(batch_size)]
-        width = max(len(ids) for ids, _ in batch)
-        ids = torch.full((len(batch), width), tokenizer.pad_token_id, dtype=torch.long)
-        labels = torch.full((len(batch), width), -100, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, (row, start) in enumerate(batch):
-            ids[i, : len(row)] = torch.tensor(row)
-            labels[i, start : len(row)] = torch.tensor(row[start:])
-            mask[i, : len(row)] = 1
-        loss = model(input_ids=ids.to(device), attention_mask=mask.to(device), labels=labels.to(device)).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad()
-        loss_value = loss.item()
-        if step % 250 == 0 or step == steps - 1:
-            print(f"  pretrain step {step:>5}  loss {loss_value:.4f}", flush=True)
-    model.save_pretrained(base)
-    return loss_value
+    return train_causal_lm(base, encoded, steps, batch_size, seed)
 
 
 def backbone(

@@ -1,0 +1,167 @@
+"""``bench_budget --settings neural``: the budgets on a tiny neural policy's trajectories.
+
+For each strength of ``bench/neural_policy.py``: sample one trajectory per problem from the
+model (temperature 1, through ``stepq generate``'s code and the hf backend), then annotate
+copies of that set through the real task code (embedded runner, SQLite, the hf backend):
+exhaustive M (16), a reference of M = 64 with other rollout seeds, and the adaptive budget
+under each label rule.  Labels are compared with the reference's (the target: the adaptive
+budget agrees with it no more than 1 point less than exhaustive M does; exhaustive M's own
+agreement is the noise floor) and with the synthetic checker's step truth (each chunk and
+those before it compute the true running values).  Cost is counted in rollouts and in
+generated tokens (characters: the policy's tokenizer reads one per token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import text
+
+from bench.bench_budget import RULES, accuracy, count, labels
+from bench.neural_policy import DEFAULT_CACHE, MAX_TOKENS, STRENGTHS, build
+from stepq.migrations import upgrade
+from stepq.models import Database
+from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+from stepq.workers.annotation_config import configure_annotation
+from stepq.workers.backends import SamplingParams
+from stepq.workers.brokerless import run_in_process
+from stepq.workers.labels import LabelRule, parse_rule
+from stepq.workers.policy_sampling import generate_trajectories
+from stepq.workers.qvalues import relabel_set
+from stepq.workers.synthetic_policy import step_is_right
+from stepq.workers.synthetic_set import synth_set
+
+SET = "neural"
+SAMPLING = {"max_tokens": MAX_TOKENS}
+
+
+def backend_config(model: Path) -> dict[str, Any]:
+    return {"model": str(model), "batch_size": 64}
+
+
+def sample_set(tmp: Path, strength: str, model: Path, problems: int) -> Path:
+    """A SQLite file with the problems and one trajectory of the policy per problem."""
+    from stepq.workers.backends.hf import HFBackend
+
+    path = tmp / f"{strength}-trajectories.db"
+    upgrade(f"sqlite:///{path}")
+    db = Database(f"sqlite:///{path}")
+    synth_set(db, SET, problems=problems, seed=42, trajectories_per_problem=0, numbers="small")
+    policy = HFBackend.from_config(backend_config(model))
+    generate_trajectories(db, SET, policy, samples=1, template="synthetic", params=SamplingParams.from_config(SAMPLING))
+    db.dispose()
+    return path
+
+
+def annotate_copy(
+    trajectories: Path, tag: str, model: Path, m: int, rule: LabelRule, budget: str, rollout_seed: int | None = None
+) -> tuple[Database, float]:
+    """A copy of the sampled set, annotated; returns it and the seconds the annotation took."""
+    path = trajectories.with_name(f"{trajectories.stem}-{tag}.db")
+    shutil.copyfile(trajectories, path)
+    db = Database(f"sqlite:///{path}")
+    if rollout_seed is not None:  # other rollout seeds; the trajectories are the same rows
+        with db.engine.begin() as conn:
+            conn.execute(text("UPDATE problem_sets SET seed = :s WHERE name = :n"), {"s": rollout_seed, "n": SET})
+    configure_annotation(
+        db, SET, m, rule=rule.key, budget=budget, backend="hf", backend_config=backend_config(model), sampling=SAMPLING
+    )
+    started = time.perf_counter()
+    run_in_process(db, WorkerRuntime(db, WorkerOptions(batch_rollouts=256, name="bench")))
+    return db, time.perf_counter() - started
+
+
+def step_truth(db: Database) -> dict[tuple[str, int], bool]:
+    """Whether each chunk and every one before it compute the true running values."""
+    with db.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT p.external_id, p.question, c.idx, c.text FROM chunks c "
+                "JOIN trajectories t ON t.id = c.trajectory_id JOIN problems p ON p.id = t.problem_id "
+                "ORDER BY p.external_id, c.idx"
+            )
+        ).all()
+    out: dict[tuple[str, int], bool] = {}
+    history: dict[str, list[str]] = {}
+    for ext, question, idx, chunk in rows:
+        seen = history.setdefault(ext, [])
+        out[(ext, idx)] = bool(step_is_right(question, seen, chunk))
+        seen.append(chunk)
+    return out
+
+
+def measure_setting(tmp: Path, strength: str, model: Path, args: argparse.Namespace) -> dict[str, Any]:
+    trajectories = sample_set(tmp, strength, model, args.neural_problems)
+    abs_q = parse_rule("abs-q")
+    exhaustive, ex_s = annotate_copy(trajectories, "exhaustive", model, args.rollouts, abs_q, "exhaustive")
+    reference, ref_s = annotate_copy(
+        trajectories, "reference", model, args.reference_rollouts, abs_q, "exhaustive", rollout_seed=4242
+    )
+    with exhaustive.engine.connect() as conn:
+        right, chunks_per = conn.execute(
+            text("SELECT avg(CASE WHEN outcome THEN 1.0 ELSE 0.0 END), avg(n_chunks) FROM trajectories")
+        ).one()
+    ex_rollouts = count(exhaustive, SET, "count(r.id)")
+    ex_tokens = count(exhaustive, SET, "coalesce(sum(r.tokens), 0)")
+    truth = step_truth(exhaustive)
+    setting: dict[str, Any] = {
+        "policy": str(model),
+        "answers_right": round(float(right or 0), 3),
+        "chunks_per_trajectory": round(float(chunks_per or 0), 2),
+        "steps_right": round(sum(truth.values()) / len(truth), 3),
+        "exhaustive_seconds": round(ex_s, 1),
+        "reference_seconds": round(ref_s, 1),
+    }
+    for spec in RULES:
+        rule = parse_rule(spec)
+        if spec != "abs-q":
+            relabel_set(exhaustive, SET, rule)
+            relabel_set(reference, SET, rule)
+        adaptive, ad_s = annotate_copy(trajectories, f"adaptive-{spec}", model, args.rollouts, rule, args.budget)
+        want, ex, ad = labels(reference, SET, rule), labels(exhaustive, SET, rule), labels(adaptive, SET, rule)
+        ad_rollouts = count(adaptive, SET, "count(r.id)")
+        ad_tokens = count(adaptive, SET, "coalesce(sum(r.tokens), 0)")
+        setting[spec] = {
+            "chunks": len(want),
+            "exhaustive_tokens_per_chunk": round(ex_tokens / len(want), 1),
+            "adaptive_rollouts_per_chunk": round(ad_rollouts / len(want), 2),
+            "adaptive_tokens_per_chunk": round(ad_tokens / len(want), 1),
+            "fewer_rollouts": round(ex_rollouts / max(ad_rollouts, 1), 2),
+            "fewer_tokens": round(ex_tokens / max(ad_tokens, 1), 2),
+            "exhaustive_agreement_with_reference": round(accuracy(ex, want), 4),
+            "adaptive_agreement_with_reference": round(accuracy(ad, want), 4),
+            "agreement_change_points": round(100 * (accuracy(ad, want) - accuracy(ex, want)), 2),
+            "reference_agreement_with_step_truth": round(accuracy(want, truth), 4),
+            "exhaustive_agreement_with_step_truth": round(accuracy(ex, truth), 4),
+            "adaptive_agreement_with_step_truth": round(accuracy(ad, truth), 4),
+            "adaptive_seconds": round(ad_s, 1),
+        }
+        adaptive.dispose()
+        print(f"neural/{strength}", spec, setting[spec], flush=True)
+    exhaustive.dispose()
+    reference.dispose()
+    return setting
+
+
+def measure_neural(args: argparse.Namespace, strengths: tuple[str, ...]) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "trajectories": args.neural_problems,
+        "rollouts_per_prefix": args.rollouts,
+        "reference_rollouts_per_prefix": args.reference_rollouts,
+        "budget": args.budget,
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        for strength in strengths:
+            model = build(STRENGTHS[strength], args.policy_cache or DEFAULT_CACHE)
+            result[f"neural/{strength}"] = measure_setting(Path(tmp), strength, model, args)
+    result["targets"] = {
+        "abs-q": "fewer_tokens >= 4",
+        "relative": "fewer_tokens >= 2",
+        "agreement": "agreement_change_points >= -1 (against the M = 64 reference)",
+    }
+    return result

@@ -1,0 +1,97 @@
+"""A tiny neural policy for the budget benchmark: a character-level GPT-2 pretrained on
+correct synthetic solutions, then sampled at temperature 1 through the hf backend.
+
+Its errors are a model's, not the synthetic policy's independent per-step coin flips: they
+follow from what it has not learnt (which operation comes next, a carry), so they correlate
+within a solution and across samples of one prefix, and most of its answers are wrong at
+the weak strength.  Its steps are still checkable: the synthetic checker
+(``synthetic_policy.step_is_right``) says whether each chunk and those before it compute the
+true running values.  Strength is the amount of pretraining; each strength is built once
+and kept (``--policy-cache``), keyed by its recipe, so the benchmark stays runnable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bench.common import train_causal_lm
+from stepq.workers.seeds import derive_seed
+from stepq.workers.synthetic_policy import PROMPT_TEMPLATE, SyntheticPolicy, make_problem
+from stepq.workers.synthetic_set import NUMBERS
+
+DEFAULT_CACHE = Path.home() / ".cache" / "stepq" / "bench-neural-policy"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    steps: int
+    """Pretraining steps: the strength."""
+    width: int = 96
+    layers: int = 3
+    heads: int = 3
+    batch_size: int = 32
+    lr: float = 2e-3
+    problems: int = 20000
+    numbers: str = "small"
+    lengths: tuple[int, int] = (3, 8)
+    """Steps per problem, as ``stepq synth`` draws them."""
+    seed: int = 0
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+STRENGTHS = {"weak": Recipe(steps=600), "medium": Recipe(steps=1500)}
+"""Pretraining per strength (measured answers right on the benchmark's problems are in
+docs/benchmarks/budget.md)."""
+
+MAX_TOKENS = 300
+"""Characters a sample may write: a solution of 8 steps and its answer take ~210."""
+
+
+def training_texts(recipe: Recipe) -> list[tuple[str, str]]:
+    """(prompt, correct solution) pairs in exactly the format a set's trajectories use, on
+    problems drawn apart from any set's (a few short ones may coincide by chance: the small
+    numbers hold ~180,000 three-step problems)."""
+    correct = SyntheticPolicy(error_rate=0.0, recovery_rate=0.0)
+    out = []
+    for i in range(recipe.problems):
+        problem = make_problem(derive_seed("neural-policy", recipe.seed, i), *recipe.lengths, NUMBERS[recipe.numbers])
+        solution = "".join(step.text for step in correct.solve(problem, 0))
+        out.append((PROMPT_TEMPLATE.format(question=problem.question), solution))
+    return out
+
+
+def build(recipe: Recipe, cache: Path = DEFAULT_CACHE) -> Path:
+    """The policy's model directory: reused when this recipe was built before, else built
+    (random weights, then ``recipe.steps`` of next-token training on correct solutions)."""
+    from transformers import AutoTokenizer
+
+    from tests.tiny_models import build_tiny_model
+
+    path = cache / recipe.key
+    done = path / "neural_policy.json"
+    if done.is_file():
+        print(f"neural policy: reusing {path}", flush=True)
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    build_tiny_model(
+        path, seed=recipe.seed, n_positions=512, n_embd=recipe.width, n_layer=recipe.layers, n_head=recipe.heads
+    )
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    encoded = []
+    for prompt, solution in training_texts(recipe):
+        start = len(tokenizer.encode(prompt, add_special_tokens=False))
+        ids = [*tokenizer.encode(prompt + solution, add_special_tokens=False), tokenizer.eos_token_id]
+        encoded.append((ids, start))
+    started = time.perf_counter()
+    loss = train_causal_lm(path, encoded, recipe.steps, recipe.batch_size, recipe.seed, lr=recipe.lr)
+    seconds = round(time.perf_counter() - started)
+    print(f"neural policy: {recipe.steps} pretraining steps in {seconds} s (loss {loss:.4f})", flush=True)
+    done.write_text(json.dumps({"recipe": asdict(recipe), "loss": loss, "seconds": seconds}))
+    return path
