@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import text
 
 from bench.bench_budget import RULES, accuracy, count, labels
-from bench.neural_policy import DEFAULT_CACHE, MAX_TOKENS, STRENGTHS, build
+from bench.neural_policy import DEFAULT_CACHE, MAX_TOKENS, PROMPT, STRENGTHS, build
 from stepq.migrations import upgrade
 from stepq.models import Database
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
