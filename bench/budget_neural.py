@@ -53,7 +53,7 @@ def sample_set(tmp: Path, strength: str, model: Path, problems: int) -> Path:
     db = Database(f"sqlite:///{path}")
     synth_set(db, SET, problems=problems, seed=42, trajectories_per_problem=0, numbers="small")
     policy = HFBackend.from_config(backend_config(model))
-    generate_trajectories(db, SET, policy, samples=1, template="synthetic", params=SamplingParams.from_config(SAMPLING))
+    generate_trajectories(db, SET, policy, samples=1, template=PROMPT, params=SamplingParams.from_config(SAMPLING))
     db.dispose()
     return path
 

@@ -25,7 +25,7 @@ from stepq.workers.synthetic_set import NUMBERS
 
 DEFAULT_CACHE = Path.home() / ".cache" / "stepq" / "bench-neural-policy"
 PROMPT = "Problem: {question}\nSolution:\n"
-"""The policy's prompt (``stepq generate --template`` takes any text with ``{question}``):
+"""The policy's prompt (``stepq generate --template-file`` takes any text with ``{question}``):
 the synthetic set's long instruction would cost a character-level model most of its
 compute for nothing it needs to learn."""
 
