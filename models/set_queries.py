@@ -240,12 +240,13 @@ def policy_outcomes(session: Session, set_id: int) -> dict[int, list[bool]]:
 
 def flag_for_planning(session: Session, set_id: Any) -> None:
     """The set has trajectories the dispatcher has not planned work for yet."""
-    session.execute(
+    result = session.execute(
         update(ProblemSet)
         .where(ProblemSet.id == set_id, ProblemSet.needs_planning.is_(False))
         .values(needs_planning=True)
     )
-    announce(session)
+    if result.rowcount:  # type: ignore[attr-defined]  # once per flagging, not per trajectory added
+        announce(session)
 
 
 def set_excluded(session: Session, set_id: int, problem_ids: Sequence[int]) -> None:

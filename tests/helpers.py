@@ -159,7 +159,11 @@ def start_dispatcher(cluster: Cluster, name: str = "dispatcher") -> subprocess.P
     """A ``stepq dispatch`` process of the cluster, logging to ``NAME.log``."""
     log = (cluster.logs / f"{name}.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stepq", "dispatch"], env=cluster.env, stdout=log, stderr=subprocess.STDOUT
+        [sys.executable, "-m", "stepq", "dispatch"],
+        env=cluster.env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=cluster.logs,
     )
     cluster.procs.append(proc)
     return proc

@@ -22,8 +22,15 @@ import pytest
 import redis
 from sqlalchemy import text
 
-from stepq.models import Database, queries
-from tests.helpers import Cluster, freeze_holding_a_lease, wait_for
+from stepq.models import Database
+from tests.helpers import (
+    Cluster,
+    all_work_done,
+    freeze_holding_a_lease,
+    rollout_count,
+    start_dispatcher,
+    wait_for,
+)
 from tests.pipeline_checks import assert_exact
 
 pytestmark = pytest.mark.integration
@@ -71,17 +78,6 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
     server.stop()
 
 
-def _all_done(db: Database) -> bool:
-    with db.session() as s:
-        counts = queries.work_counts(s)
-    return bool(counts) and set(counts) == {"done"}
-
-
-def _rollouts(db: Database) -> int:
-    with db.engine.connect() as conn:
-        return int(conn.execute(text("SELECT count(*) FROM rollouts")).scalar_one())
-
-
 def test_a_broker_outage_stops_nothing_for_good(cluster: Cluster, pg: Database, private_redis: PrivateRedis) -> None:
     """Redis stopped for 10 s mid-run and started again (empty, as after a restart without
     persistence), the budget raised while it is down: the dispatcher keeps running (same
@@ -97,7 +93,7 @@ def test_a_broker_outage_stops_nothing_for_good(cluster: Cluster, pg: Database, 
         [sys.executable, "-m", "stepq", "dispatch"], env=cluster.env, stdout=log, stderr=subprocess.STDOUT
     )
     cluster.procs.append(dispatcher)
-    wait_for(lambda: _rollouts(pg) > 300, 120, "the run to be under way")
+    wait_for(lambda: rollout_count(pg) > 300, 120, "the run to be under way")
     private_redis.stop()
     down_at = time.monotonic()
     cluster.cli("annotate", "--set", "outage", "--rollouts", "12")  # more work while the broker is down
@@ -109,7 +105,7 @@ def test_a_broker_outage_stops_nothing_for_good(cluster: Cluster, pg: Database, 
     time.sleep(max(0.0, 10 - (time.monotonic() - down_at)))
     assert dispatcher.poll() is None, (cluster.logs / "dispatcher.log").read_text()[-2000:]
     private_redis.start()
-    wait_for(lambda: _all_done(pg), 300, "every item done after the outage")
+    wait_for(lambda: all_work_done(pg), 300, "every item done after the outage")
     assert dispatcher.poll() is None, "the dispatcher rode out the outage in the same process"
     assert logged("reachable again")
     assert_exact(pg, "outage", 12)
@@ -142,17 +138,8 @@ def test_a_hung_generate_call_hands_its_work_back_and_another_worker_finishes(cl
     with pg.engine.begin() as conn:  # the engine answers again (latency is not part of the generator)
         conn.execute(text("UPDATE problem_sets SET backend_config = :c"), {"c": healthy})
     cluster.start_worker("healthy")
-    wait_for(lambda: _all_done(pg), 180, "the healthy worker to finish the handed-back items")
+    wait_for(lambda: all_work_done(pg), 180, "the healthy worker to finish the handed-back items")
     assert_exact(pg, "hang", 2)
-
-
-def _dispatcher(cluster: Cluster, name: str = "dispatcher") -> subprocess.Popen[bytes]:
-    log = (cluster.logs / f"{name}.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stepq", "dispatch"], env=cluster.env, stdout=log, stderr=subprocess.STDOUT
-    )
-    cluster.procs.append(proc)
-    return proc
 
 
 def _running(db: Database) -> int:
@@ -166,13 +153,13 @@ def test_a_killed_dispatcher_is_replaced_and_nothing_is_lost(cluster: Cluster, p
     cluster.cli("synth", "--set", "dk", "--problems", "40", "--seed", "6", "--latency-s", "0.004")
     cluster.cli("annotate", "--set", "dk", "--rollouts", "8")
     cluster.start_worker("w1")
-    first = _dispatcher(cluster, "first")
-    wait_for(lambda: _rollouts(pg) > 200, 120, "the run to be under way")
+    first = start_dispatcher(cluster, "first")
+    wait_for(lambda: rollout_count(pg) > 200, 120, "the run to be under way")
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=30)
-    assert not _all_done(pg), "killed mid-run"
-    second = _dispatcher(cluster, "second")
-    wait_for(lambda: _all_done(pg), 300, "the second dispatcher to finish the run")
+    assert not all_work_done(pg), "killed mid-run"
+    second = start_dispatcher(cluster, "second")
+    wait_for(lambda: all_work_done(pg), 300, "the second dispatcher to finish the run")
     assert second.poll() is None
     assert_exact(pg, "dk", 8)
     assert _running(pg) == 0
@@ -188,7 +175,7 @@ def test_a_message_lost_while_the_queue_holds_others_is_published_again(
     queue = cluster.env["STEPQ_QUEUE"]
     cluster.cli("synth", "--set", "lm", "--problems", "6", "--seed", "8")
     cluster.cli("annotate", "--set", "lm", "--rollouts", "2")
-    _dispatcher(cluster)
+    start_dispatcher(cluster)
     wait_for(lambda: redis_client.llen(queue) == 2, 60, "the bound's two messages")
     raw = redis_client.lrange(queue, 0, 0)[0]
     lost = json.loads(base64.b64decode(json.loads(raw)["body"]))[0][0]
@@ -205,7 +192,7 @@ def test_a_message_lost_while_the_queue_holds_others_is_published_again(
         twice = conn.execute(text("SELECT count(*) FROM rollout_work WHERE enqueue_count > 1")).scalar_one()
     assert twice == len(lost), "only the lost message's items went out twice"
     cluster.start_worker("w1")
-    wait_for(lambda: _all_done(pg), 180, "every item done")
+    wait_for(lambda: all_work_done(pg), 180, "every item done")
     assert_exact(pg, "lm", 2)
 
 
@@ -223,11 +210,11 @@ def test_a_postgres_restart_mid_run_loses_nothing(cluster: Cluster, pg: Database
     cluster.cli("synth", "--set", "pr", "--problems", "40", "--seed", "9", "--latency-s", "0.004")
     cluster.cli("annotate", "--set", "pr", "--rollouts", "8")
     worker = cluster.start_worker("w1")
-    dispatcher = _dispatcher(cluster)
-    wait_for(lambda: _rollouts(pg) > 200, 120, "the run to be under way")
+    dispatcher = start_dispatcher(cluster)
+    wait_for(lambda: rollout_count(pg) > 200, 120, "the run to be under way")
     subprocess.run([*ctl, "restart"], check=True, timeout=120)
     pg.engine.dispose()
-    wait_for(lambda: _all_done(pg), 300, "every item done after the restart")
+    wait_for(lambda: all_work_done(pg), 300, "every item done after the restart")
     assert dispatcher.poll() is None and worker.poll() is None, "both rode the restart out"
     assert_exact(pg, "pr", 8)
     assert _running(pg) == 0
@@ -242,7 +229,7 @@ def test_pending_searches_with_no_worker_stay_within_the_bound(
     cluster.cli("synth", "--set", "sb", "--problems", "300", "--seed", "2")
     cluster.cli("search", "start", "--set", "sb", "--name", "n")
     cluster.cli("annotate", "--set", "sb", "--rollouts", "2")
-    _dispatcher(cluster)
+    start_dispatcher(cluster)
     wait_for(lambda: redis_client.llen(queue) == 2, 60, "the bound's two messages")
     deepest = 0
     for _ in range(10):  # ~10 cycles at 0.3 s
@@ -268,11 +255,11 @@ def test_tasks_whose_database_connections_die_release_what_they_claimed(cluster:
     cluster.cli("synth", "--set", "dc", "--problems", "24", "--seed", "10", "--latency-s", "0.01")
     cluster.cli("annotate", "--set", "dc", "--rollouts", "6")
     worker = cluster.start_worker("w1")
-    _dispatcher(cluster)
+    start_dispatcher(cluster)
     killer = Database(str(pg.engine.url.render_as_string(hide_password=False)))
     try:
         for threshold in (60, 200, 400):
-            wait_for(lambda t=threshold: _rollouts(pg) > t, 120, "the run to be under way")  # type: ignore[misc]
+            wait_for(lambda t=threshold: rollout_count(pg) > t, 120, "the run to be under way")  # type: ignore[misc]
             with killer.engine.begin() as conn:
                 conn.execute(
                     text(
@@ -283,7 +270,7 @@ def test_tasks_whose_database_connections_die_release_what_they_claimed(cluster:
             pg.engine.dispose()
     finally:
         killer.dispose()
-    wait_for(lambda: _all_done(pg), 120, "every item done, well inside the 300 s lease")
+    wait_for(lambda: all_work_done(pg), 120, "every item done, well inside the 300 s lease")
     assert worker.poll() is None, "the worker rode it out"
     assert_exact(pg, "dc", 6)
     assert _running(pg) == 0
@@ -293,14 +280,14 @@ def test_sigkill_worker_mid_run_loses_and_duplicates_nothing(cluster: Cluster, p
     cluster.cli("synth", "--set", "kill", "--problems", "50", "--seed", "1", "--latency-s", "0.004")
     cluster.cli("annotate", "--set", "kill", "--rollouts", "8")
     victim = cluster.start_worker("victim")
-    _dispatcher(cluster)
-    wait_for(lambda: _rollouts(pg) > 300, 120, "the run to be under way")
+    start_dispatcher(cluster)
+    wait_for(lambda: rollout_count(pg) > 300, 120, "the run to be under way")
     freeze_holding_a_lease(pg, victim, "victim")
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=10)
-    assert not _all_done(pg)
+    assert not all_work_done(pg)
     cluster.start_worker("rescuer")
-    wait_for(lambda: _all_done(pg), 240, "all work done after the kill")
+    wait_for(lambda: all_work_done(pg), 240, "all work done after the kill")
     assert_exact(pg, "kill", 8)
     with pg.engine.connect() as conn:
         retried = conn.execute(text("SELECT count(*) FROM rollout_work WHERE attempts > 1")).scalar_one()
@@ -315,13 +302,13 @@ def test_flushed_broker_mid_run_is_rescheduled(cluster: Cluster, pg: Database, r
     cluster.cli("synth", "--set", "flush", "--problems", "50", "--seed", "1", "--latency-s", "0.003")
     cluster.cli("annotate", "--set", "flush", "--rollouts", "8")
     cluster.start_worker("w1")
-    _dispatcher(cluster)
-    wait_for(lambda: _rollouts(pg) > 200, 120, "the run to be under way")
+    start_dispatcher(cluster)
+    wait_for(lambda: rollout_count(pg) > 200, 120, "the run to be under way")
     queue = cluster.env["STEPQ_QUEUE"]
     assert redis_client.llen(queue) > 0, "messages were waiting when the broker lost them"
     redis_client.flushdb()
     assert redis_client.llen(queue) == 0
-    wait_for(lambda: _all_done(pg), 240, "all work done after the flush")
+    wait_for(lambda: all_work_done(pg), 240, "all work done after the flush")
     assert_exact(pg, "flush", 8)
     with pg.engine.connect() as conn:
         republished = conn.execute(text("SELECT count(*) FROM rollout_work WHERE enqueue_count > 1")).scalar_one()

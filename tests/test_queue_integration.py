@@ -17,36 +17,19 @@ import pytest
 import redis
 from sqlalchemy import bindparam, text
 
-from stepq.models import Database, queries
+from stepq.models import Database
 from stepq.workers.backends.synthetic_server import FailurePlan, SyntheticCompletionsServer
-from tests.helpers import Cluster, freeze_holding_a_lease, wait_for
+from tests.helpers import (
+    Cluster,
+    all_work_done,
+    freeze_holding_a_lease,
+    rollout_count,
+    start_dispatcher,
+    wait_for,
+)
 from tests.pipeline_checks import assert_exact, label_accuracy
 
 pytestmark = pytest.mark.integration
-
-
-def _rollouts(db: Database) -> int:
-    with db.engine.connect() as conn:
-        return int(conn.execute(text("SELECT count(*) FROM rollouts")).scalar_one())
-
-
-def _all_done(db: Database) -> bool:
-    with db.session() as s:
-        counts = queries.work_counts(s)
-    return bool(counts) and set(counts) == {"done"}
-
-
-def _dispatcher(cluster: Cluster) -> subprocess.Popen[bytes]:
-    log = (cluster.logs / "dispatcher.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stepq", "dispatch"],
-        env=cluster.env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=cluster.logs,
-    )
-    cluster.procs.append(proc)
-    return proc
 
 
 def _prepare(cluster: Cluster, name: str, problems: int, m: int, *, seed: int = 1, latency: float = 0.0) -> None:
@@ -76,8 +59,8 @@ def test_annotation_is_exact_through_the_queue(cluster: Cluster, pg: Database, b
     try:
         cluster.start_worker("w1", *extra)
         cluster.start_worker("w2", *extra)
-        _dispatcher(cluster)
-        wait_for(lambda: _all_done(pg), 180, "all work done")
+        start_dispatcher(cluster)
+        wait_for(lambda: all_work_done(pg), 180, "all work done")
     finally:
         if server is not None:
             server.stop()
@@ -106,13 +89,13 @@ def test_adaptive_budget_through_the_queue_survives_a_kill(cluster: Cluster, pg:
     cluster.cli("synth", "--set", "adapt", *args)
     cluster.cli("annotate", "--set", "adapt", "--rollouts", "16", "--budget", "adaptive", "--rule", "rel-effective")
     victim = cluster.start_worker("victim")
-    _dispatcher(cluster)
-    wait_for(lambda: _rollouts(pg) > 150, 120, "the run to be under way")
+    start_dispatcher(cluster)
+    wait_for(lambda: rollout_count(pg) > 150, 120, "the run to be under way")
     freeze_holding_a_lease(pg, victim, "victim")
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=10)
     cluster.start_worker("rescuer")
-    wait_for(lambda: _all_done(pg), 240, "all work done after the kill")
+    wait_for(lambda: all_work_done(pg), 240, "all work done after the kill")
 
     local = dict(cluster.env, STEPQ_DATABASE_URL=f"sqlite:///{tmp_path / 'local.db'}")
     for cmd in (
@@ -188,7 +171,7 @@ def test_the_broker_stays_bounded_under_a_long_backlog(
     _prepare(cluster, "backlog", problems=1500, m=1, latency=0.002)
     queue = cluster.env["STEPQ_QUEUE"]
     cluster.start_worker("slow")
-    _dispatcher(cluster)
+    start_dispatcher(cluster)
     depths: list[int] = []
     deadline = time.monotonic() + 12
     while time.monotonic() < deadline:
@@ -203,7 +186,7 @@ def test_the_broker_stays_bounded_under_a_long_backlog(
     cluster.start_worker("fast1")
     cluster.start_worker("fast2")
     more: list[int] = []
-    while not _all_done(pg):
+    while not all_work_done(pg):
         more.append(int(redis_client.llen(queue)))
         assert len(more) < 20000, "the run did not finish"
         time.sleep(0.02)
@@ -230,8 +213,8 @@ def test_grading_timeout_holds_in_every_pool(cluster: Cluster, pg: Database, poo
         proc = cluster.start_worker(
             "g", "--pool", pool, "--backend", "openai", "--base-url", server.url, "--model", "synthetic"
         )
-        _dispatcher(cluster)
-        wait_for(lambda: _all_done(pg), 120, f"all work done with the {pool} pool")
+        start_dispatcher(cluster)
+        wait_for(lambda: all_work_done(pg), 120, f"all work done with the {pool} pool")
     finally:
         server.stop()
     assert_exact(pg, "patho", 2)
@@ -252,7 +235,7 @@ def test_sigterm_hands_back_the_batch_and_exits_promptly(cluster: Cluster, pg: D
     cluster.env["STEPQ_ITEMS_PER_TASK"] = "2"
     _prepare(cluster, "term", problems=6, m=16, latency=0.05)  # a batch ~1.6 s, a task ~10 s
     proc = cluster.start_worker("leaving")
-    _dispatcher(cluster)
+    start_dispatcher(cluster)
     freeze_holding_a_lease(pg, proc, "leaving")
     with pg.engine.connect() as conn:
         held = [i for (i,) in conn.execute(text("SELECT id FROM rollout_work WHERE state = 'running'"))]
@@ -276,7 +259,7 @@ def test_sigterm_hands_back_the_batch_and_exits_promptly(cluster: Cluster, pg: D
     assert set(states.values()) <= {"pending", "queued", "done"} and "pending" in states.values(), states
     assert alive == 0, "the worker said it stopped"
     cluster.start_worker("staying")
-    wait_for(lambda: _all_done(pg), 240, "all work done after the hand-back")
+    wait_for(lambda: all_work_done(pg), 240, "all work done after the hand-back")
     assert_exact(pg, "term", 16)
     with pg.engine.connect() as conn:
         attempts = conn.execute(text("SELECT max(attempts) FROM rollout_work")).scalar_one()
@@ -295,8 +278,8 @@ def test_abs_q_labels_match_ground_truth(cluster: Cluster, pg: Database) -> None
     _prepare(cluster, "truth", problems=150, m=16, seed=7)
     cluster.start_worker("w1")
     cluster.start_worker("w2")
-    _dispatcher(cluster)
-    wait_for(lambda: _all_done(pg), 240, "all work done")
+    start_dispatcher(cluster)
+    wait_for(lambda: all_work_done(pg), 240, "all work done")
     assert_exact(pg, "truth", 16)
     wrong_negative, right_positive, n_wrong, n_right = label_accuracy(pg, "truth")
     assert n_wrong >= 50 and n_right >= 200
@@ -307,13 +290,13 @@ def test_abs_q_labels_match_ground_truth(cluster: Cluster, pg: Database) -> None
 def test_raising_the_budget_schedules_only_the_missing(cluster: Cluster, pg: Database) -> None:
     _prepare(cluster, "grow", problems=20, m=4)
     cluster.start_worker("w1")
-    _dispatcher(cluster)
-    wait_for(lambda: _all_done(pg), 120, "M=4 done")
+    start_dispatcher(cluster)
+    wait_for(lambda: all_work_done(pg), 120, "M=4 done")
     with pg.engine.connect() as conn:
         first = {r[0] for r in conn.execute(text("SELECT id FROM rollouts"))}
     cluster.cli("annotate", "--set", "grow", "--rollouts", "6")
     time.sleep(0.5)
-    wait_for(lambda: _all_done(pg), 120, "M=6 done")
+    wait_for(lambda: all_work_done(pg), 120, "M=6 done")
     assert_exact(pg, "grow", 6)
     with pg.engine.connect() as conn:
         kept = {r[0] for r in conn.execute(text("SELECT id FROM rollouts WHERE sample_idx < 4"))}

@@ -10,8 +10,8 @@ to this thread and returns; the next message's engine call starts at once.
 Nothing is lost by it: the job stays held (its lease renewed by the heartbeat) until its
 batch is committed with "done", so a killed worker's uncommitted batch goes back with the
 lease like any claimed job's; a stopping worker drains the thread before its heartbeat stops.
-Only a couple of batches wait at a time (``max_pending``): a slow database slows the worker
-down instead of piling up memory.
+At most ``max_pending`` batches (8) wait at a time: a slow database slows the worker down
+instead of piling up memory.
 """
 
 from __future__ import annotations
