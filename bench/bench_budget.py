@@ -225,6 +225,12 @@ def main() -> None:
     ap.add_argument("--neural-problems", type=int, default=80, help="trajectories per neural setting")
     ap.add_argument("--reference-rollouts", type=int, default=64, help="M of the neural settings' reference")
     ap.add_argument("--policy-cache", type=Path, default=None, help="where the neural policies are kept")
+    ap.add_argument(
+        "--replay-budget",
+        action="append",
+        default=[],
+        help="neural settings: also replay this budget spec on the exhaustive run's draws (repeat)",
+    )
     ap.add_argument("--neural-strengths", default=",".join(NEURAL), help="which neural policies, comma-separated")
     args = ap.parse_args()
     if args.settings == "neural":

@@ -23,13 +23,15 @@ from typing import Any
 from sqlalchemy import text
 
 from bench.bench_budget import RULES, accuracy, count, labels
-from bench.neural_policy import DEFAULT_CACHE, MAX_TOKENS, PROMPT, STRENGTHS, build
+from bench.budget_replay import by_evidence, change_interval, dead_stays_dead, load_pools, replay
+from bench.neural_policy import DEFAULT_CACHE, MAX_TOKENS, PROMPT, STRENGTHS, build_all
 from stepq.migrations import upgrade
 from stepq.models import Database
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
 from stepq.workers.annotation_config import configure_annotation
 from stepq.workers.backends import SamplingParams
 from stepq.workers.brokerless import run_in_process
+from stepq.workers.budget import parse_budget
 from stepq.workers.labels import LabelRule, parse_rule
 from stepq.workers.policy_sampling import generate_trajectories
 from stepq.workers.qvalues import relabel_set
@@ -109,11 +111,13 @@ def measure_setting(tmp: Path, strength: str, model: Path, args: argparse.Namesp
     ex_rollouts = count(exhaustive, SET, "count(r.id)")
     ex_tokens = count(exhaustive, SET, "coalesce(sum(r.tokens), 0)")
     truth = step_truth(exhaustive)
+    pools = load_pools(exhaustive)
     setting: dict[str, Any] = {
         "policy": str(model),
         "answers_right": round(float(right or 0), 3),
         "chunks_per_trajectory": round(float(chunks_per or 0), 2),
         "steps_right": round(sum(truth.values()) / len(truth), 3),
+        "dead_stays_dead": dead_stays_dead(pools, args.rollouts),
         "exhaustive_seconds": round(ex_s, 1),
         "reference_seconds": round(ref_s, 1),
     }
@@ -136,11 +140,23 @@ def measure_setting(tmp: Path, strength: str, model: Path, args: argparse.Namesp
             "exhaustive_agreement_with_reference": round(accuracy(ex, want), 4),
             "adaptive_agreement_with_reference": round(accuracy(ad, want), 4),
             "agreement_change_points": round(100 * (accuracy(ad, want) - accuracy(ex, want)), 2),
+            "agreement_change_interval": change_interval(ad, ex, want),
             "reference_agreement_with_step_truth": round(accuracy(want, truth), 4),
             "exhaustive_agreement_with_step_truth": round(accuracy(ex, truth), 4),
             "adaptive_agreement_with_step_truth": round(accuracy(ad, truth), 4),
             "adaptive_seconds": round(ad_s, 1),
         }
+        # the same budget (and any to compare) on exhaustive's own draws: inference alone
+        for budget in dict.fromkeys([args.budget, *args.replay_budget]):
+            again = replay(pools, parse_budget(budget), rule, args.rollouts)
+            setting[spec].setdefault("replayed", {})[budget] = {
+                "fewer_rollouts": round(ex_rollouts / max(again.rollouts, 1), 2),
+                "fewer_tokens": round(ex_tokens / max(again.tokens, 1), 2),
+                "agreement_change_points": round(100 * (accuracy(again.labels, want) - accuracy(ex, want)), 2),
+                "agreement_change_interval": change_interval(again.labels, ex, want),
+                "step_truth_change_points": round(100 * (accuracy(again.labels, truth) - accuracy(ex, truth)), 2),
+                "by_evidence": by_evidence(again, ex, want),
+            }
         adaptive.dispose()
         print(f"neural/{strength}", spec, setting[spec], flush=True)
     exhaustive.dispose()
@@ -155,9 +171,10 @@ def measure_neural(args: argparse.Namespace, strengths: tuple[str, ...]) -> dict
         "reference_rollouts_per_prefix": args.reference_rollouts,
         "budget": args.budget,
     }
+    models = build_all([STRENGTHS[s] for s in strengths], args.policy_cache or DEFAULT_CACHE)
     with tempfile.TemporaryDirectory() as tmp:
         for strength in strengths:
-            model = build(STRENGTHS[strength], args.policy_cache or DEFAULT_CACHE)
+            model = models[STRENGTHS[strength]]
             result[f"neural/{strength}"] = measure_setting(Path(tmp), strength, model, args)
     result["targets"] = {
         "abs-q": "fewer_tokens >= 4",

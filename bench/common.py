@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -42,11 +42,21 @@ def emit(result: dict[str, Any]) -> None:
 
 
 def train_causal_lm(
-    model_dir: Any, encoded: Sequence[tuple[list[int], int]], steps: int, batch_size: int, seed: int, lr: float = 1e-3
+    model_dir: Any,
+    encoded: Sequence[tuple[list[int], int]],
+    steps: int,
+    batch_size: int,
+    seed: int,
+    lr: float = 1e-3,
+    keep_at: Mapping[int, Callable[[Any, Any], None]] | None = None,
 ) -> float:
     """Next-token training of the model saved in ``model_dir`` (saved back there), on token
     ids whose loss starts at each example's ``start`` (a prompt's tokens are not predicted);
-    warm-up over 100 steps, then a constant rate.  Returns the last step's loss."""
+    warm-up over 100 steps, then a constant rate.  Returns the last step's loss.
+
+    ``keep_at`` maps a step count to a function given the model and tokenizer as they are
+    after that many steps: the same weights a run of exactly that many steps ends with, so
+    strengths that differ only in steps are built by one run."""
     import random
 
     import torch
@@ -78,6 +88,8 @@ def train_causal_lm(
         schedule.step()
         optimizer.zero_grad()
         loss_value = loss.item()
+        if keep_at and step + 1 in keep_at and step + 1 < steps:
+            keep_at[step + 1](model, tokenizer)
         if step % 250 == 0 or step == steps - 1:
             print(f"  pretrain step {step:>5}  loss {loss_value:.4f}", flush=True)
     model.save_pretrained(model_dir)

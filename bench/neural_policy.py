@@ -15,8 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from bench.common import train_causal_lm
 from stepq.workers.seeds import derive_seed
@@ -75,28 +77,57 @@ def training_texts(recipe: Recipe) -> list[tuple[str, str]]:
 def build(recipe: Recipe, cache: Path = DEFAULT_CACHE) -> Path:
     """The policy's model directory: reused when this recipe was built before, else built
     (random weights, then ``recipe.steps`` of next-token training on correct solutions)."""
+    return build_all([recipe], cache)[recipe]
+
+
+def build_all(recipes: list[Recipe], cache: Path = DEFAULT_CACHE) -> dict[Recipe, Path]:
+    """Each recipe's model directory, building the missing ones: recipes that differ only in
+    their steps are one pretraining run, the shorter ones kept on the way (the same weights a
+    run of exactly their steps ends with), so weak and medium together cost medium's time."""
     from transformers import AutoTokenizer
 
     from tests.tiny_models import build_tiny_model
 
-    path = cache / recipe.key
-    done = path / "neural_policy.json"
-    if done.is_file():
-        print(f"neural policy: reusing {path}", flush=True)
-        return path
-    path.mkdir(parents=True, exist_ok=True)
-    build_tiny_model(
-        path, seed=recipe.seed, n_positions=512, n_embd=recipe.width, n_layer=recipe.layers, n_head=recipe.heads
-    )
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    encoded = []
-    for prompt, solution in training_texts(recipe):
-        start = len(tokenizer.encode(prompt, add_special_tokens=False))
-        ids = [*tokenizer.encode(prompt + solution, add_special_tokens=False), tokenizer.eos_token_id]
-        encoded.append((ids, start))
-    started = time.perf_counter()
-    loss = train_causal_lm(path, encoded, recipe.steps, recipe.batch_size, recipe.seed, lr=recipe.lr)
-    seconds = round(time.perf_counter() - started)
-    print(f"neural policy: {recipe.steps} pretraining steps in {seconds} s (loss {loss:.4f})", flush=True)
-    done.write_text(json.dumps({"recipe": asdict(recipe), "loss": loss, "seconds": seconds}))
-    return path
+    out: dict[Recipe, Path] = {}
+    missing: dict[Recipe, list[Recipe]] = {}
+    for recipe in recipes:
+        path = out[recipe] = cache / recipe.key
+        if (path / "neural_policy.json").is_file():
+            print(f"neural policy: reusing {path}", flush=True)
+        else:
+            missing.setdefault(replace(recipe, steps=0), []).append(recipe)
+    for group in missing.values():
+        longest = max(group, key=lambda r: r.steps)
+        path = out[longest]
+        path.mkdir(parents=True, exist_ok=True)
+        build_tiny_model(
+            path, seed=longest.seed, n_positions=512, n_embd=longest.width, n_layer=longest.layers, n_head=longest.heads
+        )
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        encoded = []
+        for prompt, solution in training_texts(longest):
+            start = len(tokenizer.encode(prompt, add_special_tokens=False))
+            ids = [*tokenizer.encode(prompt + solution, add_special_tokens=False), tokenizer.eos_token_id]
+            encoded.append((ids, start))
+        started = time.perf_counter()
+        keep_at = {r.steps: partial(_keep, out[r], r, started, longest.steps) for r in group if r is not longest}
+        loss = train_causal_lm(
+            path, encoded, longest.steps, longest.batch_size, longest.seed, lr=longest.lr, keep_at=keep_at
+        )
+        seconds = time.perf_counter() - started
+        print(f"neural policy: {longest.steps} pretraining steps in {seconds:.0f} s (loss {loss:.4f})", flush=True)
+        _record(path, longest, seconds, longest.steps, loss)
+    return out
+
+
+def _keep(path: Path, recipe: Recipe, started: float, run_steps: int, model: Any, tokenizer: Any) -> None:
+    """Save a shorter recipe's policy on the way through a longer one's run."""
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    _record(path, recipe, time.perf_counter() - started, run_steps)
+
+
+def _record(path: Path, recipe: Recipe, seconds: float, run_steps: int, loss: float | None = None) -> None:
+    """Mark a policy built: what it is, and the seconds its pretraining took."""
+    record = {"recipe": asdict(recipe), "seconds": round(seconds), "built_in_run_of": run_steps, "loss": loss}
+    (path / "neural_policy.json").write_text(json.dumps(record))

@@ -46,7 +46,7 @@ def test_adaptive_abs_q_binary_search_finds_the_first_dead_prefix() -> None:
     truth_alive = [k < 4 for k in range(n)]
     rewards: dict[int, dict[int, int]] = {}
     probes = []
-    policy = Adaptive(round_size=4)
+    policy = Adaptive(round_size=4, probe=0)  # the search alone
     for _ in range(50):
         d = policy.decide(Observation(n, m, False, rewards, True), ABS)
         if d.done:
@@ -63,9 +63,11 @@ def test_adaptive_abs_q_binary_search_finds_the_first_dead_prefix() -> None:
 
 def test_dead_prefix_makes_later_prefixes_dead_and_success_makes_earlier_alive() -> None:
     # prefix 2 has a success, prefix 3 is dead after the full budget (7 rollouts + trajectory).
-    d = Adaptive().decide(_obs(6, False, {2: [0, 1, 0, 0], 3: [0] * 7}), ABS)
+    d = Adaptive(probe=0).decide(_obs(6, False, {2: [0, 1, 0, 0], 3: [0] * 7}), ABS)
     assert d.labels == [True, True, False, False, False, False]
     assert d.done
+    checked = Adaptive().decide(_obs(6, False, {2: [0, 1, 0, 0], 3: [0] * 7}), ABS)
+    assert checked.labels == d.labels and sorted(checked.requests) == [4, 5], "by default every skipped one is probed"
 
 
 def test_relative_rule_chunk_after_a_dead_prefix_is_negative_without_sampling_it() -> None:
@@ -185,3 +187,65 @@ def test_the_probed_share_is_a_fixed_draw() -> None:
     assert parse_budget("adaptive:probe=0.25").probe == 0.25  # type: ignore[attr-defined]
     with pytest.raises(ConfigError):
         parse_budget("adaptive:probe=2")
+
+
+def _search(policy: Adaptive, n: int, boundary: int, first_success: int) -> tuple[list[bool | None], int]:
+    """Drive an Abs-Q search on a wrong trajectory whose prefixes before ``boundary`` are
+    alive (sample ``first_success`` of each is its first success) and the rest dead; returns
+    the labels and the chunks the rollouts wrote (a rollout from prefix k writes n - k)."""
+    rewards: dict[int, dict[int, int]] = {}
+    written = 0
+    for _ in range(500):
+        d = policy.decide(Observation(n, 16, False, rewards, True, "t"), ABS)
+        if d.done:
+            return d.labels, written
+        for k, idx in d.requests.items():
+            for i in idx:
+                rewards.setdefault(k, {})[i] = int(k < boundary and i == first_success)
+                written += n - k
+    raise AssertionError("the search did not end")
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8, 13])
+def test_cost_aware_search_finds_every_boundary_exactly(n: int) -> None:
+    for boundary in range(n + 1):
+        for cost in (0, 1):
+            labels, _ = _search(Adaptive(probe=0, cost=cost), n, boundary, first_success=3)
+            assert labels == [k < boundary for k in range(1, n + 1)], (n, boundary, cost)
+
+
+def test_cost_aware_search_leans_to_the_cheap_end() -> None:
+    from stepq.workers.budget import search_point
+
+    # Prefixes 1, 2, 3 unknown between alive 0 and dead 4 of a 4-chunk trajectory, the first
+    # dead one equally likely 1..4; expected chunks written per sample, by first probe:
+    #   1: 3 + 3/4·(probe 3: 1, then 2 if 3 is dead (2/3): 2) = 3 + 3/4·(1 + 4/3) = 4.75
+    #   2: 2 + 2/4·(probe 3: 1) + 2/4·(probe 1: 3)            = 4
+    #   3: 1 + 3/4·(probe 2: 2, then 1 if 2 is dead (2/3): 3) = 1 + 3/4·(2 + 2) = 4
+    # (a tie keeps the earlier)
+    assert search_point(0, 4, 4) == 2
+    for lo, hi, n in [(-1, 8, 8), (-1, 20, 20), (2, 15, 15)]:
+        middle = list(range(lo + 1, hi))[(hi - lo - 1) // 2]
+        assert lo < search_point(lo, hi, n) < hi
+        assert search_point(lo, hi, n) >= middle, "never earlier (dearer) than the middle"
+    assert search_point(-1, 8, 8) == 5, "the middle would be 4"
+
+
+def test_cost_aware_search_generates_fewer_chunks_when_probes_cost_alike() -> None:
+    """When an alive prefix costs as many samples as a dead one (its first success is the
+    last sample), the search that prices chunks writes fewer of them than the middle's."""
+    for n in (8, 16):
+        cost_aware = sum(_search(Adaptive(probe=0), n, b, first_success=14)[1] for b in range(n + 1))
+        middle = sum(_search(Adaptive(probe=0, cost=0), n, b, first_success=14)[1] for b in range(n + 1))
+        assert cost_aware < middle, (n, cost_aware, middle)
+
+
+def test_a_set_pinned_before_the_cost_aware_search_keeps_its_budget() -> None:
+    old = parse_budget("adaptive:confidence=0.75,min=2,round=2,probe=0.1,settle=0.12,prior=1.5,link=0.5")
+    assert isinstance(old, Adaptive) and old.cost == 0 and old.probe_samples == 4
+    assert parse_budget(old.pinned) == old
+    new = parse_budget("adaptive:probe=0.2")  # a spec a person types: today's defaults for the rest
+    assert isinstance(new, Adaptive) and new.cost == Adaptive().cost == 1
+    assert parse_budget("adaptive:probe_n=8").probe_samples == 8  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError):
+        parse_budget("adaptive:probe_n=0")

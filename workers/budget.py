@@ -30,9 +30,11 @@ what cannot change a label:
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Protocol
 
 from stepq.models.errors import ConfigError
@@ -133,10 +135,6 @@ def probed(key: str, k: int, share: float) -> bool:
     return share > 0 and derive_seed("probe", key, k) < share * 0x7FFFFFFF
 
 
-PROBE_SAMPLES = 4
-"""Samples in a probe of a prefix inferred dead."""
-
-
 @dataclass(frozen=True)
 class Adaptive:
     round_size: int = 2
@@ -145,8 +143,10 @@ class Adaptive:
     """Posterior probability at which a relative-rule label is taken."""
     min_samples: int = 2
     """Samples each prefix needs before a label may rest on them (unless it is certain)."""
-    probe: float = 0.1
-    """Share of the prefixes it would skip as dead that still get ``PROBE_SAMPLES`` samples."""
+    probe: float = 1.0
+    """Share of the prefixes it would skip as dead that still get ``probe_samples`` samples."""
+    probe_samples: int = 4
+    """Samples in a probe of a prefix inferred dead."""
     settle: float = 0.12
     """Least expected gain in a chunk's label accuracy that the rest of its budget must offer
     for sampling to go on (0: sample until settled or spent)."""
@@ -154,6 +154,9 @@ class Adaptive:
     """Strength of the symmetric Beta prior on each prefix's Q (0.5: Jeffreys)."""
     link: float = 0.5
     """Prior weight of "the chunk keeps the Q before it" (``posterior.py``; 0: independent)."""
+    cost: float = 1
+    """1: the search for the first dead prefix probes where it expects to spend the fewest
+    tokens (``search_point``); 0: the middle (binary search by position)."""
 
     @property
     def spec(self) -> str:
@@ -192,10 +195,11 @@ class Adaptive:
         # prefix before them, alive, and the labels follow.
         for k in range(first_dead + 1, ev.n):
             if alive[k] is False and ev.samples(k) == ev.t and probed(obs.key, k, self.probe):
-                asks(k, PROBE_SAMPLES)
+                asks(k, self.probe_samples)
         undecided = [k for k in range(ev.n + 1) if alive[k] is None]
-        if undecided:  # binary search between the last alive and the first dead prefix
-            asks(undecided[len(undecided) // 2])
+        if undecided:  # search between the last alive and the first dead prefix
+            lo, hi = undecided[0] - 1, undecided[-1] + 1
+            asks(search_point(lo, hi, ev.n) if self.cost else undecided[len(undecided) // 2])
         q = ev.q_values(obs.outcome)
         if rule.name == "abs-q":
             return Decision(asks.requests, [alive[i] for i in range(1, ev.n + 1)], q)
@@ -307,18 +311,53 @@ class _Asks:
                 self.requests[k] = idx
 
 
+def search_point(lo: int, hi: int, n: int) -> int:
+    """The prefix to probe next when ``lo`` is alive, ``hi`` dead and those between unknown.
+
+    A rollout from prefix k writes the trajectory's remaining n - k chunks, roughly: late
+    prefixes are cheap.  Every probe is priced at the same number of samples whatever it
+    finds: a dead proof costs the full budget, and so does nearly an alive prefix of small
+    Q, and the search has no estimate of Q before it samples.  With the first dead prefix
+    equally likely anywhere in (lo, hi], this is the first probe of the search that
+    minimises the expected chunks generated (an exact recursion over sub-ranges, cached per
+    shape), where the middle would minimise the probes: it leans towards the cheap end.
+    """
+    return lo + _plan(hi - lo, n - lo)[1]
+
+
+@lru_cache(maxsize=4096)
+def _plan(width: int, left: int) -> tuple[float, int]:
+    """(expected chunks per sample, first probe's offset) for a search over ``width``
+    candidates after an alive prefix from which a rollout writes ``left`` chunks."""
+    if width <= 1:
+        return 0.0, 0
+    best: tuple[float, int] = (math.inf, 1)
+    for j in range(1, width):
+        alive = (width - j) / width * _plan(width - j, left - j)[0]
+        dead = j / width * _plan(j, left)[0]
+        cost = (left - j) + alive + dead
+        if cost < best[0]:
+            best = (cost, j)
+    return best
+
+
 _BUDGET = re.compile(r"^\s*(exhaustive|adaptive)\s*(?::(.*))?$")
 _PARAMS = {
     "confidence": "confidence",
     "min": "min_samples",
     "round": "round_size",
     "probe": "probe",
+    "probe_n": "probe_samples",
     "settle": "settle",
     "prior": "prior",
     "link": "link",
+    "cost": "cost",
 }
 """Spec keys of the adaptive budget and the fields they set."""
-_INTEGER = {"min_samples", "round_size"}
+_INTEGER = {"min_samples", "round_size", "probe_samples"}
+_ADDED = {"probe_samples": 4.0, "cost": 0.0}
+"""Parameters added after sets were first pinned, with the values that behave as before them:
+a spec naming every other parameter is an earlier release's pinned form and gets these."""
 
 
 def parse_budget(spec: str) -> BudgetPolicy:
@@ -339,12 +378,15 @@ def parse_budget(spec: str) -> BudgetPolicy:
             values[_PARAMS[key]] = float(value)
         except ValueError:
             raise ConfigError(f"budget parameter {key}={value!r} is not a number") from None
+    if set(_PARAMS.values()) - set(values) == set(_ADDED):
+        values.update(_ADDED)
     policy = Adaptive(**{k: int(v) if k in _INTEGER else v for k, v in values.items()})  # type: ignore[arg-type]
     if not (
         0.5 < policy.confidence < 1
         and policy.round_size >= 1
         and policy.min_samples >= 0
         and 0 <= policy.probe <= 1
+        and policy.probe_samples >= 1
         and 0 <= policy.settle < 0.5
         and policy.prior > 0
         and 0 <= policy.link < 1

@@ -21,7 +21,11 @@ from stepq.workers.backends import BACKENDS as BACKEND_NAMES
 @click.option("--set", "set_name", required=True)
 @click.option("--rollouts", "m", type=click.IntRange(min=1), required=True, help="Rollouts per prefix (M).")
 @click.option("--rule", default=None, help="Label rule, e.g. abs-q or rel-ratio:gamma=0.7.")
-@click.option("--budget", default=None, help="exhaustive, or adaptive[:confidence=C,min=N,round=R,probe=P].")
+@click.option(
+    "--budget",
+    default=None,
+    help="exhaustive, or adaptive[:KEY=VALUE,...]: confidence, min, round, probe, probe_n, settle, prior, link, cost.",
+)
 @click.option("--backend", type=click.Choice(BACKEND_NAMES), default=None, help="The set's generation backend.")
 @click.option("--model", default=None, help="Backend model (path or served name).")
 @click.option("--base-url", default=None, help="openai: the server's base URL.")

@@ -1,0 +1,161 @@
+"""Replay a budget's decisions on rollouts already drawn: labels, cost and where they differ.
+
+An exhaustive run holds sample i of every prefix for i < M, and a budget only ever asks for
+sample indices below M, so driving ``decide`` against those stored rewards gives the labels
+and the cost the budget would have had on the same draws, in seconds instead of a model's
+minutes.  ``bench_budget --settings neural`` reports it beside the budget's own run through
+the task code: with the same draws on both sides, the replay's agreement change is the
+budget's inference alone, without the sampling noise of two independent runs (on 80
+trajectories that noise is worth about a point and a half).  It is also where the neural
+setting's budget variants were compared before a run through the task code.
+
+Each adaptive label is also filed by the evidence it rests on (``evidence``): the complete
+solution's own outcome, its prefix sampled (a success drawn, or M failures), or inferred
+from another prefix (alive because a later prefix is; dead because an earlier one is), so a
+loss of agreement can be traced to the inference that caused it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import text
+
+from stepq.models import Database
+from stepq.workers.budget import BudgetPolicy, Observation
+from stepq.workers.labels import LabelRule
+
+Key = tuple[str, int]
+"""(problem external id, chunk index from 1)."""
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One trajectory's stored draws: ``rewards[k][i]`` and ``tokens[k][i]`` of sample i of prefix k."""
+
+    n_chunks: int
+    outcome: bool
+    rewards: dict[int, dict[int, int]]
+    tokens: dict[int, dict[int, int]]
+
+
+def load_pools(db: Database) -> dict[str, Pool]:
+    """Every trajectory's rollouts in an annotated set, by its problem's external id."""
+    with db.engine.connect() as conn:
+        shapes = conn.execute(
+            text(
+                "SELECT p.external_id, t.n_chunks, t.outcome FROM trajectories t JOIN problems p ON p.id = t.problem_id"
+            )
+        ).all()
+        rows = conn.execute(
+            text(
+                "SELECT p.external_id, r.prefix_len, r.sample_idx, r.reward, r.tokens FROM rollouts r "
+                "JOIN trajectories t ON t.id = r.trajectory_id JOIN problems p ON p.id = t.problem_id"
+            )
+        ).all()
+    pools = {ext: Pool(int(n), bool(outcome), {}, {}) for ext, n, outcome in shapes}
+    for ext, k, i, reward, tokens in rows:
+        pools[ext].rewards.setdefault(k, {})[i] = int(reward)
+        pools[ext].tokens.setdefault(k, {})[i] = int(tokens)
+    return pools
+
+
+@dataclass
+class Replay:
+    labels: dict[Key, bool]
+    evidence: dict[Key, str]
+    rollouts: int
+    tokens: int
+
+
+def replay(pools: dict[str, Pool], budget: BudgetPolicy, rule: LabelRule, m: int) -> Replay:
+    """Drive ``budget`` against the stored draws until every trajectory is done."""
+    out = Replay({}, {}, 0, 0)
+    for ext, pool in pools.items():
+        seen: dict[int, dict[int, int]] = {}
+        while True:
+            obs = Observation(pool.n_chunks, m, pool.outcome, seen, budget.counts_trajectory(), key=ext)
+            decision = budget.decide(obs, rule)
+            if decision.done:
+                break
+            for k, indices in decision.requests.items():
+                for i in indices:
+                    if i not in pool.rewards.get(k, {}):
+                        raise ValueError(f"the stored run has no sample {i} of prefix {k} of {ext}")
+                    seen.setdefault(k, {})[i] = pool.rewards[k][i]
+                    out.tokens += pool.tokens[k][i]
+                    out.rollouts += 1
+        for idx, label in enumerate(decision.labels, start=1):
+            assert label is not None, f"{ext} chunk {idx} left undecided"
+            out.labels[(ext, idx)] = label
+            out.evidence[(ext, idx)] = evidence(obs, idx, label)
+    return out
+
+
+def evidence(obs: Observation, k: int, label: bool) -> str:
+    """What an Abs-Q-style label of prefix ``k`` rests on."""
+    if k == obs.n_chunks:
+        return "outcome"
+    drawn = obs.rewards.get(k, {})
+    if any(drawn.values()):
+        return "sampled alive"
+    if not label and len(drawn) + int(obs.trajectory_is_sample) >= obs.m:
+        return "sampled dead"
+    return "inferred alive" if label else "inferred dead"
+
+
+def by_evidence(result: Replay, exhaustive: dict[Key, bool], reference: dict[Key, bool]) -> dict[str, dict[str, Any]]:
+    """Per kind of evidence: chunks, and how often the budget and exhaustive M agree with the
+    reference on them (the disagreements a change of the budget can win back)."""
+    chunks = Counter(result.evidence.values())
+    out: dict[str, dict[str, Any]] = {}
+    for kind, n in sorted(chunks.items()):
+        keys = [key for key, e in result.evidence.items() if e == kind]
+        out[kind] = {
+            "chunks": n,
+            "budget_agrees": sum(result.labels[key] == reference[key] for key in keys),
+            "exhaustive_agrees": sum(exhaustive[key] == reference[key] for key in keys),
+        }
+    return out
+
+
+def change_interval(
+    got: dict[Key, bool], base: dict[Key, bool], want: dict[Key, bool], draws: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """95% bootstrap interval, over trajectories, of how many points more often ``got``
+    agrees with ``want`` than ``base`` does."""
+    import random
+
+    per: dict[str, list[int]] = {}
+    for key, label in want.items():
+        row = per.setdefault(key[0], [0, 0, 0])
+        row[0] += got.get(key) == label
+        row[1] += base.get(key) == label
+        row[2] += 1
+    rows = list(per.values())
+    rng = random.Random(seed)
+    changes = []
+    for _ in range(draws):
+        sample = [rows[rng.randrange(len(rows))] for _ in rows]
+        total = sum(r[2] for r in sample)
+        changes.append(100 * (sum(r[0] for r in sample) - sum(r[1] for r in sample)) / total)
+    changes.sort()
+    return round(changes[int(0.025 * draws)], 2), round(changes[int(0.975 * draws) - 1], 2)
+
+
+def dead_stays_dead(pools: dict[str, Pool], m: int) -> dict[str, int]:
+    """How often the assumption the adaptive budget checks fails in a complete run: prefixes
+    with no success in their M samples, and how many of them a later prefix of the same
+    trajectory (or the trajectory's own correct answer) shows could still be finished."""
+    dead = revived = 0
+    for pool in pools.values():
+        for k in range(pool.n_chunks):
+            drawn = pool.rewards.get(k, {})
+            if len(drawn) < m or any(drawn.values()):
+                continue
+            dead += 1
+            later = (any(pool.rewards.get(j, {}).values()) for j in range(k + 1, pool.n_chunks))
+            revived += pool.outcome or any(later)
+    return {"dead_prefixes": dead, "a_later_prefix_succeeds": revived}
