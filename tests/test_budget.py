@@ -215,7 +215,7 @@ def test_cost_aware_search_finds_every_boundary_exactly(n: int) -> None:
 
 
 def test_cost_aware_search_leans_to_the_cheap_end() -> None:
-    from stepq.workers.budget import search_point
+    from stepq.workers.dead_prefix_search import search_point
 
     # Prefixes 1, 2, 3 unknown between alive 0 and dead 4 of a 4-chunk trajectory, the first
     # dead one equally likely 1..4; expected chunks written per sample, by first probe:

@@ -14,7 +14,9 @@ what cannot change a label:
   i is a continuation of every prefix before it); a prefix with no success in M samples is
   dead, and (the OmegaPRM assumption) so is every longer prefix: a solution that cannot
   be finished from step i cannot be finished from a later step that continues it.  Dead
-  and alive prefixes of a wrong trajectory are separated by binary search;
+  and alive prefixes of a wrong trajectory are separated by a search that prices tokens
+  (``search_point``: a rollout from a late prefix writes less), and the prefixes taken as
+  dead without sampling are probed, so a policy that recovers is caught where it does;
 - Abs-Q needs nothing more: a chunk is positive iff its prefix is alive;
 - for the relative rules a chunk between two alive prefixes is sampled in rounds until its
   label is settled with the stated confidence: each prefix's true Q has a Beta posterior
@@ -30,14 +32,13 @@ what cannot change a label:
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Protocol
 
 from stepq.models.errors import ConfigError
+from stepq.workers.dead_prefix_search import search_point
 from stepq.workers.labels import LabelRule, label_chunks
 from stepq.workers.posterior import Prefix, p_positive, settling_gain
 from stepq.workers.seeds import derive_seed
@@ -309,36 +310,6 @@ class _Asks:
             idx = _next_indices(self.obs.rewards.get(k, {}), self.cap, size or self.round_size)
             if idx:
                 self.requests[k] = idx
-
-
-def search_point(lo: int, hi: int, n: int) -> int:
-    """The prefix to probe next when ``lo`` is alive, ``hi`` dead and those between unknown.
-
-    A rollout from prefix k writes the trajectory's remaining n - k chunks, roughly: late
-    prefixes are cheap.  Every probe is priced at the same number of samples whatever it
-    finds: a dead proof costs the full budget, and so does nearly an alive prefix of small
-    Q, and the search has no estimate of Q before it samples.  With the first dead prefix
-    equally likely anywhere in (lo, hi], this is the first probe of the search that
-    minimises the expected chunks generated (an exact recursion over sub-ranges, cached per
-    shape), where the middle would minimise the probes: it leans towards the cheap end.
-    """
-    return lo + _plan(hi - lo, n - lo)[1]
-
-
-@lru_cache(maxsize=4096)
-def _plan(width: int, left: int) -> tuple[float, int]:
-    """(expected chunks per sample, first probe's offset) for a search over ``width``
-    candidates after an alive prefix from which a rollout writes ``left`` chunks."""
-    if width <= 1:
-        return 0.0, 0
-    best: tuple[float, int] = (math.inf, 1)
-    for j in range(1, width):
-        alive = (width - j) / width * _plan(width - j, left - j)[0]
-        dead = j / width * _plan(j, left)[0]
-        cost = (left - j) + alive + dead
-        if cost < best[0]:
-            best = (cost, j)
-    return best
 
 
 _BUDGET = re.compile(r"^\s*(exhaustive|adaptive)\s*(?::(.*))?$")
