@@ -41,10 +41,13 @@ def run(
         steps = policy.solve(problem, derive_seed("trajectory", seed, p))
         values = [problem.start] + [s.value for s in steps]
         outcome = steps[-1].value == problem.answer
+        sizes = tuple(len(step.text) for step in steps)
         truth = label_chunks(rule, trajectory_q(policy, problem, steps))
         rewards: dict[int, dict[int, int]] = {}
         while True:
-            obs = Observation(len(steps), m, outcome, rewards, budget.counts_trajectory(), key=f"{seed}-{p}")
+            obs = Observation(
+                len(steps), m, outcome, rewards, budget.counts_trajectory(), key=f"{seed}-{p}", chunk_sizes=sizes
+            )
             started = time.perf_counter()
             decision = budget.decide(obs, rule)
             deciding += time.perf_counter() - started

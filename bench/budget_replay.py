@@ -39,6 +39,7 @@ class Pool:
     outcome: bool
     rewards: dict[int, dict[int, int]]
     tokens: dict[int, dict[int, int]]
+    chunk_sizes: tuple[int, ...] = ()
 
 
 def load_pools(db: Database) -> dict[str, Pool]:
@@ -49,13 +50,21 @@ def load_pools(db: Database) -> dict[str, Pool]:
                 "SELECT p.external_id, t.n_chunks, t.outcome FROM trajectories t JOIN problems p ON p.id = t.problem_id"
             )
         ).all()
+        sizes: dict[str, list[int]] = {}
+        for ext, size in conn.execute(
+            text(
+                "SELECT p.external_id, length(c.text) FROM chunks c JOIN trajectories t ON t.id = c.trajectory_id "
+                "JOIN problems p ON p.id = t.problem_id ORDER BY p.external_id, c.idx"
+            )
+        ):
+            sizes.setdefault(ext, []).append(int(size))
         rows = conn.execute(
             text(
                 "SELECT p.external_id, r.prefix_len, r.sample_idx, r.reward, r.tokens FROM rollouts r "
                 "JOIN trajectories t ON t.id = r.trajectory_id JOIN problems p ON p.id = t.problem_id"
             )
         ).all()
-    pools = {ext: Pool(int(n), bool(outcome), {}, {}) for ext, n, outcome in shapes}
+    pools = {ext: Pool(int(n), bool(outcome), {}, {}, tuple(sizes.get(ext, ()))) for ext, n, outcome in shapes}
     for ext, k, i, reward, tokens in rows:
         pools[ext].rewards.setdefault(k, {})[i] = int(reward)
         pools[ext].tokens.setdefault(k, {})[i] = int(tokens)
@@ -76,7 +85,9 @@ def replay(pools: dict[str, Pool], budget: BudgetPolicy, rule: LabelRule, m: int
     for ext, pool in pools.items():
         seen: dict[int, dict[int, int]] = {}
         while True:
-            obs = Observation(pool.n_chunks, m, pool.outcome, seen, budget.counts_trajectory(), key=ext)
+            obs = Observation(
+                pool.n_chunks, m, pool.outcome, seen, budget.counts_trajectory(), key=ext, chunk_sizes=pool.chunk_sizes
+            )
             decision = budget.decide(obs, rule)
             if decision.done:
                 break

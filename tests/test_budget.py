@@ -249,3 +249,15 @@ def test_a_set_pinned_before_the_cost_aware_search_keeps_its_budget() -> None:
     assert parse_budget("adaptive:probe_n=8").probe_samples == 8  # type: ignore[attr-defined]
     with pytest.raises(ConfigError):
         parse_budget("adaptive:probe_n=0")
+
+
+def test_the_answer_surplus_is_read_from_the_trajectory_itself() -> None:
+    from stepq.workers.dead_prefix_search import answer_surplus, search_point
+
+    # steps of 22 characters, the last with its answer 52: 52 / 22 - 1 = 1.36, in halves 1.5
+    assert answer_surplus([22, 22, 22, 52]) == 1.5
+    assert answer_surplus([20, 20, 20]) == 0.0 and answer_surplus([30, 10]) == 0.0, "never below 0"
+    assert answer_surplus([10, 10, 500]) == 4.0, "at most 4"
+    assert answer_surplus([]) == answer_surplus([40]) == 0.0
+    # a long answer makes every probe dearer by the same amount: the search leans less late
+    assert search_point(-1, 8, 8, 4.0) <= search_point(-1, 8, 8, 0.0)

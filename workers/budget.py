@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from stepq.models.errors import ConfigError
-from stepq.workers.dead_prefix_search import search_point
+from stepq.workers.dead_prefix_search import answer_surplus, search_point
 from stepq.workers.labels import LabelRule, label_chunks
 from stepq.workers.posterior import Prefix, p_positive, settling_gain
 from stepq.workers.seeds import derive_seed
@@ -55,6 +55,9 @@ class Observation:
     trajectory_is_sample: bool = False
     key: str = ""
     """The trajectory's identity: which skipped prefixes it probes is a function of it."""
+    chunk_sizes: tuple[int, ...] = ()
+    """Characters per chunk: how long a rollout from each prefix is likely to be (its rest);
+    empty when unknown (every chunk alike)."""
 
 
 @dataclass(frozen=True)
@@ -200,7 +203,10 @@ class Adaptive:
         undecided = [k for k in range(ev.n + 1) if alive[k] is None]
         if undecided:  # search between the last alive and the first dead prefix
             lo, hi = undecided[0] - 1, undecided[-1] + 1
-            asks(search_point(lo, hi, ev.n) if self.cost else undecided[len(undecided) // 2])
+            if self.cost:
+                asks(search_point(lo, hi, ev.n, answer_surplus(obs.chunk_sizes)))
+            else:
+                asks(undecided[len(undecided) // 2])
         q = ev.q_values(obs.outcome)
         if rule.name == "abs-q":
             return Decision(asks.requests, [alive[i] for i in range(1, ev.n + 1)], q)

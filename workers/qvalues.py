@@ -65,7 +65,13 @@ class TrajectoryLabeller:
 
     def decide(self, rewards: Mapping[int, Mapping[int, int]]) -> Decision:
         obs = Observation(
-            self.traj.n_chunks, self.m, bool(self.traj.outcome), rewards, self.trajectory_is_sample, str(self.traj.id)
+            self.traj.n_chunks,
+            self.m,
+            bool(self.traj.outcome),
+            rewards,
+            self.trajectory_is_sample,
+            str(self.traj.id),
+            tuple(len(c.text) for c in self.chunks),
         )
         return self.policy.decide(obs, self.rule)
 
