@@ -25,6 +25,7 @@ from typing import Any
 
 from sqlalchemy import text
 
+from bench.budget_replay import dead_stays_dead, load_pools
 from bench.common import emit
 from stepq.migrations import upgrade
 from stepq.models import Database
@@ -178,7 +179,11 @@ def measure(tmp: Path, strength: str, recovery: float, n: int, m: int, budget: s
     ex_tokens = count(db, "exhaustive", "coalesce(sum(r.tokens), 0)")
     with db.engine.connect() as conn:
         right = conn.execute(text("SELECT avg(CASE WHEN outcome THEN 1.0 ELSE 0.0 END) FROM trajectories")).scalar()
-    setting: dict[str, Any] = {"policy": config, "answers_right": round(float(right or 0), 3)}
+    setting: dict[str, Any] = {
+        "policy": config,
+        "answers_right": round(float(right or 0), 3),
+        "dead_stays_dead": dead_stays_dead(load_pools(db, "exhaustive"), m),
+    }
     # the noise floor: a second exhaustive run with independent rollouts
     annotate(db, "exhaustive-2", config, n, m, parse_rule("abs-q"), "exhaustive", rollout_seed=4242)
     for spec in RULES:

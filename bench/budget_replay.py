@@ -42,8 +42,11 @@ class Pool:
     chunk_sizes: tuple[int, ...] = ()
 
 
-def load_pools(db: Database) -> dict[str, Pool]:
-    """Every trajectory's rollouts in an annotated set, by its problem's external id."""
+def load_pools(db: Database, set_name: str | None = None) -> dict[str, Pool]:
+    """Every trajectory's rollouts in an annotated set (the database's only set when None),
+    by its problem's external id."""
+    where = "" if set_name is None else " JOIN problem_sets s ON s.id = p.problem_set_id WHERE s.name = :n"
+    args = {} if set_name is None else {"n": set_name}
     with db.engine.connect() as conn:
         shapes = conn.execute(
             text(
@@ -54,15 +57,17 @@ def load_pools(db: Database) -> dict[str, Pool]:
         for ext, size in conn.execute(
             text(
                 "SELECT p.external_id, length(c.text) FROM chunks c JOIN trajectories t ON t.id = c.trajectory_id "
-                "JOIN problems p ON p.id = t.problem_id ORDER BY p.external_id, c.idx"
-            )
+                "JOIN problems p ON p.id = t.problem_id" + where + " ORDER BY p.external_id, c.idx"
+            ),
+            args,
         ):
             sizes.setdefault(ext, []).append(int(size))
         rows = conn.execute(
             text(
                 "SELECT p.external_id, r.prefix_len, r.sample_idx, r.reward, r.tokens FROM rollouts r "
-                "JOIN trajectories t ON t.id = r.trajectory_id JOIN problems p ON p.id = t.problem_id"
-            )
+                "JOIN trajectories t ON t.id = r.trajectory_id JOIN problems p ON p.id = t.problem_id" + where
+            ),
+            args,
         ).all()
     pools = {ext: Pool(int(n), bool(outcome), {}, {}, tuple(sizes.get(ext, ()))) for ext, n, outcome in shapes}
     for ext, k, i, reward, tokens in rows:
