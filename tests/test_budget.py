@@ -247,8 +247,9 @@ def test_a_set_pinned_before_the_cost_aware_search_keeps_its_budget() -> None:
     new = parse_budget("adaptive:probe=0.2")  # a spec a person types: today's defaults for the rest
     assert isinstance(new, Adaptive) and new.cost == Adaptive().cost == 1
     assert parse_budget("adaptive:probe_n=8").probe_samples == 8  # type: ignore[attr-defined]
-    with pytest.raises(ConfigError):
-        parse_budget("adaptive:probe_n=0")
+    for bad in ("adaptive:probe_n=0", "adaptive:cost=0.5"):
+        with pytest.raises(ConfigError):
+            parse_budget(bad)
 
 
 def test_the_answer_surplus_is_read_from_the_trajectory_itself() -> None:

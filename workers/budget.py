@@ -367,9 +367,10 @@ def parse_budget(spec: str) -> BudgetPolicy:
         and 0 <= policy.settle < 0.5
         and policy.prior > 0
         and 0 <= policy.link < 1
+        and policy.cost in (0, 1)
     ):
         raise ConfigError(
             "adaptive budget needs 0.5 < confidence < 1, round >= 1, min >= 0, 0 <= probe <= 1, "
-            "0 <= settle < 0.5, prior > 0 and 0 <= link < 1"
+            "probe_n >= 1, 0 <= settle < 0.5, prior > 0, 0 <= link < 1 and cost 0 or 1"
         )
     return policy
