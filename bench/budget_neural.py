@@ -9,6 +9,12 @@ budget agrees with it no more than 1 point less than exhaustive M does; exhausti
 agreement is the noise floor) and with the synthetic checker's step truth (each chunk and
 those before it compute the true running values).  Cost is counted in rollouts and in
 generated tokens (characters: the policy's tokenizer reads one per token).
+
+Two independent runs of 160 trajectories differ by a point or two of agreement by chance, so
+each change is given with a 95% bootstrap interval over trajectories, and the budget (and
+any ``--replay-budget``) is also replayed on exhaustive's own draws (``budget_replay``): the
+same draws on both sides leave only what the budget's inference changes.  Each setting also
+reports how often "dead stays dead" failed in the exhaustive run.
 """
 
 from __future__ import annotations

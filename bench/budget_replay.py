@@ -5,8 +5,9 @@ sample indices below M, so driving ``decide`` against those stored rewards gives
 and the cost the budget would have had on the same draws, in seconds instead of a model's
 minutes.  ``bench_budget --settings neural`` reports it beside the budget's own run through
 the task code: with the same draws on both sides, the replay's agreement change is the
-budget's inference alone, without the sampling noise of two independent runs (on 80
-trajectories that noise is worth about a point and a half).  It is also where the neural
+budget's inference alone, without the sampling noise of two independent runs (on 160
+trajectories of the weak neural policy, the interval of an independent run's Abs-Q change
+was 5 points wide, the replay's 3).  It is also where the neural
 setting's budget variants were compared before a run through the task code.
 
 Each adaptive label is also filed by the evidence it rests on (``evidence``): the complete
