@@ -177,6 +177,7 @@ def measure(tmp: Path, strength: str, recovery: float, n: int, m: int, budget: s
     annotate(db, "exhaustive", config, n, m, parse_rule("abs-q"), "exhaustive")
     ex_rollouts = count(db, "exhaustive", "count(r.id)")
     ex_tokens = count(db, "exhaustive", "coalesce(sum(r.tokens), 0)")
+    ex_prompt = count(db, "exhaustive", "coalesce(sum(r.prompt_tokens), 0)")
     with db.engine.connect() as conn:
         right = conn.execute(text("SELECT avg(CASE WHEN outcome THEN 1.0 ELSE 0.0 END) FROM trajectories")).scalar()
     setting: dict[str, Any] = {
@@ -199,12 +200,15 @@ def measure(tmp: Path, strength: str, recovery: float, n: int, m: int, budget: s
         ex, ad = labels(db, "exhaustive", rule), labels(db, name, rule)
         ad_rollouts = count(db, name, "count(r.id)")
         ad_tokens = count(db, name, "coalesce(sum(r.tokens), 0)")
+        ad_prompt = count(db, name, "coalesce(sum(r.prompt_tokens), 0)")
         setting[spec] = {
             "chunks": len(want),
             "adaptive_rollouts_per_chunk": round(ad_rollouts / len(want), 2),
             "adaptive_tokens_per_chunk": round(ad_tokens / len(want), 1),
+            "adaptive_prompt_tokens_per_chunk": round(ad_prompt / len(want), 1),
             "fewer_rollouts": round(ex_rollouts / max(ad_rollouts, 1), 2),
             "fewer_tokens": round(ex_tokens / max(ad_tokens, 1), 2),
+            "fewer_prompt_tokens": round(ex_prompt / max(ad_prompt, 1), 2),
             "exhaustive_accuracy": round(accuracy(ex, want), 4),
             "adaptive_accuracy": round(accuracy(ad, want), 4),
             "accuracy_change_points": round(100 * (accuracy(ad, want) - accuracy(ex, want)), 2),

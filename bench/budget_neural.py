@@ -116,6 +116,7 @@ def measure_setting(tmp: Path, strength: str, model: Path, args: argparse.Namesp
         ).one()
     ex_rollouts = count(exhaustive, SET, "count(r.id)")
     ex_tokens = count(exhaustive, SET, "coalesce(sum(r.tokens), 0)")
+    ex_prompt = count(exhaustive, SET, "coalesce(sum(r.prompt_tokens), 0)")
     truth = step_truth(exhaustive)
     pools = load_pools(exhaustive)
     setting: dict[str, Any] = {
@@ -136,6 +137,7 @@ def measure_setting(tmp: Path, strength: str, model: Path, args: argparse.Namesp
         want, ex, ad = labels(reference, SET, rule), labels(exhaustive, SET, rule), labels(adaptive, SET, rule)
         ad_rollouts = count(adaptive, SET, "count(r.id)")
         ad_tokens = count(adaptive, SET, "coalesce(sum(r.tokens), 0)")
+        ad_prompt = count(adaptive, SET, "coalesce(sum(r.prompt_tokens), 0)")
         setting[spec] = {
             "chunks": len(want),
             "exhaustive_tokens_per_chunk": round(ex_tokens / len(want), 1),
@@ -143,6 +145,9 @@ def measure_setting(tmp: Path, strength: str, model: Path, args: argparse.Namesp
             "adaptive_tokens_per_chunk": round(ad_tokens / len(want), 1),
             "fewer_rollouts": round(ex_rollouts / max(ad_rollouts, 1), 2),
             "fewer_tokens": round(ex_tokens / max(ad_tokens, 1), 2),
+            "exhaustive_prompt_tokens_per_chunk": round(ex_prompt / len(want), 1),
+            "adaptive_prompt_tokens_per_chunk": round(ad_prompt / len(want), 1),
+            "fewer_prompt_tokens": round(ex_prompt / max(ad_prompt, 1), 2),
             "exhaustive_agreement_with_reference": round(accuracy(ex, want), 4),
             "adaptive_agreement_with_reference": round(accuracy(ad, want), 4),
             "agreement_change_points": round(100 * (accuracy(ad, want) - accuracy(ex, want)), 2),

@@ -46,6 +46,8 @@ class Rollout(Base):
     grade_method: Mapped[str | None] = mapped_column(String(20), nullable=True)
     """How the reward was decided (exact, numeric, math-verify, timeout, error, no-answer)."""
     tokens: Mapped[int] = mapped_column(Integer)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    """Tokens of the context it continued, where the engine reports them."""
     generator: Mapped[str] = mapped_column(String(200))
     worker: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -54,12 +54,13 @@ def test_build_calls_per_sample_and_n() -> None:
 def test_parse_response() -> None:
     payload = {
         "choices": [{"index": 1, "text": "b"}, {"index": 0, "text": "a", "finish_reason": "length"}],
-        "usage": {"completion_tokens": 10},
+        "usage": {"completion_tokens": 10, "prompt_tokens": 7},
     }
-    assert [(c.text, c.tokens, c.finish_reason) for c in parse_response(payload, 2)] == [
-        ("a", 5, "length"),
-        ("b", 5, "stop"),
-    ]
+    assert [(c.text, c.tokens, c.finish_reason, c.prompt_tokens) for c in parse_response(payload, 2)] == [
+        ("a", 5, "length", 7),
+        ("b", 5, "stop", 7),
+    ], "one prompt per request: every choice continued all 7 of its tokens"
+    assert parse_response({"choices": [{"text": "a"}]}, 1)[0].prompt_tokens is None, "not reported: unknown"
     with pytest.raises(ServerError):
         parse_response({"choices": []}, 1)
 
@@ -73,6 +74,7 @@ def test_openai_backend_against_the_loopback_server(server: SyntheticCompletions
     policy = SyntheticPolicy()
     assert out[0][1].text == policy.continue_text(CTX, "", 2)
     assert backend.usage["completion_tokens"] == sum(c.tokens for o in out for c in o) > 0
+    assert all(c.prompt_tokens == len(CTX.split()) for o in out for c in o), "the server's usage, per prompt"
     assert server.prompts == [CTX] * 4
 
 
@@ -136,6 +138,7 @@ class _Sample:
 class _RequestOutput:
     prompt: str
     outputs: list[_Sample]
+    prompt_token_ids: list[int] | None = None
 
 
 def test_vllm_requests_and_results() -> None:
@@ -158,13 +161,13 @@ def test_vllm_requests_and_results() -> None:
     grouped = build_engine_calls(reqs, params, per_sample_seeds=False)
     assert [(c.sampling["n"], c.sampling["seed"]) for c in grouped] == [(2, 7), (1, 9)]
     outputs = [
-        _RequestOutput("p0", [_Sample("a", [1, 2], "stop"), _Sample("b", [3], "length")]),
+        _RequestOutput("p0", [_Sample("a", [1, 2], "stop"), _Sample("b", [3], "length")], [5, 6, 7]),
         _RequestOutput("p1", [_Sample("c", [], "stop")]),
     ]
     parsed = read_engine_outputs(grouped, outputs, 2)
-    assert [[(c.text, c.tokens, c.finish_reason) for c in row] for row in parsed] == [
-        [("a", 2, "stop"), ("b", 1, "length")],
-        [("c", 0, "stop")],
+    assert [[(c.text, c.tokens, c.finish_reason, c.prompt_tokens) for c in row] for row in parsed] == [
+        [("a", 2, "stop", 3), ("b", 1, "length", 3)],
+        [("c", 0, "stop", None)],
     ]
     with pytest.raises(RuntimeError):
         read_engine_outputs(grouped, outputs[:1], 2)
@@ -195,6 +198,8 @@ def test_hf_backend_seeding_stopping_tokens_batching(tiny_model: Path) -> None:
     assert a == b, "same seeds, same completions"
     assert [len(row) for row in a] == [2, 1]
     assert all(0 < c.tokens <= 10 for row in a for c in row)
+    # batched with left padding, each continued its own context and no padding
+    assert [[c.prompt_tokens for c in row] for row in a] == [[len(CTX)] * 2, [len("short")]]
     other = backend.generate([GenerationRequest(CTX, (4, 5)), GenerationRequest("short", (6,))], params)
     assert other != a, "other seeds, other completions"
     exact = HFBackend(str(tiny_model), per_sample_seeds=True)

@@ -65,6 +65,29 @@ def test_rollouts_are_deterministic_across_databases(sqlite: Database, pg: Datab
     assert texts[0] == texts[1]
 
 
+def test_rollouts_record_the_context_they_continued(any_db: Database) -> None:
+    """Prompt tokens per rollout (the synthetic engine counts words): a later prefix's rollout
+    continued a longer context and wrote less; docs/operations.md's query shows it."""
+    import re
+    from pathlib import Path
+
+    from sqlalchemy import text
+
+    synth_set(any_db, "p", problems=6, seed=3)
+    _annotate(any_db, "p", 2)
+    run_in_process(any_db, _runtime(any_db))
+    with any_db.session() as s:
+        assert s.scalar(select(func.count()).select_from(Rollout).where(Rollout.prompt_tokens.is_(None))) == 0
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    (query,) = re.findall(r"```sql\n(SELECT ps.name AS problem_set, r.prefix_len.*?)```", doc, re.S)
+    with any_db.engine.connect() as conn:
+        rows = conn.execute(text(query)).all()
+    assert [r.prefix_len for r in rows] == sorted(r.prefix_len for r in rows) and len(rows) >= 3
+    contexts, generated = [float(r.context) for r in rows], [float(r.generated) for r in rows]
+    assert contexts == sorted(contexts) and contexts[0] < contexts[-1], "each prefix adds its chunk"
+    assert generated[0] > generated[-1], "and leaves less to write"
+
+
 def test_labels_track_ground_truth_in_process(sqlite: Database) -> None:
     synth_set(sqlite, "t", problems=60, seed=5)
     _annotate(sqlite, "t", 16)

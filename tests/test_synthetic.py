@@ -122,6 +122,7 @@ def test_backend_batches_with_per_sample_seeds() -> None:
     assert [len(o) for o in out] == [3, 1]
     assert out[0][0] == out[1][0], "same seed, same context, same completion"
     assert all(c.tokens == len(c.text.split()) > 0 for o in out for c in o)
+    assert all(c.prompt_tokens == len(ctx.split()) for o in out for c in o)
 
 
 def test_derive_seed_is_stable_and_31_bit() -> None:

@@ -293,6 +293,7 @@ class TrajectoryJob:
                         "reward": grade.reward,
                         "grade_method": grade.method,
                         "tokens": comp.tokens,
+                        "prompt_tokens": comp.prompt_tokens,
                         "generator": self.generator,
                         "worker": rt.name,
                     }

@@ -47,7 +47,12 @@ class GenerationRequest:
 class Completion:
     text: str
     tokens: int
+    """Tokens generated."""
     finish_reason: str = "stop"
+    prompt_tokens: int | None = None
+    """Tokens of the context it continued, where the engine reports them (the prefill: an
+    early prefix's rollout generates many tokens from a short context, a late one few from
+    a long context)."""
 
 
 @runtime_checkable

@@ -95,8 +95,9 @@ class HFBackend:
                 eos_token_id=self.tokenizer.eos_token_id,
             )
         new = generated[:, enc["input_ids"].shape[1] :]
+        prompt_lengths = enc["attention_mask"].sum(dim=1).tolist()  # left padding is not prompt
         completions = []
-        for row in new.tolist():
+        for row, prompt_tokens in zip(new.tolist(), prompt_lengths, strict=True):
             length = len(row)
             if self.tokenizer.eos_token_id in row:
                 length = row.index(self.tokenizer.eos_token_id)
@@ -105,7 +106,7 @@ class HFBackend:
             if stopped:
                 length = len(self.tokenizer.encode(text, add_special_tokens=False))
             reason = "stop" if stopped or length < len(row) else "length"
-            completions.append(Completion(text, length, reason))
+            completions.append(Completion(text, length, reason, int(prompt_tokens)))
         return completions
 
     def continuation_logprobs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:

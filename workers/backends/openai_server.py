@@ -56,13 +56,16 @@ def parse_response(payload: dict[str, Any], n: int) -> list[Completion]:
         raise ServerError(f"server returned {len(choices)} choices, expected {n}")
     usage = payload.get("usage") or {}
     total = usage.get("completion_tokens")
+    # one prompt per request, however many choices: its length is every choice's context
+    prompt = usage.get("prompt_tokens")
+    prompt_tokens = prompt if isinstance(prompt, int) else None
     out = []
     for choice in choices:
         text = choice.get("text")
         if not isinstance(text, str):
             raise ServerError("server returned a choice without text")
         tokens = total // n if isinstance(total, int) else len(text.split())
-        out.append(Completion(text, tokens, choice.get("finish_reason") or "stop"))
+        out.append(Completion(text, tokens, choice.get("finish_reason") or "stop", prompt_tokens))
     return out
 
 

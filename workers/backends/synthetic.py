@@ -56,7 +56,8 @@ class SyntheticBackend:
             prompt, _, prefix = req.context.rpartition("Solution:\n")
             prompt += "Solution:\n"
             texts = [self.policy.continue_text(prompt, prefix, seed) for seed in req.seeds]
-            out.append([Completion(t, len(t.split())) for t in texts])
+            context = len(req.context.split())  # one token a word, as it counts what it writes
+            out.append([Completion(t, len(t.split()), prompt_tokens=context) for t in texts])
         if self.latency_s:
             time.sleep(self.latency_s * sum(r.n for r in requests))
         return out

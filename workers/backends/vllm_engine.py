@@ -37,9 +37,11 @@ def read_engine_outputs(calls: Sequence[EngineCall], outputs: Sequence[Any], n_r
     for call, result in zip(calls, outputs, strict=True):
         if len(result.outputs) != call.sampling["n"]:
             raise RuntimeError(f"engine returned {len(result.outputs)} samples, expected {call.sampling['n']}")
+        prompt_ids = getattr(result, "prompt_token_ids", None)
+        prompt_tokens = len(prompt_ids) if prompt_ids is not None else None
         for sample in result.outputs:
             out[call.request_index].append(
-                Completion(sample.text, len(sample.token_ids), sample.finish_reason or "stop")
+                Completion(sample.text, len(sample.token_ids), sample.finish_reason or "stop", prompt_tokens)
             )
     return out
 
