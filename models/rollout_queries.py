@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from stepq.models.errors import NotFoundError
 from stepq.models.problems import Problem, ProblemSet
@@ -34,6 +34,10 @@ class WorkContext:
     rewards: dict[int, dict[int, int]]
     generator: str | None = None
     """Who drew the trajectory's stored rollouts (None: none yet)."""
+    siblings: tuple[tuple[int, bool], ...] = ()
+    """(chunks shared with this trajectory, outcome) of each other trajectory of the problem
+    that the same policy drew from the same prompt, in id order: the outcome is a sample of
+    every prefix the two share (``sibling_samples``)."""
 
 
 def load_work_context(session: Session, trajectory_id: int) -> WorkContext:
@@ -45,13 +49,49 @@ def load_work_context(session: Session, trajectory_id: int) -> WorkContext:
     pset = session.get(ProblemSet, problem.problem_set_id)
     assert pset is not None
     generator = session.scalar(select(Rollout.generator).where(Rollout.trajectory_id == trajectory_id).limit(1))
-    return WorkContext(
-        traj, problem, pset, trajectory_chunks(session, trajectory_id), rollout_rewards(session, traj.id), generator
-    )
+    chunks = trajectory_chunks(session, trajectory_id)
+    siblings = sibling_samples(session, {trajectory_id: chunks}).get(trajectory_id, ())
+    return WorkContext(traj, problem, pset, chunks, rollout_rewards(session, traj.id), generator, siblings)
+
+
+def sibling_samples(session: Session, chunks_of: dict[int, list[Chunk]]) -> dict[int, tuple[tuple[int, bool], ...]]:
+    """For each trajectory (with its chunks), the other trajectories of its problem drawn by
+    the same generator from the same prompt, with an outcome: how many leading chunks each
+    shares with it, and its outcome, in id order.  A sibling that wrote the same first k
+    chunks continued prefix k as a rollout would: its outcome is a sample of that prefix
+    (of prefix 0, the prompt alone, always).  Two queries, whatever the number."""
+    ids = list(chunks_of)
+    if not ids:
+        return {}
+    me, sib = aliased(Trajectory), aliased(Trajectory)
+    pairs = session.execute(
+        select(me.id, sib.id, sib.outcome)
+        .join(sib, (sib.problem_id == me.problem_id) & (sib.id != me.id))
+        .where(me.id.in_(ids), sib.generator == me.generator, sib.prompt == me.prompt, sib.outcome.is_not(None))
+        .order_by(me.id, sib.id)
+    ).all()
+    if not pairs:
+        return {}
+    texts: dict[int, list[str]] = {}
+    sib_ids = sorted({s for _, s, _ in pairs})
+    for tid, text_ in session.execute(
+        select(Chunk.trajectory_id, Chunk.text)
+        .where(Chunk.trajectory_id.in_(sib_ids))
+        .order_by(Chunk.trajectory_id, Chunk.idx)
+    ):
+        texts.setdefault(tid, []).append(text_)
+    out: dict[int, list[tuple[int, bool]]] = {}
+    for tid, sid, outcome in pairs:
+        mine, theirs = [c.text for c in chunks_of[tid]], texts.get(sid, [])
+        shared = 0
+        while shared < min(len(mine), len(theirs)) and mine[shared] == theirs[shared]:
+            shared += 1
+        out.setdefault(tid, []).append((shared, bool(outcome)))
+    return {tid: tuple(v) for tid, v in out.items()}
 
 
 def load_work_contexts(session: Session, trajectory_ids: Sequence[int]) -> dict[int, WorkContext]:
-    """``load_work_context`` for several trajectories in five queries, whatever their number
+    """``load_work_context`` for several trajectories in seven queries, whatever their number
     (a task's message: the engine waits while they load)."""
     ids = list(dict.fromkeys(trajectory_ids))
     trajectories = {t.id: t for t in session.scalars(select(Trajectory).where(Trajectory.id.in_(ids)))}
@@ -76,11 +116,18 @@ def load_work_contexts(session: Session, trajectory_ids: Sequence[int]) -> dict[
     for tid, k, i, r, generator in rows:
         rewards[tid].setdefault(k, {})[i] = int(r)
         generators.setdefault(tid, generator)
+    siblings = sibling_samples(session, chunks)
     out = {}
     for tid in ids:
         problem = problems[trajectories[tid].problem_id]
         out[tid] = WorkContext(
-            trajectories[tid], problem, sets[problem.problem_set_id], chunks[tid], rewards[tid], generators.get(tid)
+            trajectories[tid],
+            problem,
+            sets[problem.problem_set_id],
+            chunks[tid],
+            rewards[tid],
+            generators.get(tid),
+            siblings.get(tid, ()),
         )
     return out
 

@@ -262,3 +262,33 @@ def test_the_answer_surplus_is_read_from_the_trajectory_itself() -> None:
     assert answer_surplus([]) == answer_surplus([40]) == 0.0
     # a long answer makes every probe dearer by the same amount: the search leans less late
     assert search_point(-1, 8, 8, 4.0) <= search_point(-1, 8, 8, 0.0)
+
+
+def test_siblings_that_share_a_prefix_are_samples_of_it() -> None:
+    # 4 chunks, a wrong trajectory, M = 8; three siblings drawn by the same policy from the same
+    # prompt: one shares nothing but the prompt and ended right, two share chunk 1 and failed.
+    right_from_the_prompt, failed_after_chunk_1 = (0, True), (1, False)
+    sibs = (right_from_the_prompt, failed_after_chunk_1, failed_after_chunk_1)
+    obs = Observation(4, 8, False, {}, True, "t", siblings=sibs)
+    d = Adaptive(probe=0).decide(obs, ABS)
+    assert 0 not in d.requests, "prefix 0 is alive (a sibling's success) without a rollout of its own"
+    assert d.q[0] == 1 / 4, "prefix 0: the trajectory and its three siblings, one right"
+    assert d.q[1] == 0 / 3, "prefix 1: the trajectory and the two that share chunk 1"
+    # prefix 1 needs 8 - 3 = 5 rollouts of its own to be proven dead, not 7
+    five_failures = {1: dict.fromkeys(range(5), 0)}
+    dead_1 = Adaptive(probe=0).decide(Observation(4, 8, False, five_failures, True, "t", siblings=sibs), ABS)
+    assert dead_1.done and dead_1.labels == [False, False, False, False]
+    # the same rollouts without sibling evidence: prefix 1 has 6 of its 8 samples, not dead yet
+    alone = Adaptive(probe=0, siblings=0).decide(Observation(4, 8, False, five_failures, True, "t", siblings=sibs), ABS)
+    assert not alone.done and alone.labels[0] is None
+    # siblings are samples of the rollout policy only when the trajectory is one
+    ingested = Adaptive(probe=0).decide(Observation(4, 8, False, {}, False, "t", siblings=sibs), ABS)
+    assert ingested.q[:2] == [None, None]
+    assert Exhaustive().decide(obs, ABS).requests[0] == list(range(8)), "exhaustive M ignores them (the paper)"
+
+
+def test_sibling_evidence_never_exceeds_m() -> None:
+    sibs = tuple((3, False) for _ in range(20))
+    d = Adaptive(probe=0).decide(Observation(3, 8, False, {}, True, "t", siblings=sibs), ABS)
+    assert d.done and d.labels == [False, False, False], "8 failures of every prefix: all dead, nothing drawn"
+    assert d.q[:3] == [0.0, 0.0, 0.0]

@@ -7,7 +7,7 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from stepq.models import Database, Rollout, jobs, queries
+from stepq.models import Database, Problem, ProblemSet, Rollout, Trajectory, jobs, queries
 from stepq.models.work import ROLLOUT_WORK
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
 from stepq.workers.annotation_config import configure_annotation
@@ -152,6 +152,37 @@ def test_adaptive_budget_labels_every_chunk_with_fewer_rollouts(any_db: Database
     ad_labels = {k[:2]: v for k, v in _labels(any_db, "ad").items()}
     assert ad_labels == ex_labels, "without recovery adaptive Abs-Q labels equal the exhaustive ones"
     assert run_in_process(any_db, _runtime(any_db)) == {}
+
+
+def test_sibling_trajectories_stand_in_for_rollouts_of_the_prefixes_they_share(any_db: Database) -> None:
+    """Several trajectories of a problem, drawn by the policy the rollouts come from: their
+    outcomes are samples of the prompt (and of any first chunks they share), so prefix 0
+    needs fewer rollouts of its own; the labels keep their accuracy, and relabelling from
+    the stored rollouts (which reads the siblings too) decides exactly the same."""
+    from stepq.workers.qvalues import relabel_set
+
+    drawn: dict[str, int] = {}
+    for name, budget in (("alone", "adaptive:sib=0"), ("sib", "adaptive")):
+        synth_set(any_db, name, problems=20, seed=6, trajectories_per_problem=4, error_rate=0.3, recovery_rate=0.0)
+        _annotate(any_db, name, 16, budget=budget)
+        run_in_process(any_db, _runtime(any_db))
+        with any_db.session() as s:
+            drawn[name] = s.scalar(
+                select(func.count())
+                .select_from(Rollout)
+                .join(Trajectory, Trajectory.id == Rollout.trajectory_id)
+                .join(Problem, Problem.id == Trajectory.problem_id)
+                .join(ProblemSet, ProblemSet.id == Problem.problem_set_id)
+                .where(ProblemSet.name == name, Rollout.prefix_len == 0)
+            )
+    assert drawn["sib"] < drawn["alone"], drawn
+    alone, sib = _labels(any_db, "alone"), _labels(any_db, "sib")
+    assert sib.keys() == alone.keys()
+    truth_alone, truth_sib = label_accuracy(any_db, "alone"), label_accuracy(any_db, "sib")
+    assert truth_sib[0] >= truth_alone[0] - 0.03 and truth_sib[1] >= truth_alone[1] - 0.03
+    before = _labels(any_db, "sib")
+    relabel_set(any_db, "sib", parse_rule("abs-q"))
+    assert _labels(any_db, "sib") == before
 
 
 def test_a_new_rule_on_an_adaptive_set_samples_only_what_it_needs(sqlite: Database) -> None:

@@ -243,6 +243,7 @@ class TrajectoryJob:
             self.policy,
             parse_rule(pset.label_rule),
             self.policy.counts_trajectory() and traj.generator == self.generator,
+            ctx.siblings,
         )
         self.prefixes = [traj.prompt]
         for chunk in ctx.chunks:

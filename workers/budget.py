@@ -58,6 +58,9 @@ class Observation:
     chunk_sizes: tuple[int, ...] = ()
     """Characters per chunk: how long a rollout from each prefix is likely to be (its rest);
     empty when unknown (every chunk alike)."""
+    siblings: tuple[tuple[int, bool], ...] = ()
+    """(chunks shared, outcome) of the problem's other trajectories drawn by the same policy
+    from the same prompt: each outcome is a sample of every prefix they share with this one."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,9 @@ class Adaptive:
     cost: float = 1
     """1: the search for the first dead prefix probes where it expects to spend the fewest
     tokens (``search_point``); 0: the middle (binary search by position)."""
+    siblings: float = 1
+    """1: the outcomes of the problem's other trajectories count as samples of the prefixes
+    they share with this one (when all are samples of the rollout policy); 0: ignored."""
 
     @property
     def spec(self) -> str:
@@ -190,15 +196,15 @@ class Adaptive:
         """Prove prefixes alive or dead, probe some inferred dead, bisect between the last
         alive and the first dead; for a relative rule, then settle each chunk's label from
         the posterior of the Q-values on both sides of it."""
-        ev = _Evidence.of(obs)
+        ev = _Evidence.of(obs, bool(self.siblings))
         alive, first_dead = _liveness(obs, ev)
-        asks = _Asks(obs, ev.cap, self.round_size)
+        asks = _Asks(obs, ev.caps, self.round_size)
         alive[ev.n] = obs.outcome
         # "Dead stays dead" is checked, not assumed: a share of the prefixes inferred dead
         # (never sampled themselves) get one round; a success there makes them, and every
         # prefix before them, alive, and the labels follow.
         for k in range(first_dead + 1, ev.n):
-            if alive[k] is False and ev.samples(k) == ev.t and probed(obs.key, k, self.probe):
+            if alive[k] is False and ev.drawn[k] == 0 and probed(obs.key, k, self.probe):
                 asks(k, self.probe_samples)
         undecided = [k for k in range(ev.n + 1) if alive[k] is None]
         if undecided:  # search between the last alive and the first dead prefix
@@ -246,33 +252,38 @@ class Adaptive:
 
 @dataclass(frozen=True)
 class _Evidence:
-    """Per prefix k < n: samples and successes, counting the trajectory itself as the M-th
-    sample of each of its prefixes when it is a sample of the rollout policy (``t`` = 1)."""
+    """Per prefix k < n: samples and successes.  When the trajectory is a sample of the rollout
+    policy (``t`` = 1) it is one of the M samples of each of its prefixes, and so is each
+    sibling's outcome for the prefixes the two share (the first ones, in id order, up to M):
+    the prefix then needs that many fewer rollouts of its own (``caps``)."""
 
     n: int
     m: int
     t: int
     counts: list[tuple[int, int]]
-
-    @property
-    def cap(self) -> int:
-        """Rollouts per prefix: M, less the trajectory when it counts."""
-        return self.m - self.t
+    caps: list[int]
+    """Rollouts of its own each prefix may draw: M less the trajectory and the siblings."""
+    drawn: list[int]
 
     @staticmethod
-    def of(obs: Observation) -> _Evidence:
+    def of(obs: Observation, use_siblings: bool = True) -> _Evidence:
         t = 1 if obs.trajectory_is_sample else 0
-        counts = []
+        counts, caps, drawn = [], [], []
         for k in range(obs.n_chunks):
-            rolls = [r for i, r in obs.rewards.get(k, {}).items() if i < obs.m - t]
-            counts.append((len(rolls) + t, sum(rolls) + t * int(obs.outcome)))
-        return _Evidence(obs.n_chunks, obs.m, t, counts)
+            shared = [o for length, o in obs.siblings if length >= k] if t and use_siblings else []
+            shared = shared[: obs.m - t]
+            cap = obs.m - t - len(shared)
+            rolls = [r for i, r in obs.rewards.get(k, {}).items() if i < cap]
+            counts.append((len(rolls) + t + len(shared), sum(rolls) + t * int(obs.outcome) + sum(shared)))
+            caps.append(cap)
+            drawn.append(len(rolls))
+        return _Evidence(obs.n_chunks, obs.m, t, counts, caps, drawn)
 
     def samples(self, k: int) -> int:
         return self.counts[k][0]
 
     def can_sample(self, obs: Observation, k: int) -> bool:
-        return k < self.n and bool(_next_indices(obs.rewards.get(k, {}), self.cap, 1))
+        return k < self.n and bool(_next_indices(obs.rewards.get(k, {}), self.caps[k], 1))
 
     def q_values(self, outcome: bool) -> list[float | None]:
         return [(c / s if s else None) for s, c in self.counts] + [float(outcome)]
@@ -307,13 +318,13 @@ def _liveness(obs: Observation, ev: _Evidence) -> tuple[list[bool | None], int]:
 class _Asks:
     """The samples to draw next, per prefix; the first ask for a prefix sets its size."""
 
-    def __init__(self, obs: Observation, cap: int, round_size: int) -> None:
-        self.obs, self.cap, self.round_size = obs, cap, round_size
+    def __init__(self, obs: Observation, caps: list[int], round_size: int) -> None:
+        self.obs, self.caps, self.round_size = obs, caps, round_size
         self.requests: dict[int, list[int]] = {}
 
     def __call__(self, k: int, size: int | None = None) -> None:
         if k < self.obs.n_chunks and k not in self.requests:
-            idx = _next_indices(self.obs.rewards.get(k, {}), self.cap, size or self.round_size)
+            idx = _next_indices(self.obs.rewards.get(k, {}), self.caps[k], size or self.round_size)
             if idx:
                 self.requests[k] = idx
 
@@ -329,10 +340,11 @@ _PARAMS = {
     "prior": "prior",
     "link": "link",
     "cost": "cost",
+    "sib": "siblings",
 }
 """Spec keys of the adaptive budget and the fields they set."""
 _INTEGER = {"min_samples", "round_size", "probe_samples"}
-_ADDED = {"probe_samples": 4.0, "cost": 0.0}
+_ADDED = {"probe_samples": 4.0, "cost": 0.0, "siblings": 0.0}
 """Parameters added after sets were first pinned, with the values that behave as before them:
 a spec naming every other parameter is an earlier release's pinned form and gets these."""
 
@@ -368,9 +380,10 @@ def parse_budget(spec: str) -> BudgetPolicy:
         and policy.prior > 0
         and 0 <= policy.link < 1
         and policy.cost in (0, 1)
+        and policy.siblings in (0, 1)
     ):
         raise ConfigError(
             "adaptive budget needs 0.5 < confidence < 1, round >= 1, min >= 0, 0 <= probe <= 1, "
-            "probe_n >= 1, 0 <= settle < 0.5, prior > 0, 0 <= link < 1 and cost 0 or 1"
+            "probe_n >= 1, 0 <= settle < 0.5, prior > 0, 0 <= link < 1, cost and sib 0 or 1"
         )
     return policy

@@ -58,10 +58,12 @@ class TrajectoryLabeller:
         policy: BudgetPolicy,
         rule: LabelRule,
         trajectory_is_sample: bool,
+        siblings: tuple[tuple[int, bool], ...] = (),
     ) -> None:
         self.traj, self.chunks, self.m = traj, chunks, m
         self.policy, self.rule = policy, rule
         self.trajectory_is_sample = trajectory_is_sample
+        self.siblings = siblings
 
     def decide(self, rewards: Mapping[int, Mapping[int, int]]) -> Decision:
         obs = Observation(
@@ -72,6 +74,7 @@ class TrajectoryLabeller:
             self.trajectory_is_sample,
             str(self.traj.id),
             tuple(len(c.text) for c in self.chunks),
+            self.siblings,
         )
         return self.policy.decide(obs, self.rule)
 
@@ -136,7 +139,7 @@ def relabel_set(db: Database, set_name: str, rule: LabelRule, *, make_default: b
             for tid in tids[start : start + 200]:
                 ctx = queries.load_work_context(s, tid)
                 is_sample = queries.trajectory_counted(s, tid)
-                labeller = TrajectoryLabeller(ctx.trajectory, ctx.chunks, m, policy, rule, is_sample)
+                labeller = TrajectoryLabeller(ctx.trajectory, ctx.chunks, m, policy, rule, is_sample, ctx.siblings)
                 decision = labeller.store(s, ctx.rewards)
                 labelled += sum(label is not None for label in decision.labels)
                 undecided += sum(label is None for label in decision.labels)

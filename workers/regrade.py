@@ -105,7 +105,7 @@ def _relabel(db: Database, set_name: str, trajectory_ids: list[int]) -> None:
                 ctx = queries.load_work_context(s, tid)
                 counted = queries.trajectory_counted(s, tid)
                 for rule in sorted(rules):
-                    TrajectoryLabeller(ctx.trajectory, ctx.chunks, m, policy, parse_rule(rule), counted).store(
-                        s, ctx.rewards
-                    )
+                    TrajectoryLabeller(
+                        ctx.trajectory, ctx.chunks, m, policy, parse_rule(rule), counted, ctx.siblings
+                    ).store(s, ctx.rewards)
             queries.reopen_trajectories(s, part)
