@@ -24,7 +24,10 @@ from stepq.workers.backends import BACKENDS as BACKEND_NAMES
 @click.option(
     "--budget",
     default=None,
-    help="exhaustive, or adaptive[:KEY=VALUE,...]: confidence, min, round, probe, probe_n, settle, prior, link, cost.",
+    help=(
+        "exhaustive, or adaptive[:KEY=VALUE,...]: "
+        "confidence, min, round, probe, probe_n, settle, prior, link, cost, sib."
+    ),
 )
 @click.option("--backend", type=click.Choice(BACKEND_NAMES), default=None, help="The set's generation backend.")
 @click.option("--model", default=None, help="Backend model (path or served name).")
