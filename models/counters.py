@@ -41,6 +41,8 @@ class SetCounters(Base):
     """Rollouts of trajectories whose work is done (what was sampled for them)."""
     tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     """Tokens generated for the set's rollouts (migration 0014): what GPU time is paid in."""
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    """Tokens of the contexts those rollouts continued, where the engine reported them (0015)."""
 
 
 class LabelCounters(Base):

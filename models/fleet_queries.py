@@ -131,28 +131,34 @@ def progress(session: Session) -> list[dict[str, Any]]:
             )
         ):
             per_set.setdefault(sid, {})[state] = int(count)
-        tokens = dict(
-            session.execute(
-                select(Problem.problem_set_id, func.coalesce(func.sum(Rollout.tokens), 0))
+        tokens: dict[int, tuple[int, int]] = {
+            sid: (int(generated or 0), int(prompt or 0))
+            for sid, generated, prompt in session.execute(
+                select(
+                    Problem.problem_set_id,
+                    func.coalesce(func.sum(Rollout.tokens), 0),
+                    func.coalesce(func.sum(Rollout.prompt_tokens), 0),
+                )
                 .join(Trajectory, Trajectory.problem_id == Problem.id)
                 .join(Rollout, Rollout.trajectory_id == Trajectory.id)
                 .group_by(Problem.problem_set_id)
-            ).all()
-        )
+            )
+        }
         rows = session.execute(text("SELECT * FROM annotation_progress ORDER BY problem_set"))
         return [
             {
                 **r._mapping,
                 "problem_set_id": ids[r.problem_set],
                 "work": per_set.get(ids[r.problem_set], {}),
-                "tokens": int(tokens.get(ids[r.problem_set], 0)),
+                "tokens": tokens.get(ids[r.problem_set], (0, 0))[0],
+                "prompt_tokens": tokens.get(ids[r.problem_set], (0, 0))[1],
             }
             for r in rows
         ]
     sums = {
         c: func.coalesce(func.sum(getattr(SetCounters, c)), 0).label(c)
         for c in (
-            "problems", "trajectories", "chunks", "rollouts", "chunks_done", "rollouts_done", "tokens",
+            "problems", "trajectories", "chunks", "rollouts", "chunks_done", "rollouts_done", "tokens", "prompt_tokens",
             "work_pending", "work_queued", "work_running", "work_done", "work_failed",
         )
     }  # fmt: skip
@@ -194,6 +200,7 @@ def progress(session: Session) -> list[dict[str, Any]]:
                 "rollouts_planned": n["chunks"] * pset.rollouts_per_prefix,
                 "rollouts_saved": n["chunks_done"] * pset.rollouts_per_prefix - n["rollouts_done"],
                 "tokens": n["tokens"],
+                "prompt_tokens": n["prompt_tokens"],
                 "labelled_chunks": labelled,
                 "positive_share": (int(m["positive"] or 0) / labelled) if labelled else None,
                 "work": {s: n[f"work_{s}"] for s in ("pending", "queued", "running", "done", "failed")},

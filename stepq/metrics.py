@@ -44,6 +44,11 @@ class StepqCollector(Collector):
         eta = GaugeMetricFamily("stepq_eta_seconds", "Estimated seconds to finish, per set", labels=["set"])
         labelled = GaugeMetricFamily("stepq_labelled_chunks", "Chunks labelled under the set's rule", labels=["set"])
         tokens = CounterMetricFamily("stepq_tokens", "Tokens generated for the set's rollouts", labels=["set"])
+        prompt_tokens = CounterMetricFamily(
+            "stepq_prompt_tokens",
+            "Tokens of the contexts the set's rollouts continued, where the engine reported them",
+            labels=["set"],
+        )
         tokens_saved = GaugeMetricFamily(
             "stepq_tokens_saved_estimate",
             "Tokens the budget did not spend (rollouts saved x the set's mean tokens per rollout)",
@@ -61,13 +66,26 @@ class StepqCollector(Collector):
                 eta.add_metric([name], row["eta_s"])
             labelled.add_metric([name], row["labelled_chunks"])
             tokens.add_metric([name], row["tokens"])
+            prompt_tokens.add_metric([name], row["prompt_tokens"])
             if row["tokens_saved_estimate"] is not None:
                 tokens_saved.add_metric([name], row["tokens_saved_estimate"])
             trajectories.add_metric([name], row["trajectories_done"])
             for state in STATES:
                 items.add_metric([name, state], row["work"].get(state, 0))
             retrying.add_metric([name], troubles.get(row["problem_set_id"], {}).get("retrying", 0))
-        yield from (rollouts, planned, rate, eta, labelled, tokens, tokens_saved, trajectories, items, retrying)
+        yield from (
+            rollouts,
+            planned,
+            rate,
+            eta,
+            labelled,
+            tokens,
+            prompt_tokens,
+            tokens_saved,
+            trajectories,
+            items,
+            retrying,
+        )
 
         order = GaugeMetricFamily(
             "stepq_priority_round",

@@ -68,12 +68,16 @@ def collect(db: Database, queue_depth: Callable[[], int | None] | None = None) -
 
 def _tokens(row: dict[str, Any]) -> dict[str, Any]:
     """Generated tokens, per labelled chunk, and the tokens the budget saved, estimated at the
-    set's mean tokens per rollout (a saved rollout was never generated: its length is unknown)."""
+    set's mean tokens per rollout (a saved rollout was never generated: its length is unknown);
+    the prompt tokens those rollouts continued, where the engine reported them."""
     tokens, rollouts, labelled = int(row.get("tokens") or 0), int(row["rollouts_done"]), int(row["labelled_chunks"])
+    prompt = int(row.get("prompt_tokens") or 0)
     per_rollout = tokens / rollouts if rollouts else None
     return {
         "tokens": tokens,
         "tokens_per_labelled_chunk": round(tokens / labelled, 1) if labelled else None,
+        "prompt_tokens": prompt,
+        "prompt_tokens_per_labelled_chunk": round(prompt / labelled, 1) if labelled else None,
         "tokens_saved_estimate": None if per_rollout is None else round(int(row["rollouts_saved"]) * per_rollout),
     }
 

@@ -51,6 +51,16 @@ def _assert_counters_match_the_tables(db: Database) -> None:
                 )
             ).all()
         )
+        prompt_tokens = dict(
+            s.execute(
+                text(
+                    "SELECT ps.name, sum(r.prompt_tokens) FROM rollouts r "
+                    "JOIN trajectories t ON t.id = r.trajectory_id "
+                    "JOIN problems p ON p.id = t.problem_id JOIN problem_sets ps ON ps.id = p.problem_set_id "
+                    "GROUP BY ps.name"
+                )
+            ).all()
+        )
         per_set_states = {
             (name, state): n
             for name, state, n in s.execute(
@@ -69,6 +79,7 @@ def _assert_counters_match_the_tables(db: Database) -> None:
         if share is not None:
             assert abs(counted[name]["positive_share"] - float(share)) < 1e-9
         assert counted[name]["tokens"] == int(tokens.get(name) or 0), name
+        assert counted[name]["prompt_tokens"] == int(prompt_tokens.get(name) or 0), name
         for state, n in counted[name]["work"].items():
             assert n == per_set_states.get((name, state), 0), (name, state)
     assert work == {k: int(v) for k, v in states.items()}

@@ -61,7 +61,10 @@ def test_metrics_report_what_the_tables_hold(pg: Database) -> None:
 
         stored = conn.execute(text("SELECT count(*) FROM rollouts")).scalar_one()
         tokens = conn.execute(text("SELECT sum(tokens) FROM rollouts")).scalar_one()
+        prompt = conn.execute(text("SELECT sum(prompt_tokens) FROM rollouts")).scalar_one()
     assert got[("stepq_rollouts_total", (("set", "m"),))] == stored > 0
+    assert got[("stepq_tokens_total", (("set", "m"),))] == tokens > 0
+    assert got[("stepq_prompt_tokens_total", (("set", "m"),))] == prompt > tokens
     assert got[("stepq_work_items", (("set", "m"), ("state", "done")))] == 6
     assert got[("stepq_work_items", (("set", "m"), ("state", "pending")))] == 0
     assert got[("stepq_events_total", (("event", "lease_expiries"),))] == 2

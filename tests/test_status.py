@@ -74,10 +74,14 @@ def test_tokens_spent_per_labelled_chunk_and_saved_by_the_budget(any_db: Databas
     configure_annotation(any_db, "t", 8, budget="adaptive")
     run_in_process(any_db, WorkerRuntime(any_db, WorkerOptions(name="t")))
     with any_db.engine.connect() as conn:
-        tokens, rollouts = conn.execute(text("SELECT sum(tokens), count(*) FROM rollouts")).one()
+        tokens, prompt, rollouts = conn.execute(
+            text("SELECT sum(tokens), sum(prompt_tokens), count(*) FROM rollouts")
+        ).one()
     (row,) = collect(any_db)["sets"]
     assert row["tokens"] == tokens > 0 and row["rollouts_done"] == rollouts
     assert row["tokens_per_labelled_chunk"] == round(tokens / row["labelled_chunks"], 1)
+    assert row["prompt_tokens"] == prompt > tokens, "the contexts, not what was generated"
+    assert row["prompt_tokens_per_labelled_chunk"] == round(prompt / row["labelled_chunks"], 1)
     assert row["rollouts_saved"] > 0, "the adaptive budget saved rollouts on this set"
     assert row["tokens_saved_estimate"] == round(row["rollouts_saved"] * tokens / rollouts)
     table = render(collect(any_db))
