@@ -9,7 +9,9 @@ same draw whichever policy, worker or retry asks for it.
 what cannot change a label:
 
 - the trajectory's own continuation is a sample of every prefix when it was drawn from the
-  same policy and sampling settings as the rollouts, so it counts as one of the M;
+  same policy and sampling settings as the rollouts, so it counts as one of the M; so does
+  each sibling's (another trajectory of the problem, same policy and prompt) for the
+  prefixes the two share: the prompt, and any first chunks they wrote alike;
 - a prefix with a success is alive, and so is every shorter prefix (a success from prefix
   i is a continuation of every prefix before it); a prefix with no success in M samples is
   dead, and (the OmegaPRM assumption) so is every longer prefix: a solution that cannot
