@@ -292,3 +292,36 @@ def test_sibling_evidence_never_exceeds_m() -> None:
     d = Adaptive(probe=0).decide(Observation(3, 8, False, {}, True, "t", siblings=sibs), ABS)
     assert d.done and d.labels == [False, False, False], "8 failures of every prefix: all dead, nothing drawn"
     assert d.q[:3] == [0.0, 0.0, 0.0]
+
+
+def test_the_stop_asks_more_gain_of_dear_samples() -> None:
+    from stepq.workers.dead_prefix_search import stop_scale
+
+    # 5 chunks, no answer surplus: prefixes 0..4 write 5, 4, 3, 2, 1 chunks (mean 3)
+    assert stop_scale(1, 5) == 4.5 / 3, "chunk 1 samples prefixes 0 and 1"
+    assert stop_scale(3, 5) == 2.5 / 3
+    assert stop_scale(5, 5) == 1 / 3, "the last chunk's after-side is the outcome, never sampled"
+    assert stop_scale(1, 5, 1.5) == 6.0 / 4.5, "a long answer makes every prefix dearer alike"
+
+
+@pytest.mark.parametrize("rule", [RATIO, EFF])
+def test_a_cost_weighted_stop_stops_early_chunks_sooner_and_late_ones_later(rule: object) -> None:
+    """Same evidence, both stops: wherever they disagree, the cost-weighted one stopped on a
+    dear (early) chunk or sampled on a cheap (late) one, never the other way round."""
+    from stepq.workers.dead_prefix_search import stop_scale
+
+    rng = random.Random(11)
+    disagreements = 0
+    for trial in range(3000):
+        n, m = rng.randint(2, 9), 16
+        rewards = {k: {i: int(rng.random() < 0.4) for i in range(rng.randint(2, 10))} for k in range(n)}
+        obs = Observation(n, m, True, rewards, True, f"t{trial}")
+        plain = Adaptive(stop=0).decide(obs, rule)  # type: ignore[arg-type]
+        weighted = Adaptive().decide(obs, rule)  # type: ignore[arg-type]
+        for i in range(1, n + 1):
+            a, b = plain.labels[i - 1], weighted.labels[i - 1]
+            if (a is None) != (b is None):
+                disagreements += 1
+                scale = stop_scale(i, n)
+                assert (b is not None and scale > 1) or (b is None and scale < 1), (n, i, scale)
+    assert disagreements > 0, "the weighting changes some decisions"

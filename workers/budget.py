@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from stepq.models.errors import ConfigError
-from stepq.workers.dead_prefix_search import answer_surplus, search_point
+from stepq.workers.dead_prefix_search import answer_surplus, search_point, stop_scale
 from stepq.workers.labels import LabelRule, label_chunks
 from stepq.workers.posterior import Prefix, p_positive, settling_gain
 from stepq.workers.seeds import derive_seed
@@ -169,6 +169,10 @@ class Adaptive:
     siblings: float = 1
     """1: the outcomes of the problem's other trajectories count as samples of the prefixes
     they share with this one (when all are samples of the rollout policy); 0: ignored."""
+    stop: float = 1
+    """1: the value-of-information stop asks more of dear samples than of cheap ones (gain per
+    token: ``settle`` scaled by the chunk's rollout length against the trajectory's mean,
+    ``stop_scale``); 0: the same ``settle`` for every chunk."""
 
     @property
     def spec(self) -> str:
@@ -241,8 +245,9 @@ class Adaptive:
             return False
         if not (ev.can_sample(obs, i - 1) or ev.can_sample(obs, i)):
             return p_pos >= 0.5  # the budget is spent: the likelier label
-        if self.settle > 0 and settling_gain(rule, before, after, self.prior, self.link) < self.settle:
-            return p_pos >= 0.5  # what the budget has left cannot settle it
+        settle = self.settle * (stop_scale(i, ev.n, answer_surplus(obs.chunk_sizes)) if self.stop else 1.0)
+        if settle > 0 and settling_gain(rule, before, after, self.prior, self.link) < settle:
+            return p_pos >= 0.5  # what the budget has left cannot settle it (for what it costs)
         # sample the less-known side of the chunk (both when equally known)
         sides = [k for k in (i - 1, i) if ev.can_sample(obs, k)]
         fewest = min(ev.samples(k) for k in sides)
@@ -343,10 +348,11 @@ _PARAMS = {
     "link": "link",
     "cost": "cost",
     "sib": "siblings",
+    "stop": "stop",
 }
 """Spec keys of the adaptive budget and the fields they set."""
 _INTEGER = {"min_samples", "round_size", "probe_samples"}
-_ADDED = {"probe_samples": 4.0, "cost": 0.0, "siblings": 0.0}
+_ADDED = {"probe_samples": 4.0, "cost": 0.0, "siblings": 0.0, "stop": 0.0}
 """Parameters added after sets were first pinned, with the values that behave as before them:
 a spec naming every other parameter is an earlier release's pinned form and gets these."""
 
@@ -383,9 +389,10 @@ def parse_budget(spec: str) -> BudgetPolicy:
         and 0 <= policy.link < 1
         and policy.cost in (0, 1)
         and policy.siblings in (0, 1)
+        and policy.stop in (0, 1)
     ):
         raise ConfigError(
             "adaptive budget needs 0.5 < confidence < 1, round >= 1, min >= 0, 0 <= probe <= 1, "
-            "probe_n >= 1, 0 <= settle < 0.5, prior > 0, 0 <= link < 1, cost and sib 0 or 1"
+            "probe_n >= 1, 0 <= settle < 0.5, prior > 0, 0 <= link < 1, cost, sib and stop 0 or 1"
         )
     return policy

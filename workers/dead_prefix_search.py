@@ -1,4 +1,5 @@
-"""Where the adaptive budget looks next for a wrong trajectory's first dead prefix (pure).
+"""What the adaptive budget's samples cost in tokens, and where it looks next for a wrong
+trajectory's first dead prefix (pure).
 
 Between the last prefix known alive and the first known dead, one prefix is probed at a
 time until they meet.  Binary search by position would minimise the probes; what a GPU
@@ -55,3 +56,13 @@ def _plan(width: int, left: int, surplus: float) -> tuple[float, int]:
         if cost < best[0]:
             best = (cost, j)
     return best
+
+
+def stop_scale(i: int, n: int, surplus: float = 0.0) -> float:
+    """How dear chunk i's samples are against the trajectory's average prefix: the mean
+    rollout length of the prefixes on its two sides that can be sampled (i - 1, and i unless
+    it is the complete solution) over the mean of all n prefixes, a rollout from prefix k
+    writing n - k chunks plus the answer's ``surplus``.  The value-of-information stop asks
+    for that many times ``settle``: the same gain per token everywhere."""
+    sides = [n - k + surplus for k in (i - 1, i) if k < n]
+    return (sum(sides) / len(sides)) / ((n + 1) / 2 + surplus)
