@@ -26,7 +26,7 @@ from stepq.workers.backends import BACKENDS as BACKEND_NAMES
     default=None,
     help=(
         "exhaustive, or adaptive[:KEY=VALUE,...]: "
-        "confidence, min, round, probe, probe_n, settle, prior, link, cost, sib."
+        "confidence, min, round, probe, probe_n, settle, prior, link, cost, sib, stop."
     ),
 )
 @click.option("--backend", type=click.Choice(BACKEND_NAMES), default=None, help="The set's generation backend.")
