@@ -216,7 +216,7 @@ class Adaptive:
         if undecided:  # search between the last alive and the first dead prefix
             lo, hi = undecided[0] - 1, undecided[-1] + 1
             if self.cost:
-                asks(search_point(lo, hi, ev.n, answer_surplus(obs.chunk_sizes)))
+                asks(search_point(lo, hi, ev.n, ev.surplus))
             else:
                 asks(undecided[len(undecided) // 2])
         q = ev.q_values(obs.outcome)
@@ -245,7 +245,7 @@ class Adaptive:
             return False
         if not (ev.can_sample(obs, i - 1) or ev.can_sample(obs, i)):
             return p_pos >= 0.5  # the budget is spent: the likelier label
-        settle = self.settle * (stop_scale(i, ev.n, answer_surplus(obs.chunk_sizes)) if self.stop else 1.0)
+        settle = self.settle * (stop_scale(i, ev.n, ev.surplus) if self.stop else 1.0)
         if settle > 0 and settling_gain(rule, before, after, self.prior, self.link) < settle:
             return p_pos >= 0.5  # what the budget has left cannot settle it (for what it costs)
         # sample the less-known side of the chunk (both when equally known)
@@ -271,6 +271,8 @@ class _Evidence:
     caps: list[int]
     """Rollouts of its own each prefix may draw: M less the trajectory and the siblings."""
     drawn: list[int]
+    surplus: float
+    """How much longer than a step the answer's chunk is (``answer_surplus``), read once."""
 
     @staticmethod
     def of(obs: Observation, use_siblings: bool = True) -> _Evidence:
@@ -284,7 +286,7 @@ class _Evidence:
             counts.append((len(rolls) + t + len(shared), sum(rolls) + t * int(obs.outcome) + sum(shared)))
             caps.append(cap)
             drawn.append(len(rolls))
-        return _Evidence(obs.n_chunks, obs.m, t, counts, caps, drawn)
+        return _Evidence(obs.n_chunks, obs.m, t, counts, caps, drawn, answer_surplus(obs.chunk_sizes))
 
     def samples(self, k: int) -> int:
         return self.counts[k][0]

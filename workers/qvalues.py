@@ -64,6 +64,7 @@ class TrajectoryLabeller:
         self.policy, self.rule = policy, rule
         self.trajectory_is_sample = trajectory_is_sample
         self.siblings = siblings
+        self.chunk_sizes = tuple(len(c.text) for c in chunks)  # read once, not every round
 
     def decide(self, rewards: Mapping[int, Mapping[int, int]]) -> Decision:
         obs = Observation(
@@ -73,7 +74,7 @@ class TrajectoryLabeller:
             rewards,
             self.trajectory_is_sample,
             str(self.traj.id),
-            tuple(len(c.text) for c in self.chunks),
+            self.chunk_sizes,
             self.siblings,
         )
         return self.policy.decide(obs, self.rule)
