@@ -34,6 +34,7 @@ import argparse
 import itertools
 import json
 import random
+import re
 import shutil
 import statistics
 import tempfile
@@ -45,7 +46,12 @@ from typing import Any
 from bench.common import emit
 
 JUDGE_TEMPLATE = "{problem}\n{history}\n>> {chunk}\nVerdict:"
-OP_ERROR_RATES = {"Add": 0.05, "Subtract": 0.15, "Multiply by": 0.35}
+# steps of different difficulty: an error rate per operation, for each range of numbers
+OP_ERROR_RATES = {
+    "default": {"Add": 0.05, "Subtract": 0.15, "Multiply by": 0.35},
+    "small": {"Add": 0.05, "Subtract": 0.25},
+}
+EQUATION = re.compile(r"Step \d+: -?\d+ [+*-] \d+ = -?\d+\.")
 RULES = {"abs-q": "abs-q", "rel-ratio": "rel-ratio:gamma=0.8", "rel-effective": "rel-effective:alpha=0.4"}
 
 
@@ -90,6 +96,34 @@ def grouped(rows: Sequence[tuple], key: int = 0) -> list[list[tuple]]:
     return list(groups.values())
 
 
+def by_position(
+    samples: Sequence[dict[str, Any]], scores: Sequence[float], keys: Sequence[tuple[int, bool]]
+) -> dict[str, list[float | None]]:
+    """Mean P(Positive) by step position, for the held-out file's correct steps (no error
+    before them) and its first wrong steps: a judge that checks steps separates the two rows
+    at every position; one that learned where errors tend to be moves both rows together."""
+    depth = max(len(s["steps"]) for s in samples)
+    sums = {kind: [[0.0, 0] for _ in range(depth)] for kind in ("correct", "first_error")}
+    for (k, wrong), p in zip(keys, scores, strict=True):
+        cell = sums["first_error" if wrong else "correct"][k]
+        cell[0] += p
+        cell[1] += 1
+    return {kind: [round(t / n, 3) if n else None for t, n in cells] for kind, cells in sums.items()}
+
+
+def position_items(samples: Sequence[dict[str, Any]]) -> tuple[list[Any], list[tuple[int, bool]]]:
+    """Every held-out step up to the first wrong one, with (position, whether it is the first wrong)."""
+    from stepq.trainer.evaluation.judges import StepItem
+
+    items, keys = [], []
+    for s in samples:
+        last = s["label"] if s["label"] >= 0 else len(s["steps"]) - 1
+        for k in range(last + 1):
+            items.append(StepItem(s["problem"], tuple(s["steps"][:k]), s["steps"][k]))
+            keys.append((k, k == s["label"]))
+    return items, keys
+
+
 def processbench_f1(pairs: Sequence[tuple[int, int]]) -> float:
     """pairs: (label, prediction); the official metric."""
     from stepq.trainer.evaluation.processbench import score
@@ -129,6 +163,23 @@ def random_guess_f1(samples: Sequence[dict[str, Any]], seed: int, draws: int = 2
     return statistics.mean(
         processbench_f1([(s["label"], rng.randrange(-1, len(s["steps"]))) for s in samples]) for _ in range(draws)
     )
+
+
+def resolved_analysis(problem: str, steps: int) -> str:
+    """The judge's analysis in the format stage: the problem re-solved, correctly, up to the
+    judged step (the equations a model pretrained on solutions writes anyway), so a verdict can
+    compare the step's value with the value re-derived from the problem.  It carries no verdict."""
+    from stepq.workers.synthetic_policy import SyntheticPolicy, parse_problem
+
+    problem_ = parse_problem(f"Problem: {problem}")
+    correct = SyntheticPolicy(error_rate=0.0, recovery_rate=0.0).solve(problem_, 0)
+    return "\n".join(EQUATION.search(s.text).group(0) for s in correct[:steps])  # type: ignore[union-attr]
+
+
+def judge_answer(row: dict[str, Any], verdict: str, analysis: str) -> str:
+    if analysis == "none":
+        return f" \\boxed{{{verdict}}}"
+    return f" Analysis:\n{resolved_analysis(row['problem'], len(row['history']) + 1)}\n\\boxed{{{verdict}}}"
 
 
 def lm_train(
@@ -203,7 +254,7 @@ def base_judge(root: Path, train_rows: Sequence[dict[str, Any]], args: argparse.
     shutil.copytree(base, root / "backbone")  # the pretrained LM, before the format: the PRM's backbone
     # every prompt with both verdicts in the same batch: the base learns the format and that
     # either verdict is as likely, whatever the prompt (a random verdict, with no drift)
-    verdicts = [(r["prompt"], f" \\boxed{{{v}}}") for r in train_rows for v in ("Positive", "Negative")]
+    verdicts = [(r["prompt"], judge_answer(r, v, args.analysis)) for r in train_rows for v in ("Positive", "Negative")]
     fmt_loss = lm_train(base, verdicts, args.format_steps, 16, args.format_lr, seed + 1, group=2)
     print(f"  base judge: pretrain loss {loss:.3f}, random-verdict format loss {fmt_loss:.3f}", flush=True)
     return base
@@ -217,6 +268,7 @@ def evaluate(
     pb_tune_file: Path,
     samples: Sequence[dict[str, Any]],
     seed: int,
+    max_tokens: int,
 ) -> dict[str, Any]:
     """Greedy verdicts, asked as the judge was trained (the settings saved beside it); and the
     judge as a scorer of P(Positive) with thresholds tuned on data it is not scored on (training
@@ -226,7 +278,7 @@ def evaluate(
     from stepq.trainer.evaluation.judges import GenerativeScorer, StepItem
     from stepq.trainer.generative_judge.settings import JudgeSettings
 
-    settings = JudgeSettings(JUDGE_TEMPLATE, chat_template=False, max_tokens=20, source="benchmark")
+    settings = JudgeSettings(JUDGE_TEMPLATE, chat_template=False, max_tokens=max_tokens, source="benchmark")
     if not (model / "stepq-judge.json").exists():
         settings.save(model)
     built = build_judge(JudgeSpec(model=str(model)))
@@ -256,6 +308,8 @@ def evaluate(
     pairs = [(s["label"], predictions[s["id"]]) for s in samples]
     f1 = processbench_f1(pairs)
     f1_ci = bootstrap(pairs, processbench_f1, seed)
+    pos_items, pos_keys = position_items(samples)
+    positions = by_position(samples, scorer.scores(pos_items), pos_keys)
     built.close()
     return {
         "balanced_accuracy": acc,
@@ -270,6 +324,7 @@ def evaluate(
         "thresholded_balanced_accuracy_ci": acc_t_ci,
         "thresholded_processbench_f1": processbench_f1(pairs_t),
         "thresholded_processbench_f1_ci": bootstrap(pairs_t, processbench_f1, seed),
+        "p_positive_by_position": positions,
         "outputs": judge.stats.outputs,
         "no_verdict": judge.stats.no_verdict,
     }
@@ -352,7 +407,7 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
         seed=seed,
         error_rate=0.15,
         recovery_rate=args.recovery_rate,
-        op_error_rates=OP_ERROR_RATES if args.numbers == "default" else None,
+        op_error_rates=OP_ERROR_RATES[args.numbers],
         numbers=args.numbers,
     )
     configure_annotation(db, "judge", args.rollouts, rule=RULES[rule_name])
@@ -365,7 +420,7 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
     policy = SyntheticPolicy(
         error_rate=0.15,
         recovery_rate=args.recovery_rate,
-        op_error_rates=tuple(OP_ERROR_RATES.items()) if args.numbers == "default" else (),
+        op_error_rates=tuple(OP_ERROR_RATES[args.numbers].items()),
     )
     seen = frozenset(r["problem"] for part in records.values() for r in part)
     samples = write_processbench(run_dir / "heldout.json", args.heldout, seed, policy, seen, args.numbers)
@@ -375,7 +430,10 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
     tune_rows = random.Random(seed).sample(records[TRAIN], min(300, len(records[TRAIN])))
     base = base_judge(run_dir, records[TRAIN], args, seed)
     files = (run_dir / "heldout.json", run_dir / "tune.json")
-    before = evaluate(base, records[VALIDATION], tune_rows, *files, samples, seed)
+    # room for the longest answer the format stage taught (the character tokenizer: one token a character)
+    completion = max(len(judge_answer(r, "Negative", args.analysis)) for part in records.values() for r in part)
+    completion += 8 if args.analysis == "none" else 40  # an analysis of another problem may run longer
+    before = evaluate(base, records[VALIDATION], tune_rows, *files, samples, seed, completion)
     recipe = Recipe.parse(
         f"""model: {base}
 rewards: [verdict-match]
@@ -384,7 +442,7 @@ conversational: false
 trainer:
   num_generations: {args.generations}
   per_device_train_batch_size: {args.generations * args.prompts_per_step}
-  max_completion_length: 20
+  max_completion_length: {completion}
   max_steps: {args.steps}
   learning_rate: {args.lr}
   loss_type: grpo
@@ -403,7 +461,7 @@ trainer:
     trained_at = time.perf_counter()
     result = train_judge(db, snapshot, recipe, run_dir / "run", TrainOptions())
     train_s = time.perf_counter() - trained_at
-    after = evaluate(result.final_model, records[VALIDATION], tune_rows, *files, samples, seed)
+    after = evaluate(result.final_model, records[VALIDATION], tune_rows, *files, samples, seed, completion)
     prm = outcome_prm(db, run_dir, files, samples, args, seed) if args.prm_steps else None
     return {
         "seed": seed,
@@ -446,6 +504,14 @@ def show(r: dict[str, Any]) -> None:
             f"  {name:<8} {ci(m['thresholded_balanced_accuracy'], m['thresholded_balanced_accuracy_ci']):>32} "
             f"{ci(m['thresholded_processbench_f1'], m['thresholded_processbench_f1_ci']):>36}"
         )
+    print("  mean P(Positive) on held-out steps by position (correct steps / first wrong steps):")
+    for name in ("base", "trained"):
+        rows = r[name]["p_positive_by_position"]
+        cells = [
+            f"{'-' if c is None else f'{c:.2f}'}/{'-' if w is None else f'{w:.2f}'}"
+            for c, w in zip(rows["correct"], rows["first_error"], strict=True)
+        ]
+        print(f"  {name:<8} " + " ".join(cells))
     if r.get("prm"):
         p = r["prm"]
         print(
@@ -465,8 +531,11 @@ def main() -> None:
     ap.add_argument(
         "--numbers",
         choices=["default", "small"],
-        default="default",
-        help="small: one-digit additions and subtractions (one digit of arithmetic checks a step).",
+        default="small",
+        help="small: one-digit additions (error rate 5%%) and subtractions (25%%) from a two-digit start, so "
+        "one digit of arithmetic checks a step (the backbone computes 97%% of them); default: the synthetic "
+        "policy's numbers, with multiplications (add 5%%, subtract 15%%, multiply 35%%; the backbone computes "
+        "37%% of step results after 3,000 steps).",
     )
     ap.add_argument("--heldout", type=int, default=300, help="Held-out ProcessBench samples.")
     ap.add_argument(
@@ -476,10 +545,24 @@ def main() -> None:
         help="llama: rotary positions, so the left padding of TRL's batches shifts nothing; gpt2's absolute "
         "positions move with it (TRL's training pass passes no position ids), and it did not learn here.",
     )
+    ap.add_argument(
+        "--analysis",
+        choices=["none", "resolve"],
+        default="none",
+        help="none: the verdict alone; resolve: the format stage also teaches an analysis that re-solves the "
+        "problem up to the judged step before the (random) verdict (tried: GRPO did not learn from it, see "
+        "docs/benchmarks/judge_grpo.md).",
+    )
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--pretrain-problems", type=int, default=2000)
-    ap.add_argument("--pretrain-steps", type=int, default=600)
+    ap.add_argument(
+        "--pretrain-steps",
+        type=int,
+        default=3000,
+        help="Enough that the backbone computes the steps (small numbers: 97%% of step results predicted "
+        "whole after 3,000 steps, 8%% after 600).",
+    )
     ap.add_argument(
         "--format-steps",
         type=int,
