@@ -18,7 +18,7 @@ Per seed and label rule:
 5. the outcome-supervised discriminative PRM on the same set's outcome labels, same backbone,
    same held-out file.
 
-    OMP_NUM_THREADS=1 python -m bench.bench_judge_grpo                   # seeds 0,1,2, Abs-Q
+    OMP_NUM_THREADS=2 python -m bench.bench_judge_grpo                   # seeds 0,1,2, Abs-Q
     python -m bench.bench_judge_grpo --rules abs-q,rel-ratio,rel-effective --seeds 0
     python -m bench.bench_judge_grpo --quick                             # a one-minute smoke run
 
