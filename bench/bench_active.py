@@ -41,8 +41,8 @@ from typing import Any
 
 from sqlalchemy import func, select, text
 
-from bench.bench_judge_grpo import processbench_f1, rank_auc, write_processbench
 from bench.common import emit
+from bench.judge_heldout import processbench_f1, rank_auc, write_processbench
 from stepq.migrations import upgrade
 from stepq.models import Database, Rollout, TrainingRun, epoch
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
