@@ -28,7 +28,7 @@ def main() -> None:
     ap.add_argument("--problems", type=int, default=500)
     ap.add_argument("--error-rate", type=float, default=0.15)
     ap.add_argument("--recovery-rate", type=float, default=0.05)
-    ap.add_argument("--attempts", type=int, default=5)
+    ap.add_argument("--retries", type=int, default=5, help="Regenerations of a rejected chunk (StepWiser: five)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
@@ -38,9 +38,9 @@ def main() -> None:
         p = make_problem(derive_seed("bench-judge", args.seed, i))
         problems.append(PolicyProblem(PROMPT_TEMPLATE.format(question=p.question), p.question, str(p.answer)))
     params = SamplingParams()
-    plain = chunk_reset(backend, params, AcceptAll(), problems, max_attempts=1, seed=args.seed)
-    accept_all = chunk_reset(backend, params, AcceptAll(), problems, max_attempts=args.attempts, seed=args.seed)
-    oracle = chunk_reset(backend, params, SyntheticOracle(), problems, max_attempts=args.attempts, seed=args.seed)
+    plain = chunk_reset(backend, params, AcceptAll(), problems, max_retries=0, seed=args.seed)
+    accept_all = chunk_reset(backend, params, AcceptAll(), problems, max_retries=args.retries, seed=args.seed)
+    oracle = chunk_reset(backend, params, SyntheticOracle(), problems, max_retries=args.retries, seed=args.seed)
     assert accept_all.solutions == plain.solutions, "an accept-all judge must change nothing"
 
     ns = [1, 2, 4, 8, 16]

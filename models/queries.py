@@ -58,11 +58,13 @@ from stepq.models.rollout_queries import (
 )
 from stepq.models.search_queries import (
     create_searches,
+    policy_prompts,
     problems_of_set,
     record_turn,
     search_progress,
     search_turn_rows,
     search_turns,
+    set_segmentation,
 )
 from stepq.models.set_queries import (
     add_trajectory,
@@ -180,6 +182,7 @@ __all__ = [
     "pause_set",
     "plan_work",
     "policy_outcomes",
+    "policy_prompts",
     "prioritised_sets",
     "priority_summary",
     "problem_contents",
@@ -216,6 +219,7 @@ __all__ = [
     "set_has_rollouts",
     "set_ids_by_name",
     "set_problems",
+    "set_segmentation",
     "set_solutions",
     "set_trajectory_ids",
     "sets_being_scored",

@@ -53,6 +53,13 @@ class StepSearch(LeasedJob, Base):
         ForeignKey("training_runs.id", ondelete="SET NULL"), nullable=True, index=True
     )
     """The training run that produced the policy and judge of this search (a round k+1)."""
+    segmentation: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    """How a candidate is cut to one step: the segmentation method of the set's trajectories
+    (``segmentation.SPLITTERS``), so a turn is one step of the policy; NULL (searches started
+    before the column): at the first blank line."""
+    sampling: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    """Sampling of the candidates, over the set's own (``max_tokens``, ``stop``); NULL
+    (searches started before the column): the set's own."""
     outcome: Mapped[str | None] = mapped_column(String(20), nullable=True)
     """``finished`` (a final answer was kept) or ``exhausted`` (``max_turns`` reached)."""
     updated_at: Mapped[float] = mapped_column(Float)

@@ -17,6 +17,7 @@ from stepq.models.jobs import PENDING
 from stepq.models.problems import Problem
 from stepq.models.search import STEP_SEARCHES, SearchTurn, StepSearch
 from stepq.models.sql import _insert, insert_ignore
+from stepq.models.trajectories import Trajectory
 from stepq.models.wakeup import announce
 
 
@@ -38,6 +39,31 @@ def problems_of_set(session: Session, set_id: int) -> list[tuple[int, str]]:
         .order_by(Problem.id)
     )
     return [(int(i), str(q)) for i, q in rows]
+
+
+def policy_prompts(session: Session, set_id: int) -> dict[int, str]:
+    """Per problem, the prompt its first policy trajectory was sampled from (template and chat
+    template applied): a search continues the policy's own context."""
+    rows = session.execute(
+        select(Trajectory.problem_id, Trajectory.prompt)
+        .join(Problem, Problem.id == Trajectory.problem_id)
+        .where(Problem.problem_set_id == set_id, Trajectory.source_key.like("policy:%"))
+        .order_by(Trajectory.id.desc())
+    )
+    return {int(pid): str(prompt) for pid, prompt in rows}  # the lowest id last: it wins
+
+
+def set_segmentation(session: Session, set_id: int) -> str | None:
+    """The segmentation method most of the set's policy trajectories were cut with."""
+    row = session.execute(
+        select(Trajectory.segmentation, func.count())
+        .join(Problem, Problem.id == Trajectory.problem_id)
+        .where(Problem.problem_set_id == set_id, Trajectory.source_key.like("policy:%"))
+        .group_by(Trajectory.segmentation)
+        .order_by(func.count().desc(), Trajectory.segmentation)
+        .limit(1)
+    ).first()
+    return None if row is None else str(row[0])
 
 
 def search_turns(session: Session, search_id: int) -> list[SearchTurn]:

@@ -180,15 +180,37 @@ def _problems(n: int) -> list[PolicyProblem]:
 def test_chunk_reset_with_accept_all_is_plain_sampling_and_the_oracle_helps() -> None:
     backend = SyntheticBackend(error_rate=0.2, recovery_rate=0.0)
     problems = _problems(60)
-    plain = chunk_reset(backend, SamplingParams(), AcceptAll(), problems, max_attempts=1)
-    accept = chunk_reset(backend, SamplingParams(), AcceptAll(), problems, max_attempts=5)
-    oracle = chunk_reset(backend, SamplingParams(), SyntheticOracle(), problems, max_attempts=5)
+    plain = chunk_reset(backend, SamplingParams(), AcceptAll(), problems, max_retries=0)
+    accept = chunk_reset(backend, SamplingParams(), AcceptAll(), problems, max_retries=5)
+    oracle = chunk_reset(backend, SamplingParams(), SyntheticOracle(), problems, max_retries=5)
     assert accept.solutions == plain.solutions and accept.as_dict() == plain.as_dict()
     assert plain.rejected_chunks == 0 and oracle.rejected_chunks > 0
     assert oracle.accuracy > plain.accuracy + 20
     assert oracle.tokens > plain.tokens
     # every solution is one accepted chunk per operation of its problem
     assert oracle.accepted_chunks == sum(len(make_problem(derive_seed("cr-test", i)).ops) for i in range(60))
+
+
+def test_chunk_reset_retries_five_times_after_the_first_attempt() -> None:
+    """StepWiser: a rejected chunk is regenerated "up to five retries": six draws of a chunk
+    that the judge never accepts, the last kept (five attempts in all would be four retries)."""
+
+    class RejectAll:
+        name = "reject-all"
+        calls = 0
+
+        def judge(self, items: list[StepItem]) -> list[bool | None]:
+            self.calls += len(items)
+            return [False] * len(items)
+
+    problem = _problems(1)
+    for retries in (0, 1, 5):
+        judge = RejectAll()
+        report = chunk_reset(SyntheticBackend(error_rate=0.2), SamplingParams(), judge, problem, max_retries=retries)
+        chunks = report.accepted_chunks
+        assert report.forced_chunks == chunks > 0
+        assert report.rejected_chunks == retries * chunks
+        assert judge.calls == (retries + 1) * chunks
 
 
 def test_shipped_recipe_follows_the_paper(tmp_path: Path) -> None:

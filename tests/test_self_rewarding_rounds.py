@@ -15,7 +15,7 @@ from sqlalchemy import text
 from stepq.models import Database
 from stepq.workers.backends import GenerationRequest, SamplingParams, make_backend
 from stepq.workers.search.step_search import SearchSpec, candidate_seeds
-from stepq.workers.segmentation import first_chunk
+from stepq.workers.segmentation import next_chunk
 from tests.helpers import DATA, clean_env, run_stepq
 from tests.tiny_models import build_tiny_model
 
@@ -79,7 +79,8 @@ def test_two_rounds_each_searching_with_the_model_the_last_one_trained(sqlite: D
         searches = conn.execute(
             text(
                 "SELECT s.name, s.policy_model, s.policy_run_id, s.judge_backend, s.judge_config, s.prompt, "
-                "s.seed, s.width, s.max_turns, s.scoring, p.question, t.candidates FROM step_searches s "
+                "s.seed, s.width, s.max_turns, s.scoring, p.question, t.candidates, s.sampling, s.segmentation "
+                "FROM step_searches s "
                 "JOIN problems p ON p.id = s.problem_id "
                 "JOIN search_turns t ON t.search_id = s.id AND t.turn = 0 ORDER BY s.name, s.id"
             )
@@ -97,16 +98,24 @@ def test_two_rounds_each_searching_with_the_model_the_last_one_trained(sqlite: D
     for row in by_round["round2"]:
         config = json.loads(row[4]) if isinstance(row[4], str) else row[4]
         assert (row[1], row[2], row[3], config["model"]) == (round1_model, round1_run, "hf", round1_model)
-    # round 2's candidates are what round 1's model samples with their seeds, not the base's
-    params = SamplingParams.from_config({"max_tokens": 12})
+    # round 2's candidates are what round 1's model samples with their seeds, not the base's:
+    # with the search's own sampling (the method's T and top_p over the set's max tokens), cut
+    # with the set's segmentation, from the prompt the set's trajectories were sampled from
     trained, untrained = make_backend("hf", {"model": round1_model}), make_backend("hf", {"model": str(base)})
     differs = 0
-    for name, _, _, _, _, prompt, seed, width, max_turns, scoring, question, candidates in by_round["round2"]:
+    with sqlite.engine.connect() as conn:
+        trajectory_prompts = {str(p) for (p,) in conn.execute(text("SELECT prompt FROM trajectories"))}
+    for row in by_round["round2"]:
+        name, _, _, _, _, prompt, seed, width, max_turns, scoring, question, candidates, sampling, cut = row
+        sampling = json.loads(sampling) if isinstance(sampling, str) else sampling
+        assert (sampling["temperature"], sampling["top_p"]) == (0.5, 0.95)
+        assert prompt in trajectory_prompts
+        params = SamplingParams.from_config({"max_tokens": 12, **sampling})
         stored = json.loads(candidates) if isinstance(candidates, str) else candidates
-        spec = SearchSpec(name, question, prompt, width, max_turns, seed, scoring=scoring)
+        spec = SearchSpec(name, question, prompt, width, max_turns, seed, segmentation=cut, scoring=scoring)
         request = [GenerationRequest(prompt, candidate_seeds(spec, 0))]
-        assert [first_chunk(c.text, "\n\n")[0] for c in trained.generate(request, params)[0]] == stored
-        differs += [first_chunk(c.text, "\n\n")[0] for c in untrained.generate(request, params)[0]] != stored
+        assert [next_chunk(c.text, cut)[0] for c in trained.generate(request, params)[0]] == stored
+        differs += [next_chunk(c.text, cut)[0] for c in untrained.generate(request, params)[0]] != stored
     assert differs > 0, "the trained model samples differently from the base (else this proves nothing)"
     status = json.loads(stepq("search", "status", "--json").stdout)
     assert {s["search"]: s["policy_runs"] for s in status} == {"round1": [], "round2": [round1_run]}

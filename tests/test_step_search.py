@@ -296,6 +296,99 @@ def test_a_failing_search_gives_up_after_max_attempts_and_a_hand_back_costs_none
     assert state() == ("pending", 0), "a stopping worker's hand-back is not an attempt"
 
 
+def test_render_never_substitutes_inside_the_text_it_inserts() -> None:
+    """LaTeX holds the placeholders' spellings: ``\\frac{a}{b}`` in the problem, the history
+    or a candidate must reach the judge as written (a chained replace made it
+    ``\\fracCAND_ACAND_B``)."""
+    from stepq.workers.search.pairwise import load_template
+
+    frac = "\\frac{a}{b}"
+    problem = f"Simplify {frac} when a = 2 and b = 4, and say {{problem}} or {{history}}."
+    history = (f"Step 1: {frac} = a/b.\n",)
+    shown = render(load_template(), problem, history, f"Step 2: {frac} = 1/2.", "Step 2: {b} over {a}.")
+    assert problem in shown
+    assert history[0].strip() in shown
+    assert f"Candidate A:\nStep 2: {frac} = 1/2." in shown
+    assert "Candidate B:\nStep 2: {b} over {a}." in shown
+    assert shown.count(frac) == 3 and "CAND" not in shown
+
+
+def _step_lines_set(db: Database, problems: int = 6) -> None:
+    from stepq.workers.synthetic_set import synth_set
+
+    # one line a step, as a policy asked for "Step n:" lines writes: no blank line between steps
+    synth_set(db, "lines", problems=problems, seed=3, error_rate=0.3, step_separator="\n")
+
+
+def test_a_search_takes_one_turn_per_step_of_the_policy(sqlite: Database) -> None:
+    """Candidates are cut with the set's own segmentation ("Step n:" markers here), so a
+    search takes one turn per step and every pair is one step against another: cut at the
+    first blank line, every candidate would be the whole rest of the solution."""
+    from stepq.models import queries
+    from stepq.models.search import StepSearch
+    from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+    from stepq.workers.search.plan import SearchPlan, run_searches_here, start_search
+    from stepq.workers.synthetic_policy import parse_problem
+
+    _step_lines_set(sqlite)
+    assert start_search(sqlite, SearchPlan("lines", "n", width=4)) == 6
+    rt = WorkerRuntime(sqlite, WorkerOptions(name="t"))
+    try:
+        assert run_searches_here(sqlite, rt) == {"done": 6}
+    finally:
+        rt.close()
+    lengths = set()
+    with sqlite.session() as s:
+        for search in s.scalars(select(StepSearch)):
+            assert search.segmentation == "step-markers" and search.outcome == "finished"
+            steps = len(parse_problem(search.prompt).ops)
+            lengths.add(steps)
+            turns = queries.search_turns(s, search.id)
+            # each-verdict over 4 candidates never ties all four: no rollback, one turn a step
+            assert [t.action for t in turns] == [ADVANCE] * (steps - 1) + [FINISH]
+            for t in turns:
+                for c in t.candidates:
+                    assert c.count("Step ") == 1, f"a candidate is one step, not {c!r}"
+            kept = replay([(t.action, list(t.candidates), t.chosen) for t in turns])[0]
+            assert [int(k.split(":")[0].split()[1]) for k in kept] == list(range(1, steps + 1))
+    assert 4 in lengths, "the set holds a 4-step problem, searched in 4 turns"
+
+
+def test_a_search_samples_as_the_method_does_and_records_it(sqlite: Database) -> None:
+    """T = 0.5 and top_p = 0.95 unless the search asks otherwise, over the set's own sampling
+    (its max tokens stay); the search's prompt is the one the set's trajectories saw."""
+    from stepq.models.search import StepSearch
+    from stepq.models.trajectories import Trajectory
+    from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+    from stepq.workers.backends import SamplingParams
+    from stepq.workers.backends.synthetic import SyntheticBackend
+    from stepq.workers.search.plan import SearchPlan, run_searches_here, start_search
+
+    _step_lines_set(sqlite, problems=2)
+    with sqlite.session() as s:
+        s.execute(text("UPDATE problem_sets SET sampling = :s"), {"s": '{"max_tokens": 77, "temperature": 1.0}'})
+    start_search(sqlite, SearchPlan("lines", "paper", width=2, max_turns=1))
+    start_search(sqlite, SearchPlan("lines", "hot", width=2, max_turns=1, sampling={"temperature": 0.9, "top_p": 1.0}))
+
+    seen: list[SamplingParams] = []
+
+    class Recording(SyntheticBackend):
+        def generate(self, requests, params):  # type: ignore[no-untyped-def]
+            seen.append(params)
+            return super().generate(requests, params)
+
+    rt = WorkerRuntime(sqlite, WorkerOptions(name="t"), backend_override=Recording(step_separator="\n"))
+    try:
+        run_searches_here(sqlite, rt)
+    finally:
+        rt.close()
+    assert {(p.temperature, p.top_p, p.max_tokens) for p in seen} == {(0.5, 0.95, 77), (0.9, 1.0, 77)}
+    with sqlite.session() as s:
+        prompts = {t.problem_id: t.prompt for t in s.scalars(select(Trajectory))}
+        for search in s.scalars(select(StepSearch)):
+            assert search.prompt == prompts[search.problem_id]
+
+
 def test_a_search_defaults_to_the_methods_settings() -> None:
     """Width 6, at most 20 turns, each verdict counted: in the plan and on the command line."""
     from click.testing import CliRunner
@@ -305,7 +398,10 @@ def test_a_search_defaults_to_the_methods_settings() -> None:
 
     plan = SearchPlan("s", "n")
     assert (plan.width, plan.max_turns, plan.scoring) == (6, 20, "each-verdict")
+    assert plan.sampling == {"temperature": 0.5, "top_p": 0.95}
     shown = CliRunner().invoke(main, ["search", "start", "--help"]).output
+    assert "--temperature FLOAT RANGE" in shown and "[default: 0.5;" in " ".join(shown.split())
+    assert "[default: 0.95;" in " ".join(shown.split())
     assert "--max-turns INTEGER RANGE" in shown and "[default: 20;" in " ".join(shown.split())
     assert "[default: each-verdict]" in " ".join(shown.split())
 

@@ -123,8 +123,11 @@ def first_chunk(text: str, delimiter: str) -> tuple[str, bool]:
 
 def next_chunk(text: str, method: str | None) -> tuple[str, bool]:
     """The first chunk of a continuation as ``method`` segments text (a set's own method:
-    the chunks its judge was trained on), and whether it is the last one.  Methods with no
+    the chunks its judge was trained on, the steps a search takes one at a time), and whether
+    it is the last one.  ``auto`` tries the methods in ``segment``'s order.  Methods with no
     splitter here (given steps, an LLM segmenter) and None cut at the first blank line."""
+    if method == "auto" and text:
+        method = segment(text, "auto").method
     if method not in SPLITTERS or not text:
         return first_chunk(text, "\n\n")
     try:

@@ -130,6 +130,9 @@ class SyntheticPolicy:
     op_error_rates: tuple[tuple[str, float], ...] = ()
     """Per-operation error rates, e.g. (("Multiply by", 0.3),); others use ``error_rate``."""
     slip_rate: float = 0.0
+    step_separator: str = "\n\n"
+    """What ends a step: a blank line (a paragraph a step), or ``"\n"`` (one line a step, as
+    policies asked for "Step n:" lines write them: a blank line then cuts nothing)."""
 
     def error_rate_of(self, op: str) -> float:
         return dict(self.op_error_rates).get(op, self.error_rate)
@@ -154,7 +157,7 @@ class SyntheticPolicy:
             slip = self.slip_rate > 0 and rng.random() < self.slip_rate
             shown = x + rng.randint(1, 3) if slip else x  # a wrong operand, the right result
             text = f"Step {i + 1}: {value} {_OPS[name]} {shown} = {new}."
-            text += f"\nThe final answer is \\boxed{{{new}}}." if i == n - 1 else "\n\n"
+            text += f"\nThe final answer is \\boxed{{{new}}}." if i == n - 1 else self.step_separator
             steps.append(Step(text, new, new == truth[i], slip))
             value = new
         return steps

@@ -53,6 +53,7 @@ def synth_set(
     op_error_rates: dict[str, float] | None = None,
     slip_rate: float = 0.0,
     numbers: str = "default",
+    step_separator: str = "\n\n",
 ) -> SynthReport:
     """Idempotent: the same arguments give the same rows; more problems add only the new."""
     config: dict[str, Any] = {"error_rate": error_rate, "recovery_rate": recovery_rate, "latency_s": latency_s}
@@ -60,6 +61,8 @@ def synth_set(
         config["op_error_rates"] = dict(op_error_rates)
     if slip_rate:
         config["slip_rate"] = slip_rate
+    if step_separator != "\n\n":  # one line a step, as a policy asked for "Step n:" lines writes
+        config["step_separator"] = step_separator
     if numbers != "default":  # the problems' numbers (the policy reads them from the text)
         if numbers not in NUMBERS:
             raise ConfigError(f"unknown numbers '{numbers}' (one of: {', '.join(NUMBERS)})")

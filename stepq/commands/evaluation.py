@@ -313,18 +313,24 @@ def eval_best_of_n(set_name: str, ns: str, how: str, as_json: bool, spec: JudgeS
 
 @eval_group.command("chunk-reset")
 @click.option("--set", "set_name", required=True, help="Problems to solve; the set's backend is the policy.")
-@click.option("--attempts", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option(
+    "--retries",
+    type=click.IntRange(min=0),
+    default=5,
+    show_default=True,
+    help="Regenerations of a rejected chunk after its first attempt (StepWiser: up to five retries).",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @judge_options
 @friendly
-def eval_chunk_reset(set_name: str, attempts: int, seed: int, as_json: bool, spec: JudgeSpec) -> None:
+def eval_chunk_reset(set_name: str, retries: int, seed: int, as_json: bool, spec: JudgeSpec) -> None:
     """Chunk-reset inference with a judge, against plain sampling on the same seeds."""
     from stepq.trainer.evaluation.judges import judge_stats
     from stepq.trainer.evaluation.validation import set_chunk_reset
 
     built = build_judge(spec)
-    report = set_chunk_reset(open_db(load_settings()), set_name, built.judge, attempts, seed)
+    report = set_chunk_reset(open_db(load_settings()), set_name, built.judge, retries, seed)
     report = {**built.describe(), **judge_stats(built.judge).as_dict(), **report}
     if as_json:
         click.echo(json.dumps(report, indent=2))

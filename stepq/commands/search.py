@@ -32,7 +32,26 @@ def search() -> None:
     "both-orders: asked both ways, a pair counts only when both answers agree (stricter, twice the questions).",
 )
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--template", default=None, help="Policy template (default: synthetic for synthetic sets, else step).")
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0.0),
+    default=0.5,
+    show_default=True,
+    help="Candidate steps' sampling temperature (the method's 0.5); max tokens and stops stay the set's.",
+)
+@click.option(
+    "--top-p",
+    type=click.FloatRange(0.0, 1.0, min_open=True),
+    default=0.95,
+    show_default=True,
+    help="Candidate steps' nucleus sampling (the method's 0.95).",
+)
+@click.option(
+    "--template",
+    default=None,
+    help="Policy template; default: the prompt the set's policy trajectories were sampled from (template and chat "
+    "template), else synthetic for synthetic sets and step for others.",
+)
 @click.option(
     "--judge-backend",
     type=click.Choice(["synthetic-oracle", *BACKEND_NAMES]),
@@ -65,6 +84,8 @@ def search_start(
     max_turns: int,
     scoring: str,
     seed: int,
+    temperature: float,
+    top_p: float,
     template: str | None,
     judge_backend: str,
     judge_model: str | None,
@@ -81,7 +102,18 @@ def search_start(
     config = {} if oracle else backend_config(judge_model, judge_base_url, judge_options)
     if not oracle and judge_verdict_by != "text":
         config["verdict_by"] = judge_verdict_by
-    plan = SearchPlan(set_name, name, width, max_turns, seed, template, judge_backend, config, scoring)
+    plan = SearchPlan(
+        set_name,
+        name,
+        width,
+        max_turns,
+        seed,
+        template,
+        judge_backend,
+        config,
+        scoring,
+        sampling={"temperature": temperature, "top_p": top_p},
+    )
     db = open_db(load_settings())
     if from_run is not None:
         plan = next_round(db, plan, from_run)

@@ -1,9 +1,10 @@
 """Chunk-reset inference (StepWiser): the policy writes one chunk at a time, the judge checks
-it, and a rejected chunk is discarded and regenerated from the same prefix, up to
-``max_attempts`` attempts (the last attempt is kept whatever the verdict).
+it, and a rejected chunk is discarded and regenerated from the same prefix, "up to five
+retries" (StepWiser): ``max_retries`` regenerations after the first attempt, so six attempts
+in all by default; the last attempt is kept whatever the verdict.
 
 Attempt a of chunk k of problem p is always the same seeded draw, so with a judge that
-accepts everything (or ``max_attempts=1``) the result is exactly plain chunk-by-chunk
+accepts everything (or ``max_retries=0``) the result is exactly plain chunk-by-chunk
 sampling: the baseline it is compared with.
 """
 
@@ -69,7 +70,7 @@ def chunk_reset(
     judge: StepJudge,
     problems: Sequence[PolicyProblem],
     *,
-    max_attempts: int = 5,
+    max_retries: int = 5,
     max_chunks: int = 64,
     delimiter: str = "\n\n",
     seed: int = 0,
@@ -77,6 +78,8 @@ def chunk_reset(
     on_progress: Callable[[int], None] | None = None,
 ) -> ChunkResetReport:
     """Run chunk-reset for every problem, all problems' current chunks in one engine call."""
+    if max_retries < 0:
+        raise ValueError("max_retries must be 0 or more")
     grader = grader or Grader()
     report = ChunkResetReport(problems=len(problems))
     texts = [""] * len(problems)
@@ -105,7 +108,7 @@ def chunk_reset(
         )
         still = []
         for (p, chunk, last, tokens), verdict in zip(candidates, verdicts, strict=True):
-            accept = verdict is True or attempt[p] + 1 >= max_attempts or not chunk
+            accept = verdict is True or attempt[p] >= max_retries or not chunk
             if not accept:
                 report.rejected_chunks += 1
                 report.rejected_tokens += tokens

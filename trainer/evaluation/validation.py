@@ -79,9 +79,9 @@ def set_best_of_n(db: Database, name: str, judge: StepJudge, ns: Sequence[int], 
     return best_of_n(problems, scores, ns, how)
 
 
-def set_chunk_reset(db: Database, name: str, judge: StepJudge, attempts: int, seed: int) -> dict[str, Any]:
-    """Chunk-reset with ``judge`` and plain chunk-by-chunk sampling (one attempt, same
-    seeds) on the set's problems, with the set's backend as the policy."""
+def set_chunk_reset(db: Database, name: str, judge: StepJudge, retries: int, seed: int) -> dict[str, Any]:
+    """Chunk-reset with ``judge`` (up to ``retries`` regenerations of a rejected chunk) and
+    plain chunk-by-chunk sampling (no retry, same seeds) on the set's problems, with the set's backend as the policy."""
     pset, solutions = _set(db, name)
     problems = [
         PolicyProblem(trajs[0]["prompt"], trajs[0]["question"], trajs[0]["reference"], trajs[0]["segmentation"])
@@ -92,8 +92,8 @@ def set_chunk_reset(db: Database, name: str, judge: StepJudge, attempts: int, se
     backend = make_backend(pset.backend, pset.backend_config)
     params = SamplingParams.from_config(pset.sampling or {})
     try:
-        plain = chunk_reset(backend, params, AcceptAll(), problems, max_attempts=1, seed=seed)
-        reset = chunk_reset(backend, params, judge, problems, max_attempts=attempts, seed=seed)
+        plain = chunk_reset(backend, params, AcceptAll(), problems, max_retries=0, seed=seed)
+        reset = chunk_reset(backend, params, judge, problems, max_retries=retries, seed=seed)
     finally:
         backend.close()
     return {"plain": plain.as_dict(), "chunk_reset": reset.as_dict()}

@@ -39,11 +39,25 @@ def completion_text(completion: Any) -> str:
     return str(completion)
 
 
+_LABEL_SPELLINGS = {
+    **dict.fromkeys(("positive", "true", "1", "yes", "correct", "+"), True),
+    **dict.fromkeys(("negative", "false", "0", "no", "incorrect", "-"), False),
+}
+
+
 def label_value(label: Any) -> bool:
-    """Labels arrive as "Positive"/"Negative" (the export) or booleans."""
-    if isinstance(label, str):
-        return label.strip().lower() == "positive"
-    return bool(label)
+    """Labels arrive as "Positive"/"Negative" (the export), booleans, 0/1, or the spellings
+    other data sets use ("True", "yes", "correct"); anything else is an error naming the value,
+    never a silent Negative (which would invert a data set's labels without a word)."""
+    if hasattr(label, "item") and not isinstance(label, str):  # a numpy or torch scalar
+        label = label.item()
+    if isinstance(label, bool):
+        return label
+    if isinstance(label, int | float) and label in (0, 1):
+        return bool(label)
+    if isinstance(label, str) and label.strip().lower() in _LABEL_SPELLINGS:
+        return _LABEL_SPELLINGS[label.strip().lower()]
+    raise ConfigError(f"step label {label!r} is not one of: Positive/Negative, True/False, 1/0, yes/no")
 
 
 @reward("verdict-match")

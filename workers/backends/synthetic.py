@@ -24,12 +24,14 @@ class SyntheticBackend:
         *,
         op_error_rates: dict[str, float] | None = None,
         slip_rate: float = 0.0,
+        step_separator: str = "\n\n",
     ) -> None:
         self.policy = SyntheticPolicy(
             error_rate=error_rate,
             recovery_rate=recovery_rate,
             op_error_rates=tuple(sorted((op_error_rates or {}).items())),
             slip_rate=slip_rate,
+            step_separator=step_separator,
         )
         self.latency_s = latency_s
 
@@ -41,6 +43,7 @@ class SyntheticBackend:
             latency_s=float(config.get("latency_s", 0.0)),
             op_error_rates={str(k): float(v) for k, v in (config.get("op_error_rates") or {}).items()},
             slip_rate=float(config.get("slip_rate", 0.0)),
+            step_separator=str(config.get("step_separator", "\n\n")),
         )
 
     @property
@@ -48,6 +51,7 @@ class SyntheticBackend:
         p = self.policy
         extra = "".join(f",{op.split()[0].lower()}={e:g}" for op, e in p.op_error_rates)
         extra += f",slip={p.slip_rate:g}" if p.slip_rate else ""
+        extra += ",lines" if p.step_separator == "\n" else ""
         return f"synthetic(err={p.error_rate:g},rec={p.recovery_rate:g}{extra})"
 
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:

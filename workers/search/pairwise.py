@@ -35,6 +35,7 @@ more probable of the two verdicts right after the prompt (always an answer, no g
 for a small model that has not learnt to write the format)."""
 NO_HISTORY = "(none: this is the first step)"
 _VERDICT = re.compile(r"\[\[\s*([AB])\s*\]\]")
+_PLACEHOLDER = re.compile(r"\{(problem|history|a|b)\}")
 
 
 def load_template(path: str | Path | None = None) -> str:
@@ -46,8 +47,10 @@ def load_template(path: str | Path | None = None) -> str:
 
 
 def render(template: str, problem: str, history: Sequence[str], a: str, b: str) -> str:
-    steps = "".join(history).strip() or NO_HISTORY
-    return template.replace("{problem}", problem).replace("{history}", steps).replace("{a}", a).replace("{b}", b)
+    """Fill the placeholders in one pass over the template: text put in is never read again,
+    so ``\\frac{a}{b}`` in a problem, a previous step or a candidate stays as written."""
+    values = {"problem": problem, "history": "".join(history).strip() or NO_HISTORY, "a": a, "b": b}
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
 
 
 def parse_preference(text: str) -> str | None:

@@ -4,6 +4,7 @@ them; or run them here, without a broker (the embedded default)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,11 @@ from stepq.workers.dispatcher import DispatchOptions
 from stepq.workers.prompts import load_template, render
 from stepq.workers.search.pairwise import EACH_VERDICT, SCORINGS
 from stepq.workers.search.runner import ORACLE
+
+PAPER_SAMPLING = {"temperature": 0.5, "top_p": 0.95}
+"""How the process-based self-rewarding method samples candidate steps (T = 0.5, top_p = 0.95)."""
+TEMPLATE_SEGMENTATION = {"step": "step-markers", "chunk": "chunk-tags", "synthetic": "step-markers"}
+"""How a policy template's steps are cut, for a set with no trajectories to read it from."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,8 @@ class SearchPlan:
     """Sample with this model on the set's backend instead of the set's own."""
     policy_run_id: int | None = None
     """The training run that produced ``policy_model`` (recorded on each search)."""
+    sampling: dict[str, Any] = field(default_factory=lambda: dict(PAPER_SAMPLING))
+    """Candidate sampling over the set's own settings (which keep ``max_tokens``, ``stop``)."""
 
 
 def start_search(db: Database, plan: SearchPlan) -> int:
@@ -46,19 +54,29 @@ def start_search(db: Database, plan: SearchPlan) -> int:
         raise ConfigError("--max-turns must be at least 1")
     with db.session() as s:
         pset = queries.get_set(s, plan.set_name)
-        template = load_template(plan.template or ("synthetic" if pset.backend == "synthetic" else "step"))
         if plan.judge_backend == ORACLE and pset.backend != "synthetic":
             raise ConfigError("the synthetic-oracle judge only knows the synthetic policy's problems")
         if plan.policy_model is None:  # the set's own policy must be able to continue its problems
             require_synthetic_problems(s, pset.id, pset.backend, plan.set_name)
         if plan.policy_model is not None and pset.backend not in MODEL_BACKENDS:
             raise ConfigError(f"set '{plan.set_name}' samples with the {pset.backend} backend, which loads no model")
+        problems = queries.problems_of_set(s, pset.id)
+        if not problems:
+            raise ConfigError(f"set '{plan.set_name}' has no problems to search")
+        given = {} if plan.template else queries.policy_prompts(s, pset.id)
+        name = plan.template or ("synthetic" if pset.backend == "synthetic" else "step")
+        template = load_template(name)
+        segmentation = queries.set_segmentation(s, pset.id) if given else None
+        segmentation = segmentation or TEMPLATE_SEGMENTATION.get(name, "auto")
+        chat = None if len(given) == len(problems) else _chat_template(pset.backend, pset.backend_config, plan)
         rows = [
             {
                 "name": plan.name,
                 "problem_set_id": pset.id,
                 "problem_id": pid,
-                "prompt": render(template, question),
+                # the policy's own prompt where it wrote a trajectory of the problem (its template
+                # and chat template, as the pairs' DPO prompt must be); else the template, rendered
+                "prompt": given.get(pid) or (chat or str)(render(template, question)),
                 "width": plan.width,
                 "max_turns": plan.max_turns,
                 "seed": plan.seed,
@@ -67,12 +85,31 @@ def start_search(db: Database, plan: SearchPlan) -> int:
                 "scoring": plan.scoring,
                 "policy_model": plan.policy_model,
                 "policy_run_id": plan.policy_run_id,
+                "segmentation": segmentation,
+                "sampling": dict(plan.sampling),
             }
-            for pid, question in queries.problems_of_set(s, pset.id)
+            for pid, question in problems
         ]
-        if not rows:
-            raise ConfigError(f"set '{plan.set_name}' has no problems to search")
         return queries.create_searches(s, rows)
+
+
+def _chat_template(backend: str, config: dict[str, Any] | None, plan: SearchPlan) -> Callable[[str], str] | None:
+    """The policy model's chat template as a function of the user prompt (None where the
+    backend applies none): what ``stepq generate`` does to the prompts it samples from."""
+    model = plan.policy_model or (config or {}).get("model")
+    if backend not in ("hf", "vllm") or not model:
+        return None
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+
+    def apply(user_text: str) -> str:
+        messages = [{"role": "user", "content": user_text}]
+        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+    return apply
 
 
 MODEL_BACKENDS = ("hf", "vllm", "openai")

@@ -61,14 +61,14 @@ def _run_search(rt: WorkerRuntime, search_id: int) -> str:
             return "skipped"
         search = s.get_one(StepSearch, search_id)
         spec, pset, judge_backend, judge_config = _load(s, search)
-        policy_model = search.policy_model
+        policy_model, sampling = search.policy_model, search.sampling
         turns = [(t.action, list(t.candidates), t.chosen) for t in queries.search_turns(s, search_id)]
     try:
         if policy_model is None:
             policy = rt.backend_for(pset)
         else:  # a later round's policy: the trained model, on the set's backend
             policy = rt.backend_named(pset.backend, {**(pset.backend_config or {}), "model": policy_model})
-        params = SamplingParams.from_config(pset.sampling or {})
+        params = SamplingParams.from_config({**(pset.sampling or {}), **(sampling or {})})
         judge = judge_for(rt, judge_backend, judge_config)
         prefix, finished = replay(turns)
         turn_no = len(turns)
@@ -105,6 +105,7 @@ def _load(s: Any, search: StepSearch) -> tuple[SearchSpec, ProblemSet, str, dict
         search.width,
         search.max_turns,
         search.seed,
+        segmentation=search.segmentation,
         scoring=search.scoring,
     )
     s.expunge(pset)

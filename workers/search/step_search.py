@@ -32,7 +32,7 @@ from stepq.workers.search.pairwise import (
     score_candidates,
 )
 from stepq.workers.seeds import derive_seed
-from stepq.workers.segmentation import first_chunk
+from stepq.workers.segmentation import next_chunk
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,9 @@ class SearchSpec:
     width: int
     max_turns: int
     seed: int
-    delimiter: str = "\n\n"
+    segmentation: str | None = None
+    """How a candidate is cut to one step: the set's own method (``segmentation.next_chunk``),
+    so a turn is one step as the policy writes steps; None: at the first blank line."""
     scoring: str = EACH_VERDICT
 
 
@@ -104,7 +106,7 @@ def next_turn(
     judge: PairwiseJudge,
 ) -> Turn:
     [samples] = policy.generate([GenerationRequest(spec.prompt + "".join(prefix), candidate_seeds(spec, turn))], params)
-    cut = [first_chunk(c.text, spec.delimiter) for c in samples]
+    cut = [next_chunk(c.text, spec.segmentation) for c in samples]
     candidates = [chunk for chunk, _ in cut]
     asked = questions_for(
         spec.scoring,
