@@ -79,6 +79,23 @@ def test_rewards_are_a_registry_of_pure_functions() -> None:
         get_rewards(["nope"])
 
 
+def test_labels_in_other_spellings_are_read_and_unknown_ones_refused() -> None:
+    """A data set's "True" is a positive label (it read as negative, inverting the reward);
+    a value no spelling covers is an error naming it, never a silent Negative."""
+    from stepq.models.errors import ConfigError
+    from stepq.trainer.generative_judge.rewards import label_value
+
+    for positive in ("Positive", "positive ", "True", "true", "1", "yes", "correct", True, 1):
+        assert label_value(positive) is True, positive
+    for negative in ("Negative", "False", "0", "no", "incorrect", False, 0):
+        assert label_value(negative) is False, negative
+    good = "1. Analysis: fine. 2. Final Judgment: \\boxed{Positive}"
+    assert verdict_match([good, good], label=["True", "False"]) == [1.0, 0.0]
+    for bad in ("maybe", "", None, 2, 0.5):
+        with pytest.raises(ConfigError, match=repr(bad).replace("(", "\\(").replace(".", "\\.")):
+            label_value(bad)
+
+
 def test_processbench_metric_hand_computed() -> None:
     labels = {"a": 2, "b": 0, "c": -1, "d": -1}
     assert pb.score("t", labels, labels).f1 == 100.0

@@ -85,6 +85,59 @@ def test_export_preferences_loads_with_datasets(sqlite: Database, tmp_path: Path
         export_preferences(sqlite, "single", tmp_path / "none", margin=0.3)
 
 
+def test_exported_pairs_point_from_the_higher_q_step_to_the_lower(sqlite: Database, tmp_path: Path) -> None:
+    """The export's direction against Q-values computed here from the rollouts table (not
+    from the export's own q fields, which a swap of chosen and rejected would carry along):
+    every chosen step's mean reward exceeds its rejected sibling's by the margin, and over
+    the synthetic truth chosen steps are right more often than rejected ones."""
+    import json
+
+    from stepq.workers.synthetic_policy import step_is_right
+
+    synth_set(sqlite, "dir", problems=12, seed=4, trajectories_per_problem=4, error_rate=0.2)
+    configure_annotation(sqlite, "dir", 8)
+    run_in_process(sqlite, WorkerRuntime(sqlite, WorkerOptions(name="t")))
+    export_preferences(sqlite, "dir", tmp_path / "out", margin=0.3)
+    records = [json.loads(line) for line in (tmp_path / "out" / "train.jsonl").read_text().splitlines()]
+    assert records
+    with sqlite.engine.connect() as conn:
+        q = {
+            (int(t), int(k)): float(mean)
+            for t, k, mean in conn.execute(
+                text("SELECT trajectory_id, prefix_len, avg(reward) FROM rollouts GROUP BY trajectory_id, prefix_len")
+            )
+        }
+        rows = conn.execute(
+            text(
+                "SELECT t.id, t.prompt, t.outcome, p.question, c.idx, c.text FROM trajectories t "
+                "JOIN problems p ON p.id = t.problem_id JOIN chunks c ON c.trajectory_id = t.id ORDER BY t.id, c.idx"
+            )
+        ).all()
+    chunks: dict[int, list[str]] = {}
+    meta: dict[int, tuple[str, bool, str]] = {}
+    for tid, prompt, outcome, question, _, body in rows:
+        chunks.setdefault(tid, []).append(body)
+        meta[tid] = (prompt, bool(outcome), question)
+
+    def q_after(step: str, context: str) -> float:
+        """Q after ``step`` taken right after ``context``, from any trajectory that did so."""
+        for tid, own in chunks.items():
+            prompt, outcome, _ = meta[tid]
+            for k, body in enumerate(own):
+                if body == step and prompt + "".join(own[:k]) == context:
+                    return float(outcome) if k + 1 == len(own) else q[(tid, k + 1)]
+        raise AssertionError(f"no trajectory took {step!r} after that context")
+
+    right = {"chosen": 0, "rejected": 0}
+    for r in records:
+        assert q_after(r["chosen"], r["prompt"]) - q_after(r["rejected"], r["prompt"]) >= 0.3 - 1e-9
+        question = next(m[2] for m in meta.values() if r["prompt"].startswith(m[0]))
+        history = [r["prompt"].split("Solution:\n", 1)[1]] if "Solution:\n" in r["prompt"] else []
+        for side in right:
+            right[side] += step_is_right(question, history, r[side]) is True
+    assert right["chosen"] > right["rejected"]
+
+
 def test_export_preferences_command(tmp_path: Path) -> None:
     import subprocess
 
