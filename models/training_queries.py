@@ -222,26 +222,38 @@ def trajectory_outcomes(session: Session, trajectory_ids: Sequence[int]) -> dict
     return out
 
 
-def rollout_pass_counts(session: Session, trajectory_ids: Sequence[int]) -> dict[int, tuple[int, int]]:
-    """Per trajectory: (right, graded) over its rollouts with a parseable answer, all of them
-    (kept text or not): what a pass-rate filter on problems reads."""
+def rollout_pass_counts(
+    session: Session, trajectory_ids: Sequence[int], *, from_problem_only: bool = False
+) -> dict[int, tuple[int, int]]:
+    """Per trajectory: (right, graded) over its rollouts with a parseable answer (kept text or
+    not), or over those from prefix 0 alone (``from_problem_only``: responses to the problem
+    itself, what a pass rate over a question's responses counts)."""
     out: dict[int, tuple[int, int]] = {}
     for start in range(0, len(trajectory_ids), 1000):
         part = list(trajectory_ids[start : start + 1000])
+        where = [Rollout.trajectory_id.in_(part), Rollout.final_answer.is_not(None)]
+        if from_problem_only:
+            where.append(Rollout.prefix_len == 0)
         rows = session.execute(
             select(Rollout.trajectory_id, func.sum(Rollout.reward), func.count())
-            .where(Rollout.trajectory_id.in_(part), Rollout.final_answer.is_not(None))
+            .where(*where)
             .group_by(Rollout.trajectory_id)
         )
         out.update({int(tid): (int(right or 0), int(n)) for tid, right, n in rows})
     return out
 
 
-def rollout_texts(session: Session, trajectory_ids: Sequence[int], *, after_id: int, limit: int) -> list[Any]:
+def rollout_texts(
+    session: Session, trajectory_ids: Sequence[int], *, after_id: int, limit: int, from_problem_only: bool = False
+) -> list[Any]:
     """(id, trajectory id, prefix length, text, reward, final answer) of rollouts whose text
-    was kept, in id order after ``after_id``: a page of what ``stepq export outcomes`` streams."""
+    was kept (from prefix 0 alone with ``from_problem_only``), in id order after ``after_id``:
+    a page of what ``stepq export outcomes`` streams."""
     if not trajectory_ids:
         return []
+    where = [Rollout.trajectory_id.in_(list(trajectory_ids)), Rollout.id > after_id, Rollout.text != ""]
+    if from_problem_only:
+        where.append(Rollout.prefix_len == 0)
     return list(
         session.execute(
             select(
@@ -252,7 +264,7 @@ def rollout_texts(session: Session, trajectory_ids: Sequence[int], *, after_id: 
                 Rollout.reward,
                 Rollout.final_answer,
             )
-            .where(Rollout.trajectory_id.in_(list(trajectory_ids)), Rollout.id > after_id, Rollout.text != "")
+            .where(*where)
             .order_by(Rollout.id)
             .limit(limit)
         )

@@ -10,7 +10,7 @@ from sqlalchemy import text
 
 from stepq.models import Database
 from stepq.models.errors import ConfigError
-from stepq.trainer.outcomes.export import continuation_steps, export_outcomes
+from stepq.trainer.outcomes.export import OutcomeFilter, continuation_steps, export_outcomes, outcome_records
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
 from stepq.workers.annotation_config import configure_annotation
 from stepq.workers.brokerless import run_in_process
@@ -38,7 +38,8 @@ def test_every_graded_solution_is_exported_with_its_outcome(sqlite: Database, tm
     synth_set(sqlite, "o", problems=5, seed=4)
     configure_annotation(sqlite, "o", 4)
     run_in_process(sqlite, WorkerRuntime(sqlite, WorkerOptions(name="t")))
-    counts = export_outcomes(sqlite, "o", tmp_path / "out")
+    everything = OutcomeFilter(pass_rate=None, prefix_rollouts=True)
+    counts = export_outcomes(sqlite, "o", tmp_path / "out", everything)
     with sqlite.engine.connect() as conn:
         n_traj, n_roll, right = conn.execute(
             text(
@@ -70,8 +71,6 @@ def _annotated(db: Database, name: str, problems: int) -> None:
 def test_solutions_without_a_parseable_answer_are_dropped_unless_kept_as_wrong(sqlite: Database) -> None:
     """The paper drops responses with no parseable answer; counting them wrong (stepq's old
     behaviour) is an option.  Graders write final_answer NULL for them (grade 'no-answer')."""
-    from stepq.trainer.outcomes.export import OutcomeFilter, outcome_records
-
     _annotated(sqlite, "u", 4)
     with sqlite.engine.begin() as conn:
         unparseable = [r[0] for r in conn.execute(text("SELECT id FROM rollouts WHERE reward = 1 ORDER BY id LIMIT 5"))]
@@ -85,8 +84,10 @@ def test_solutions_without_a_parseable_answer_are_dropped_unless_kept_as_wrong(s
         n_rollouts = conn.execute(text("SELECT count(*) FROM rollouts")).scalar_one()
         n_trajectories = conn.execute(text("SELECT count(*) FROM trajectories")).scalar_one()
     assert len(unparseable) == 5
-    dropped = list(outcome_records(sqlite, "u"))
-    kept = list(outcome_records(sqlite, "u", keep=OutcomeFilter(keep_unparseable=True)))
+    dropped = list(outcome_records(sqlite, "u", keep=OutcomeFilter(pass_rate=None, prefix_rollouts=True)))
+    kept = list(
+        outcome_records(sqlite, "u", keep=OutcomeFilter(keep_unparseable=True, pass_rate=None, prefix_rollouts=True))
+    )
     assert sum(r["source"] == "rollout" for r in dropped) == n_rollouts - 5
     assert sum(r["source"] == "trajectory" for r in dropped) == n_trajectories - 1
     assert all(r["trajectory_id"] != tid for r in dropped if r["source"] == "trajectory")
@@ -95,12 +96,35 @@ def test_solutions_without_a_parseable_answer_are_dropped_unless_kept_as_wrong(s
     assert kept_traj["outcome"] is False
 
 
-def test_pass_rate_filter_keeps_exactly_the_problems_within_the_bounds(sqlite: Database, tmp_path: Path) -> None:
-    from stepq.trainer.outcomes.export import OutcomeFilter, outcome_records
+def _responses(db: Database) -> dict[str, list[bool]]:
+    """Per problem, the grades of its responses to the question, read straight from the
+    tables: its trajectories and the rollouts from prefix 0, each with a parseable answer."""
+    with db.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT p.external_id, t.outcome FROM trajectories t JOIN problems p ON p.id = t.problem_id "
+                "WHERE t.final_answer IS NOT NULL "
+                "UNION ALL SELECT p.external_id, r.reward = 1 FROM rollouts r "
+                "JOIN trajectories t ON t.id = r.trajectory_id JOIN problems p ON p.id = t.problem_id "
+                "WHERE r.final_answer IS NOT NULL AND r.prefix_len = 0"
+            )
+        ).all()
+    out: dict[str, list[bool]] = {}
+    for ext, right in rows:
+        out.setdefault(ext, []).append(bool(right))
+    return out
 
-    _annotated(sqlite, "p", 12)
+
+def test_by_default_the_data_is_the_papers(sqlite: Database) -> None:
+    """The outcome-supervised PRM paper's data: the policy's responses to the question only
+    (trajectories and prefix-0 rollouts, never a rollout from a later prefix), of questions
+    whose responses are right 20-80% of the time, the rate over those responses (not over every
+    prefix's rollouts).  Prefix rollouts as extra solutions are an option."""
+    _annotated(sqlite, "p", 16)
+    responses = _responses(sqlite)
+    inside = {p for p, grades in responses.items() if 0.2 <= sum(grades) / len(grades) <= 0.8}
     with sqlite.engine.connect() as conn:
-        rates = {
+        by_all_rollouts = {
             ext: right / n
             for ext, right, n in conn.execute(
                 text(
@@ -110,11 +134,26 @@ def test_pass_rate_filter_keeps_exactly_the_problems_within_the_bounds(sqlite: D
                 )
             )
         }
-    inside = {p for p, rate in rates.items() if 0.2 <= rate <= 0.8}
-    assert inside and inside != set(rates), rates  # the filter has something to keep and to drop
-    records = list(outcome_records(sqlite, "p", keep=OutcomeFilter(pass_rate=(0.2, 0.8))))
+    assert inside and inside != set(responses), responses  # something to keep and to drop
+    old_rule = {p for p, rate in by_all_rollouts.items() if 0.2 <= rate <= 0.8}
+    assert old_rule != inside, "the two rates keep different questions here (else this proves nothing)"
+    records = list(outcome_records(sqlite, "p"))
     assert {r["problem_id"] for r in records} == inside
-    assert len({r["problem_id"] for r in outcome_records(sqlite, "p")}) == len(rates)
+    assert {r["source"] for r in records} == {"trajectory", "rollout"}
+    assert all(r["prefix_len"] == 0 for r in records if r["source"] == "rollout"), "responses to the question only"
+    assert len(records) == sum(len(responses[p]) for p in inside)
+    extra = list(outcome_records(sqlite, "p", keep=OutcomeFilter(prefix_rollouts=True)))
+    assert {r["problem_id"] for r in extra} == {r["problem_id"] for r in records}, "the rate is the same"
+    assert any(r["prefix_len"] > 0 for r in extra if r["source"] == "rollout") and len(extra) > len(records)
+
+
+def test_pass_rate_bounds_are_read_and_checked() -> None:
+    assert OutcomeFilter().pass_rate == (0.2, 0.8)
+    assert OutcomeFilter.parse_pass_rate(None) == (0.2, 0.8)
+    assert OutcomeFilter.parse_pass_rate("off") is None
+    assert OutcomeFilter.parse_pass_rate("0.1:0.9") == (0.1, 0.9)
+    assert OutcomeFilter().describe() == ""
+    assert OutcomeFilter(pass_rate=None, prefix_rollouts=True).describe() == ":pass_rate=off:prefix-rollouts"
     with pytest.raises(ConfigError, match="LOW:HIGH"):
         OutcomeFilter.parse_pass_rate("0.2-0.8")
     with pytest.raises(ConfigError, match="0 <= low <= high <= 1"):

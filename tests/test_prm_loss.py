@@ -14,6 +14,7 @@ from stepq.trainer.prm.aggregate import (
     log_min,
     log_softmin,
     outcome_loss,
+    predict_log_prob,
     softmin_logit,
     solution_log_prob,
 )
@@ -99,6 +100,30 @@ def test_asymmetric_loss_is_min_for_correct_and_geomean_for_incorrect_outcomes()
     lp = solution_log_prob(logits, mask, "asymmetric", outcome=torch.tensor([1, 0]))
     assert lp[0].item() == pytest.approx(log_min(logits, mask)[0].item())
     assert lp[1].item() == pytest.approx(log_geomean(logits, mask)[1].item())
+
+
+def test_a_prediction_never_reads_the_outcome() -> None:
+    """What the training log reports: a wrong solution whose weakest step is low but whose
+    geometric mean is high is predicted wrong under asymmetric (its prediction is min),
+    whichever outcome it carries; choosing the aggregate by the true outcome graded it by
+    geomean and called it a miss."""
+    logits, mask = _batch([[0.95, 0.3, 0.95], [0.95, 0.3, 0.95]])
+    predicted = predict_log_prob(logits, mask, "asymmetric").exp()
+    assert predicted.tolist() == pytest.approx([0.3, 0.3])
+    peeked = solution_log_prob(logits, mask, "asymmetric", outcome=torch.tensor([1, 0])).exp()
+    assert peeked[1].item() > 0.5 > predicted[1].item(), "the outcome would have changed the verdict"
+    for how in ("min", "geomean", "softmin", "last"):
+        assert torch.equal(predict_log_prob(logits, mask, how), solution_log_prob(logits, mask, how))
+
+
+def test_the_orm_scores_a_solution_by_its_last_step_only() -> None:
+    """The outcome reward model baseline: log P is the last real step's (padding ignored),
+    and its loss moves only that step's logit."""
+    logits, mask = _batch([[0.9, 0.2, 0.6], [0.7]])
+    assert solution_log_prob(logits, mask, "last").exp().tolist() == pytest.approx([0.6, 0.7])
+    g = _grad([[0.9, 0.2, 0.6], [0.7, 0.4]], [1, 0], "last")
+    assert g[0, 0] == 0 and g[0, 1] == 0 and g[0, 2] < 0
+    assert g[1, 0] == 0 and g[1, 1] > 0
 
 
 def test_geomean_spreads_the_gradient_over_every_step() -> None:

@@ -85,22 +85,31 @@ def export_preferences_command(set_name: str | None, search: str | None, out: Pa
 @click.option(
     "--pass-rate",
     default=None,
-    metavar="LOW:HIGH",
-    help="Keep only problems whose rollouts are right at a rate in [LOW, HIGH] (paper: 0.2:0.8).",
+    metavar="LOW:HIGH|off",
+    help="Keep only questions whose responses (trajectories, rollouts from the problem alone) are right at a rate "
+    "in [LOW, HIGH]; off keeps every question.  Default: the paper's 0.2:0.8.",
 )
 @click.option(
     "--keep-unparseable",
     is_flag=True,
     help="Keep solutions with no parseable answer, as wrong (default: dropped, as the paper does).",
 )
+@click.option(
+    "--prefix-rollouts",
+    is_flag=True,
+    help="Also rollouts from every later prefix, as extra solutions (stepq's option; default: the paper's "
+    "responses to the question only).",
+)
 @friendly
-def export_outcomes_command(set_name: str, out: Path, pass_rate: str | None, keep_unparseable: bool) -> None:
-    """Every graded solution with a parseable answer, step by step, with its outcome: the
-    set's trajectories and its rollouts (prefix chunks + continuation), for
-    outcome-supervised (discriminative) PRMs."""
+def export_outcomes_command(
+    set_name: str, out: Path, pass_rate: str | None, keep_unparseable: bool, prefix_rollouts: bool
+) -> None:
+    """Graded solutions with a parseable answer, step by step, with their outcomes, for
+    outcome-supervised (discriminative) PRMs: by default the paper's data (the policy's
+    responses to each question, of questions it solves 20-80% of the time)."""
     from stepq.trainer.outcomes.export import OutcomeFilter, export_outcomes
 
-    keep = OutcomeFilter(keep_unparseable, OutcomeFilter.parse_pass_rate(pass_rate))
+    keep = OutcomeFilter(keep_unparseable, OutcomeFilter.parse_pass_rate(pass_rate), prefix_rollouts)
     counts = export_outcomes(open_db(load_settings()), set_name, out, keep)
     click.echo(
         f"set '{set_name}': {counts['trajectory']} trajectories and {counts['rollout']} rollouts with their "
@@ -192,13 +201,19 @@ def snapshot_export(ref: str, fmt: str, out_dir: Path) -> None:
 @click.option(
     "--pass-rate",
     default=None,
-    metavar="LOW:HIGH",
-    help="prm --set: keep only problems whose rollouts are right at a rate in [LOW, HIGH] (paper: 0.2:0.8).",
+    metavar="LOW:HIGH|off",
+    help="prm --set: keep only questions whose responses are right at a rate in [LOW, HIGH]; off keeps every "
+    "question.  Default: the paper's 0.2:0.8.",
 )
 @click.option(
     "--keep-unparseable",
     is_flag=True,
     help="prm --set: keep solutions with no parseable answer, as wrong (default: dropped, as the paper does).",
+)
+@click.option(
+    "--prefix-rollouts",
+    is_flag=True,
+    help="prm --set: also rollouts from every later prefix, as extra solutions (stepq's option).",
 )
 @click.option("--recipe", default=None, help="Recipe YAML (path or shipped name); default: the method's shipped one.")
 @click.option("--model", default=None, help="The base model (a folder or hub id), instead of the recipe's.")
@@ -225,6 +240,7 @@ def train(
     margin: float,
     pass_rate: str | None,
     keep_unparseable: bool,
+    prefix_rollouts: bool,
     recipe: str | None,
     model: str | None,
     recipe_options: tuple[str, ...],
@@ -255,7 +271,7 @@ def train(
         search=search_name,
         data_dir=data_dir,
         margin=margin,
-        outcomes=OutcomeFilter(keep_unparseable, OutcomeFilter.parse_pass_rate(pass_rate)),
+        outcomes=OutcomeFilter(keep_unparseable, OutcomeFilter.parse_pass_rate(pass_rate), prefix_rollouts),
     )
     settings = load_settings()
     options = TrainOptions(lease_ttl_s=settings.trainer_lease_ttl_s, wait_s=wait, lineage=lineage)

@@ -17,6 +17,13 @@ aggregate decides where the gradient goes:
 - ``asymmetric``: ``min`` for correct outcomes (every step must be right, so raise the
   weakest) and ``geomean`` for incorrect ones (some step is wrong, but which is unknown, so
   lower them all a little rather than punish one guess).
+- ``last``: the outcome reward model (ORM), the paper's baseline on the same backbone: only
+  the score after the last step is trained against the outcome.  The earlier steps' scores
+  are what the same model says of the partial solution, trained by nothing but its end.
+
+A loss may read the outcome (``asymmetric`` does); a *prediction* may not.  ``predict_log_prob``
+is what a trained PRM says of a solution: the configured aggregate, and for ``asymmetric``
+its ``min`` (a solution is right when its weakest step is: what the loss asks of right ones).
 
 Every function takes ``logits`` and a boolean ``mask`` of shape [batch, steps] (padding is
 False) and works in log space, so probabilities near 0 or 1 stay finite.
@@ -26,7 +33,9 @@ from __future__ import annotations
 
 from typing import Any
 
-AGGREGATES = ("min", "geomean", "softmin", "asymmetric")
+AGGREGATES = ("min", "geomean", "softmin", "asymmetric", "last")
+PREDICTED_BY = {"asymmetric": "min"}
+"""The aggregate a loss that reads the outcome predicts with."""
 
 
 def _check(logits: Any, mask: Any) -> None:
@@ -73,6 +82,20 @@ def log_softmin(logits: Any, mask: Any, temperature: float) -> Any:
     return F.logsigmoid(softmin_logit(logits, mask, temperature))
 
 
+def log_last(logits: Any, mask: Any) -> Any:
+    """log P(solution right) = the last step's log-probability (an outcome reward model)."""
+    import torch.nn.functional as F
+
+    _check(logits, mask)
+    last = mask.long().sum(dim=-1) - 1  # steps are left-aligned: the last real one
+    return F.logsigmoid(logits.gather(-1, last.unsqueeze(-1)).squeeze(-1))
+
+
+def predict_log_prob(logits: Any, mask: Any, how: str, temperature: float = 0.1) -> Any:
+    """log P(solution right) as the trained model predicts it: never from the outcome."""
+    return solution_log_prob(logits, mask, PREDICTED_BY.get(how, how), temperature)
+
+
 def solution_log_prob(logits: Any, mask: Any, how: str, temperature: float = 0.1, outcome: Any = None) -> Any:
     """log P(solution right) under the aggregate ``how`` (``asymmetric`` needs ``outcome``)."""
     import torch
@@ -83,6 +106,8 @@ def solution_log_prob(logits: Any, mask: Any, how: str, temperature: float = 0.1
         return log_geomean(logits, mask)
     if how == "softmin":
         return log_softmin(logits, mask, temperature)
+    if how == "last":
+        return log_last(logits, mask)
     if how == "asymmetric":
         if outcome is None:
             raise ValueError("the asymmetric aggregate needs the outcomes")

@@ -23,7 +23,7 @@ from typing import Any
 from stepq.models import Database, queries
 from stepq.models.errors import ConfigError, LeaseLost
 from stepq.trainer.outcomes.export import OutcomeFilter
-from stepq.trainer.prm.aggregate import AGGREGATES, outcome_loss, solution_log_prob
+from stepq.trainer.prm.aggregate import AGGREGATES, outcome_loss, predict_log_prob
 from stepq.trainer.prm.model import HEADS, Encoded, StepScorer, collate
 from stepq.trainer.training.ranks import current_rank
 from stepq.trainer.training.recipe import Recipe
@@ -243,7 +243,9 @@ def _train(
             (loss * len(part) / len(index)).backward()  # the mean over the whole batch
             losses.append(loss.item() * len(part) / len(index))
             with torch.no_grad():
-                lp = solution_log_prob(logits, mask, config.aggregate, config.temperature, y[part])
+                # what the model predicts, whatever the truth: an aggregate chosen by the outcome
+                # (asymmetric's loss) would grade each class by its own easier rule
+                lp = predict_log_prob(logits, mask, config.aggregate, config.temperature)
                 predicted.extend((lp.exp() >= 0.5).tolist())
         if config.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
@@ -293,7 +295,7 @@ def _meta(config: PRMConfig) -> dict[str, Any]:
 
 
 def _log(db: Database, handle: RunHandle, step: int, window: list[tuple[float, list[bool], list[bool]]]) -> None:
-    """Mean loss and per-class outcome accuracy (aggregate >= 0.5 against the outcome)."""
+    """Mean loss and per-class outcome accuracy (the predicted aggregate >= 0.5 against the outcome)."""
     hits = {True: 0, False: 0}
     seen = {True: 0, False: 0}
     for _, predicted, truth in window:

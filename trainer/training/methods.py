@@ -109,7 +109,10 @@ def signal_data(db: Database, method: str, data: TrainingData) -> tuple[Any, str
 
     if data.data_dir is not None:
         if data.outcomes != OutcomeFilter():
-            raise ConfigError("--pass-rate and --keep-unparseable apply to --set (filter an export as it is written)")
+            raise ConfigError(
+                "--pass-rate, --keep-unparseable and --prefix-rollouts apply to --set "
+                "(filter an export as it is written)"
+            )
         return load_outcomes(data.data_dir), f"outcomes:{data.data_dir.resolve()}"
     assert data.set_name is not None
     return set_outcomes(db, data.set_name, data.outcomes), f"outcomes:{data.set_name}{data.outcomes.describe()}"
