@@ -1,7 +1,13 @@
 """A discriminative PRM trained from outcome labels alone, on the synthetic policy, where the
 truth of every step is known.
 
-Training sees only (problem, steps, final answer right?); ``--supervision steps`` trains on
+Training sees only (problem, steps, final answer right?), by default the paper's data: the
+policy's responses to each question (``--samples`` of them), of questions whose responses are
+right 20-80% of the time (``--pass-rate``, ``off`` to keep every question).
+``--prefix-rollouts R`` adds R rollouts from each later prefix of each response as extra
+solutions (stepq's option; the pass rate still counts the responses only).  ``--aggregate
+last`` trains the outcome reward model (ORM) on the same backbone and data: the paper's
+baseline, scored by what it says after each step.  ``--supervision steps`` trains on
 every step's true label instead, the upper bound that tells a backbone unable to check the
 arithmetic from outcome labels unable to teach it.  On held-out problems the benchmark
 asks whether the PRM's step scores rank wrong steps below right ones (ROC AUC with a 95%
@@ -41,6 +47,7 @@ from bench.common import emit, train_causal_lm
 from stepq.migrations import upgrade
 from stepq.models import Database
 from stepq.trainer.evaluation.best_of_n import pick
+from stepq.trainer.outcomes.export import PAPER_PASS_RATE, OutcomeFilter
 from stepq.trainer.prm.aggregate import AGGREGATES
 from stepq.trainer.prm.model import StepScorer
 from stepq.trainer.prm.train import OutcomeExample, train_prm
@@ -53,6 +60,7 @@ from stepq.workers.synthetic_policy import (
     SyntheticPolicy,
     ground_truth,
     make_problem,
+    parse_problem,
 )
 from tests.tiny_models import build_tiny_llama, build_tiny_model
 
@@ -78,7 +86,8 @@ Step = tuple[int, float, bool]  # (position, score, right)
 
 # Best-of-N selections reported: the min step score (a solution is as good as its weakest
 # step), and the geometric mean, the default aggregate the PRM's outcome loss is trained on.
-SELECTIONS = ("min", "geomean")
+SELECTIONS = ("min", "geomean", "last")
+"""``last``: the score after the last step, how an ORM picks."""
 
 
 def step_auc(problems: Sequence[Sequence[Step]], by_position: bool = False) -> float:
@@ -134,6 +143,44 @@ def solutions(
                 (problem.question, [s.text for s in steps], ground_truth(steps), steps[-1].value == problem.answer)
             )
         out.append(group)
+    return out
+
+
+def within_pass_rate(groups: Sequence[Sequence[tuple]], bounds: tuple[float, float] | None) -> list[list[tuple]]:
+    """The problems whose responses are right at a rate in ``bounds`` (all with None): the
+    paper's question filter, over the responses to the question."""
+    if bounds is None:
+        return [list(g) for g in groups]
+    lo, hi = bounds
+    return [list(g) for g in groups if lo <= sum(r[3] for r in g) / len(g) <= hi]
+
+
+def prefix_rollouts(policy: SyntheticPolicy, groups: Sequence[Sequence[tuple]], per_prefix: int, seed: int) -> list:
+    """``per_prefix`` rollouts from every prefix k = 1 .. n-1 of every response: its first k
+    steps, then the policy's continuation, with the continuation's outcome (what stepq's
+    ``--prefix-rollouts`` export adds).  Each is (question, steps, truth, right)."""
+    out = []
+    for g, group in enumerate(groups):
+        for r, (question, steps, truth, _) in enumerate(group):
+            problem = parse_problem(f"Problem: {question}")
+            for k in range(1, len(steps)):
+                value = int(steps[k - 1].rsplit("= ", 1)[1].split(".")[0])
+                for j in range(per_prefix):
+                    rng = random.Random(derive_seed("prm-prefix", seed, g, r, k, j))
+                    rest = policy.continue_steps(problem, k, value, rng)
+                    ok = truth[k - 1]
+                    rest_truth = []
+                    for step in rest:
+                        ok = ok and step.correct and not step.slip
+                        rest_truth.append(ok)
+                    out.append(
+                        (
+                            question,
+                            steps[:k] + [st.text for st in rest],
+                            truth[:k] + rest_truth,
+                            rest[-1].value == problem.answer,
+                        )
+                    )
     return out
 
 
@@ -298,7 +345,26 @@ def main() -> None:
         default=1,
         help="What the curriculum counts as short: solutions of at most this many steps",
     )
-    ap.add_argument("--aggregate", default="geomean", choices=AGGREGATES)
+    ap.add_argument(
+        "--aggregate",
+        default="geomean",
+        choices=AGGREGATES,
+        help="last: the outcome reward model (ORM), the paper's baseline, on the same backbone and data",
+    )
+    ap.add_argument(
+        "--pass-rate",
+        default=":".join(str(x) for x in PAPER_PASS_RATE),
+        metavar="LOW:HIGH|off",
+        help="Keep training problems whose --samples responses are right at a rate in [LOW, HIGH] "
+        "(the paper's); off: every problem",
+    )
+    ap.add_argument(
+        "--prefix-rollouts",
+        type=int,
+        default=0,
+        metavar="R",
+        help="R rollouts from each later prefix of each training response, as extra solutions (stepq's option)",
+    )
     ap.add_argument(
         "--supervision",
         choices=["outcomes", "steps"],
@@ -339,13 +405,13 @@ def main() -> None:
     policy = SyntheticPolicy(error_rate=args.error_rate, recovery_rate=0.0)
     test = solutions(policy, args.test_problems, args.n, "prm-test", args.seed, lengths, numbers)
     held_out = frozenset(group[0][0] for group in test)
-    train = [
-        ex
-        for group in solutions(
-            policy, args.train_problems, args.samples, "prm-train", args.seed, lengths, numbers, held_out
-        )
-        for ex in group
-    ]
+    drawn = solutions(policy, args.train_problems, args.samples, "prm-train", args.seed, lengths, numbers, held_out)
+    kept = within_pass_rate(drawn, OutcomeFilter.parse_pass_rate(args.pass_rate))
+    train = [ex for group in kept for ex in group]
+    if args.prefix_rollouts:
+        train += prefix_rollouts(policy, kept, args.prefix_rollouts, args.seed)
+    if not train:
+        raise SystemExit(f"no training problem has a pass rate in {args.pass_rate}")
     examples = [OutcomeExample(q, tuple(steps), outcome) for q, steps, _, outcome in train]
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -391,6 +457,7 @@ def main() -> None:
     k = len(test)
     right_steps = sum(t for p in per_problem for _, _, t in p)
     wrong_steps = sum(not t for p in per_problem for _, _, t in p)
+    print(f"training problems: {len(kept)} of {len(drawn)} drawn (pass rate {args.pass_rate})")
     print(
         f"training: {len(examples)} outcome-labelled solutions "
         f"({100 * sum(e.outcome for e in examples) / len(examples):.1f}% right), "
@@ -414,8 +481,13 @@ def main() -> None:
             "best_of_n_prm": 100 * picks["min"] / k,
             "best_of_n_prm_geomean": 100 * picks["geomean"] / k,
             "best_of_n_random": 100 * picks_random / k,
+            "best_of_n_last": 100 * picks["last"] / k,
             "train_solutions": len(examples),
             "train_problems": args.train_problems,
+            "train_problems_kept": len(kept),
+            "pass_rate": args.pass_rate,
+            "prefix_rollouts": args.prefix_rollouts,
+            "aggregate": args.aggregate,
             "train_steps": global_step,
             "supervision": args.supervision,
             "train_seconds": train_s,

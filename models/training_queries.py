@@ -231,7 +231,7 @@ def rollout_pass_counts(
     out: dict[int, tuple[int, int]] = {}
     for start in range(0, len(trajectory_ids), 1000):
         part = list(trajectory_ids[start : start + 1000])
-        where = [Rollout.trajectory_id.in_(part), Rollout.final_answer.is_not(None)]
+        where: list[Any] = [Rollout.trajectory_id.in_(part), Rollout.final_answer.is_not(None)]
         if from_problem_only:
             where.append(Rollout.prefix_len == 0)
         rows = session.execute(
@@ -251,7 +251,7 @@ def rollout_texts(
     a page of what ``stepq export outcomes`` streams."""
     if not trajectory_ids:
         return []
-    where = [Rollout.trajectory_id.in_(list(trajectory_ids)), Rollout.id > after_id, Rollout.text != ""]
+    where: list[Any] = [Rollout.trajectory_id.in_(list(trajectory_ids)), Rollout.id > after_id, Rollout.text != ""]
     if from_problem_only:
         where.append(Rollout.prefix_len == 0)
     return list(
