@@ -287,6 +287,23 @@ def test_eval_commands_use_a_trained_prm(sqlite: Database, tmp_path: Path) -> No
     assert by["synth"]["threshold"] == pytest.approx(chosen(tune_synth))
     wrong = stepq("eval", "processbench", "--data", str(SAMPLE), "--tune-subset", f"math={tune_synth}", *prm)
     assert wrong.returncode != 0 and "no --data file for subset(s) math" in wrong.stderr
+    # the outcome-supervised PRM paper's protocol: each subset at its own best threshold, labelled oracle
+    oracle = stepq("eval", "processbench", "--data", str(SAMPLE), str(synth), "--oracle-threshold", *prm, "--json")
+    assert oracle.returncode == 0, oracle.stderr
+    oracle_report = json.loads(oracle.stdout)
+    assert oracle_report["threshold_protocol"] == "oracle" and report["threshold_protocol"] == "per subset"
+    for path in (SAMPLE, synth):
+        row = next(r for r in oracle_report["subsets"] if r["subset"] == path.stem)
+        samples = pb.load_samples(path)
+        own = pb.choose_threshold(pb.sample_scores(judge, samples), {s["id"]: s["label"] for s in samples}, 10_000)
+        assert (row["threshold_tuned_on"], row["threshold"]) == ("oracle", pytest.approx(own))
+        assert row["f1"] >= by[path.stem]["f1"], "the best threshold on the subset itself is at least as good"
+    shown = stepq("eval", "processbench", "--data", str(synth), "--oracle-threshold", *prm)
+    assert "(oracle: the best F1 on this subset itself" in shown.stdout, shown.stdout
+    both = stepq(
+        "eval", "processbench", "--data", str(synth), "--oracle-threshold", "--tune-threshold-on", str(synth), *prm
+    )
+    assert both.returncode == 2 and "oracle threshold is chosen on each subset itself" in both.stderr
     for how in ("geomean", "softmin"):
         bon = stepq("eval", "best-of-n", "--set", "o", "--n", "2", "--aggregate", how, *prm, "--json")
         assert bon.returncode == 0, bon.stderr

@@ -191,6 +191,12 @@ def eval_group() -> None:
     metavar="SUBSET=FILE",
     help="Scoring judges: this --data subset (its file's name) gets its own threshold, chosen on FILE.  Repeatable.",
 )
+@click.option(
+    "--oracle-threshold",
+    is_flag=True,
+    help="Scoring judges: score each subset at the best of 10,000 thresholds on that subset itself (the "
+    "outcome-supervised PRM paper's appendix protocol; labelled oracle: it flatters the judge).",
+)
 @click.option("--json", "as_json", is_flag=True)
 @judge_options
 @friendly
@@ -201,6 +207,7 @@ def eval_processbench(
     out_dir: Path | None,
     tune_file: Path | None,
     subset_tunes: tuple[str, ...],
+    oracle_threshold: bool,
     as_json: bool,
     spec: JudgeSpec,
 ) -> None:
@@ -227,6 +234,7 @@ def eval_processbench(
             threshold=spec.threshold,
             tune_file=tune_file,
             subset_tune_files=per_subset,
+            oracle_threshold=oracle_threshold,
             on_subset=bar,
         )
     all_predictions = report.pop("predictions")
@@ -236,10 +244,14 @@ def eval_processbench(
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
-    if "threshold" in report:
-        for r in report["subsets"] if per_subset else [report]:
-            tuned = f"chosen on {r['threshold_tuned_on']}" if r["threshold_tuned_on"] else "given"
-            where = f" for {r['subset']}" if per_subset else ""
+    if "threshold_protocol" in report:
+        each = bool(per_subset) or oracle_threshold
+        for r in report["subsets"] if each else [report]:
+            if r["threshold_tuned_on"] == pb.ORACLE:
+                tuned = "oracle: the best F1 on this subset itself, which flatters the judge"
+            else:
+                tuned = f"chosen on {r['threshold_tuned_on']}" if r["threshold_tuned_on"] else "given"
+            where = f" for {r['subset']}" if each else ""
             click.echo(f"threshold{where} {r['threshold']:.4f} ({tuned})")
     writes = built is not None and built.settings is not None
     extra = f" {'outputs':>8} {'no verdict':>10} {'cut':>5}" if writes else ""

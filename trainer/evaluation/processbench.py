@@ -151,7 +151,9 @@ def predictions_at(step_scores: Mapping[str, Sequence[float | None]], threshold:
     return {sid: first_below(scores, threshold) for sid, scores in step_scores.items()}
 
 
-def choose_threshold(step_scores: Mapping[str, Sequence[float | None]], labels: Mapping[str, int]) -> float:
+def choose_threshold(
+    step_scores: Mapping[str, Sequence[float | None]], labels: Mapping[str, int], max_candidates: int = 2000
+) -> float:
     """The threshold with the best ProcessBench F1 on these samples (ties: the lowest).
 
     Candidates are the midpoints between consecutive distinct step scores, plus one below and
@@ -163,9 +165,9 @@ def choose_threshold(step_scores: Mapping[str, Sequence[float | None]], labels: 
     if not values:
         return 0.5
     candidates = [values[0] - 1e-6, *((a + b) / 2 for a, b in itertools.pairwise(values)), values[-1] + 1e-6]
-    if len(candidates) > 2000:  # a fine grid is as good as every midpoint for a report
-        step = len(candidates) / 2000
-        candidates = [candidates[int(i * step)] for i in range(2000)] + [candidates[-1]]
+    if len(candidates) > max_candidates:  # a fine grid is as good as every midpoint for a report
+        step = len(candidates) / max_candidates
+        candidates = [candidates[int(i * step)] for i in range(max_candidates)] + [candidates[-1]]
     best, best_f1 = candidates[0], -1.0
     for t in candidates:
         f1 = score("tune", labels, predictions_at(step_scores, t)).f1
@@ -183,6 +185,10 @@ def sample_scores(judge: Any, samples: Sequence[dict[str, Any]]) -> dict[str, li
 # --- the whole evaluation, as ``stepq eval processbench`` runs it --------------------------
 
 NO_VERDICT_RULE = "a rejection: that step is predicted as the first error"
+ORACLE = "oracle"
+"""A threshold chosen on the very subset it scores: the best F1 the judge's scores allow."""
+ORACLE_CANDIDATES = 10_000
+"""The outcome-supervised PRM paper searches 10,000 thresholds per subset."""
 
 
 def evaluate(
@@ -194,6 +200,7 @@ def evaluate(
     threshold: float = 0.5,
     tune_file: Path | None = None,
     subset_tune_files: Mapping[str, Path] | None = None,
+    oracle_threshold: bool = False,
     on_subset: Callable[[str, int], Callable[[int], None] | None] | None = None,
 ) -> dict[str, Any]:
     """Score ``judge`` (or given ``predictions``) on each ProcessBench file.
@@ -204,12 +211,17 @@ def evaluate(
     ``subset_tune_files`` maps a subset (a file's stem) to the file its own threshold is
     chosen on, as much of the PRM literature tunes per subset; the others use ``threshold``
     (or the one chosen on ``tune_file``: ProcessBench's main results use one for all).
+    ``oracle_threshold``: every subset is scored at the best of up to ``ORACLE_CANDIDATES``
+    thresholds on its own samples (the outcome-supervised PRM paper's appendix protocol); the
+    report names it ``oracle``, since the scored data chose it.
     """
     if (judge is None) == (predictions is None):
         raise ValueError("give a judge or predictions")
     per_subset = dict(subset_tune_files or {})
-    if (tune_file is not None or per_subset) and not scoring:
+    if (tune_file is not None or per_subset or oracle_threshold) and not scoring:
         raise ConfigError("threshold tuning needs a scoring judge (--judge prm, or --score-by votes|logprob)")
+    if oracle_threshold and (tune_file is not None or per_subset):
+        raise ConfigError("an oracle threshold is chosen on each subset itself: drop --tune-threshold-on/--tune-subset")
     unknown = sorted(set(per_subset) - {subset_name(p) for p in files})
     if unknown:
         raise ConfigError(f"no --data file for subset(s) {', '.join(unknown)} (a subset is its file's name)")
@@ -233,7 +245,11 @@ def evaluate(
                 )
             found = {sid: predictions[sid] for sid in labels}
         elif scoring:
-            found = dict(predictions_at(sample_scores(judge, samples), thresholds.get(subset_name(path), default)[0]))
+            step_scores = sample_scores(judge, samples)
+            if oracle_threshold:
+                chosen = choose_threshold(step_scores, labels, ORACLE_CANDIDATES)
+                thresholds[subset_name(path)] = (chosen, ORACLE)
+            found = dict(predictions_at(step_scores, thresholds.get(subset_name(path), default)[0]))
         else:
             advance = on_subset(subset_name(path), len(samples)) if on_subset else None
             found = dict(predict(judge, samples, advance))
@@ -248,9 +264,17 @@ def evaluate(
         "subsets": subsets,
         "no_verdict_is": "a rejection (that step is predicted as the first error)",
     }
-    if scoring:
+    if scoring and not oracle_threshold:
         report["threshold"] = threshold
         report["threshold_tuned_on"] = subset_name(tune_file) if tune_file else None
+    if scoring:
+        report["threshold_protocol"] = (
+            ORACLE
+            if oracle_threshold
+            else "per subset"
+            if per_subset
+            else ("one threshold, tuned" if tune_file else "one threshold, given")
+        )
     if len(subsets) > 1:
         report["average_f1"] = sum(s["f1"] for s in subsets) / len(subsets)
     report["predictions"] = all_predictions
