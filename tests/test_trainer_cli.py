@@ -58,3 +58,37 @@ def test_eval_commands_with_the_oracle(sqlite: Database, monkeypatch: pytest.Mon
     cr = json.loads(_run(monkeypatch, sqlite, "eval", "chunk-reset", "--set", "bon", "--judge", "oracle", "--json"))
     assert cr["chunk_reset"]["accuracy"] > cr["plain"]["accuracy"]
     assert cr["chunk_reset"]["rejected_chunks"] > 0 == cr["plain"]["rejected_chunks"]
+
+
+def test_eval_step_search_keeps_the_judges_pick_each_step(sqlite: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Test-time scaling by step search (process-based self-rewarding): with a judge that
+    prefers right steps the search beats the policy alone on the same sampling, at the cost of
+    width candidates a step; with a judge that cannot tell steps apart it does no better."""
+    from stepq.trainer.evaluation.step_search_eval import search_at_test_time
+    from stepq.trainer.evaluation.validation import _policy_problems
+    from stepq.workers.backends import SamplingParams
+    from stepq.workers.backends.synthetic import SyntheticBackend
+    from stepq.workers.search.pairwise import PairQuestion
+    from stepq.workers.synthetic_policy import parse_problem
+
+    synth_set(sqlite, "tts", problems=40, seed=5, error_rate=0.25, recovery_rate=0.0, step_separator="\n")
+    report = json.loads(_run(monkeypatch, sqlite, "eval", "step-search", "--set", "tts", "--width", "4", "--json"))
+    alone, search = report["policy_alone"], report["step_search"]
+    assert report["sampling"] == {"temperature": 0.5, "top_p": 0.95}
+    assert search["accuracy"] == 100.0 > alone["accuracy"] + 20
+    assert search["tokens"] > 3 * alone["tokens"], "every step draws width candidates"
+    _, problems = _policy_problems(sqlite, "tts")
+    # each-verdict over 4 candidates never ties all four: one turn a step of each problem
+    assert search["turns"] == sum(len(parse_problem(p.prompt).ops) for p in problems)
+    assert search["turns_without_a_pick"] == search["completed_after_max_turns"] == 0
+
+    class Indifferent:
+        name = "indifferent"
+
+        def prefer(self, questions: list[PairQuestion]) -> list[str | None]:
+            return [None] * len(questions)  # no verdict: every candidate ties, every turn steps back
+
+    backend = SyntheticBackend(error_rate=0.25, recovery_rate=0.0, step_separator="\n")
+    blind = search_at_test_time(backend, SamplingParams(), Indifferent(), problems[:5], width=3, max_turns=4)
+    assert blind["step_search"]["turns_without_a_pick"] == blind["step_search"]["turns"] == 20
+    assert blind["step_search"]["completed_after_max_turns"] == 5, "out of turns, the policy completes the rest"

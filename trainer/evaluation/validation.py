@@ -14,6 +14,7 @@ from stepq.trainer.evaluation.chunk_reset import PolicyProblem, chunk_reset
 from stepq.trainer.evaluation.judges import AcceptAll, ScoringJudge, StepItem, StepJudge, judge_stats
 from stepq.trainer.snapshots.export import snapshot_records
 from stepq.workers.backends import SamplingParams, make_backend
+from stepq.workers.search.pairwise import PairwiseJudge
 
 
 def validation_accuracy(db: Database, ref: str | int, judge: StepJudge, batch: int = 64) -> dict[str, Any]:
@@ -79,9 +80,9 @@ def set_best_of_n(db: Database, name: str, judge: StepJudge, ns: Sequence[int], 
     return best_of_n(problems, scores, ns, how)
 
 
-def set_chunk_reset(db: Database, name: str, judge: StepJudge, retries: int, seed: int) -> dict[str, Any]:
-    """Chunk-reset with ``judge`` (up to ``retries`` regenerations of a rejected chunk) and
-    plain chunk-by-chunk sampling (no retry, same seeds) on the set's problems, with the set's backend as the policy."""
+def _policy_problems(db: Database, name: str) -> tuple[Any, list[PolicyProblem]]:
+    """The set and its problems as its policy saw them: the prompt its first trajectory was
+    sampled from and the set's segmentation."""
     pset, solutions = _set(db, name)
     problems = [
         PolicyProblem(trajs[0]["prompt"], trajs[0]["question"], trajs[0]["reference"], trajs[0]["segmentation"])
@@ -89,6 +90,38 @@ def set_chunk_reset(db: Database, name: str, judge: StepJudge, retries: int, see
     ]
     if not problems:
         raise ConfigError(f"set '{name}' has no trajectories to take the policy prompt from (stepq generate)")
+    return pset, problems
+
+
+def set_step_search(db: Database, name: str, judge: PairwiseJudge, plan: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Test-time step search with the pairwise ``judge`` against the policy alone on the set's
+    problems, the set's backend as the policy; ``plan`` holds width, max_turns, scoring and
+    the candidates' sampling (over the set's own max tokens and stops)."""
+    from stepq.trainer.evaluation.step_search_eval import search_at_test_time
+
+    pset, problems = _policy_problems(db, name)
+    backend = make_backend(pset.backend, pset.backend_config)
+    params = SamplingParams.from_config({**(pset.sampling or {}), **plan["sampling"]})
+    try:
+        return search_at_test_time(
+            backend,
+            params,
+            judge,
+            problems,
+            width=plan["width"],
+            max_turns=plan["max_turns"],
+            scoring=plan["scoring"],
+            seed=seed,
+        )
+    finally:
+        backend.close()
+
+
+def set_chunk_reset(db: Database, name: str, judge: StepJudge, retries: int, seed: int) -> dict[str, Any]:
+    """Chunk-reset with ``judge`` (up to ``retries`` regenerations of a rejected chunk) and
+    plain chunk-by-chunk sampling (no retry, same seeds) on the set's problems, with the set's
+    backend as the policy."""
+    pset, problems = _policy_problems(db, name)
     backend = make_backend(pset.backend, pset.backend_config)
     params = SamplingParams.from_config(pset.sampling or {})
     try:

@@ -5,7 +5,7 @@ search's next holder redoes it with the same seeds.  Thin: the logic is ``step_s
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from stepq.models import jobs, queries
@@ -14,7 +14,7 @@ from stepq.models.problems import Problem, ProblemSet
 from stepq.models.search import FINISH, STEP_SEARCHES, StepSearch
 from stepq.workers import queue
 from stepq.workers.annotate import WorkerRuntime
-from stepq.workers.backends import SamplingParams
+from stepq.workers.backends import GenerationBackend, SamplingParams
 from stepq.workers.search.pairwise import VERDICT_BY, ModelPairwiseJudge, PairwiseJudge, SyntheticPairwiseOracle
 from stepq.workers.search.step_search import SearchSpec, next_turn, replay
 
@@ -24,11 +24,14 @@ JUDGE_KEYS = ("sampling", "verdict_by")
 """Keys of a judge's config that say how it is asked, not how its backend is built."""
 
 
-def judge_for(rt: WorkerRuntime, backend: str, config: dict[str, Any]) -> PairwiseJudge:
-    """The search's pairwise judge: the synthetic oracle, or a model on a (warm) backend."""
+def judge_for(
+    make: Callable[[str, dict[str, Any]], GenerationBackend], backend: str, config: dict[str, Any]
+) -> PairwiseJudge:
+    """The search's pairwise judge: the synthetic oracle, or a model on a backend that ``make``
+    builds (a worker's warm one, or a fresh one for an evaluation)."""
     if backend == ORACLE:
         return SyntheticPairwiseOracle()
-    engine = rt.backend_named(backend, {k: v for k, v in config.items() if k not in JUDGE_KEYS})
+    engine = make(backend, {k: v for k, v in config.items() if k not in JUDGE_KEYS})
     sampling = {"temperature": 0.0, "max_tokens": 1024, **(config.get("sampling") or {})}
     verdict_by = str(config.get("verdict_by", "text"))
     if verdict_by not in VERDICT_BY:
@@ -69,7 +72,7 @@ def _run_search(rt: WorkerRuntime, search_id: int) -> str:
         else:  # a later round's policy: the trained model, on the set's backend
             policy = rt.backend_named(pset.backend, {**(pset.backend_config or {}), "model": policy_model})
         params = SamplingParams.from_config({**(pset.sampling or {}), **(sampling or {})})
-        judge = judge_for(rt, judge_backend, judge_config)
+        judge = judge_for(rt.backend_named, judge_backend, judge_config)
         prefix, finished = replay(turns)
         turn_no = len(turns)
         while not finished and turn_no < spec.max_turns:
