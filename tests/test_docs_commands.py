@@ -156,3 +156,20 @@ def test_the_generated_references_match_the_code() -> None:
         if not path.exists() or path.read_text(encoding="utf-8") != text
     ]
     assert not stale, f"regenerate with 'python -m stepq.reference': {stale}"
+
+
+def test_every_fact_in_the_methods_page_names_its_source() -> None:
+    """docs/methods.md: each row of its tables cites the paper and part that states it, or
+    marks what no paper states as stepq's choice (a row with neither credits a paper for
+    nothing it can be checked against)."""
+    text = (ROOT / "docs" / "methods.md").read_text(encoding="utf-8")
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| ---")]
+    facts = [r for r in rows if not r.startswith("| |")]
+    assert len(facts) > 30
+    for row in facts:
+        cells = [c.strip() for c in row.strip("|").split(" | ")]
+        assert len(cells) == 4, row
+        _, published, source, ours = cells
+        cited = source.startswith(("SW,", "PSR,", "OPRM,", "ProcessBench"))
+        assert cited or (source == "—" and "**stepq**" in ours), f"no source and not marked stepq's: {row}"
+        assert source != "—" or published.startswith(("not ", "not in")), f"a published fact with no source: {row}"
