@@ -1,13 +1,17 @@
 """Fixtures: a throwaway PostgreSQL database, a Redis queue, SQLite files, worker processes
 (the helpers tests share are in ``tests/helpers.py``), and the test tiers.
 
-Tests that need PostgreSQL or Redis fail (never skip) when the service does not answer:
-CI must prove the real thing.  Point them elsewhere with STEPQ_TEST_PG_URL (a server URL
-whose database part is ignored) and STEPQ_TEST_REDIS_URL.
+The suite runs its own PostgreSQL and Redis servers (``tests/services.py``), started once a
+session when any selected test needs them: no test touches the machine's own services, which
+the fault tests would otherwise restart and flush.  STEPQ_TEST_PG_URL (a server URL whose
+database part is ignored) and STEPQ_TEST_REDIS_URL point the suite at servers of your choice
+instead; the suite never restarts those (the restart test skips).  Tests that need a server
+fail (never skip) when it does not answer: CI must prove the real thing.
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,22 +21,66 @@ import redis
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+import tests.helpers as helpers
 from stepq.migrations import upgrade
 from stepq.models import Database
-from tests.helpers import PG_SERVER, REDIS_URL, TABLES, Cluster, clean_env
+from tests.helpers import TABLES, Cluster, clean_env
+from tests.services import PrivatePostgres, PrivateRedis, ServiceError
+
+_PRIVATE: dict[str, PrivatePostgres | PrivateRedis] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Choose the private servers' ports now, so that every module reads their URLs from
+    ``tests.helpers`` when it is imported; they start after collection, if needed."""
+    if "STEPQ_TEST_PG_URL" not in os.environ:
+        pg = _PRIVATE["pg"] = PrivatePostgres()
+        helpers.PG_SERVER = pg.url
+    if "STEPQ_TEST_REDIS_URL" not in os.environ:
+        server = _PRIVATE["redis"] = PrivateRedis()
+        helpers.REDIS_URL = f"redis://127.0.0.1:{server.port}/9"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the private servers when a selected test is more than a unit test (``pytest -m
+    unit`` starts none)."""
+    if not any(item.get_closest_marker("unit") is None for item in session.items):
+        return
+    for server in _PRIVATE.values():
+        try:
+            server.start()
+        except ServiceError as exc:
+            helpers.SERVICE_ERRORS.append(str(exc))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for server in _PRIVATE.values():
+        server.remove()
+
+
+@pytest.fixture(scope="session")
+def private_pg() -> PrivatePostgres:
+    """The suite's own PostgreSQL, for tests that restart it (never a server you named)."""
+    pg = _PRIVATE.get("pg")
+    if not isinstance(pg, PrivatePostgres) or not pg.started:
+        pytest.skip("STEPQ_TEST_PG_URL names a server the suite does not own: it is never restarted")
+    return pg
 
 
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """A fresh, migrated PostgreSQL database for this test session, dropped afterwards."""
-    admin = create_engine(PG_SERVER, isolation_level="AUTOCOMMIT", pool_pre_ping=True)  # outlives a PG restart
+    server = helpers.PG_SERVER
+    if helpers.SERVICE_ERRORS:
+        pytest.fail("; ".join(helpers.SERVICE_ERRORS))
+    admin = create_engine(server, isolation_level="AUTOCOMMIT", pool_pre_ping=True)  # outlives a PG restart
     name = f"stepq_test_{uuid.uuid4().hex[:10]}"
     try:
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
     except Exception as exc:  # pragma: no cover - the failure message is the point
-        pytest.fail(f"PostgreSQL is required for this test and did not answer at {PG_SERVER}: {exc}")
-    url = make_url(PG_SERVER).set(database=name).render_as_string(hide_password=False)
+        pytest.fail(f"PostgreSQL is required for this test and did not answer at {server}: {exc}")
+    url = make_url(server).set(database=name).render_as_string(hide_password=False)
     upgrade(url)
     yield url
     with admin.connect() as conn:
@@ -77,11 +125,11 @@ def any_db(request: pytest.FixtureRequest) -> Database:
 
 @pytest.fixture
 def redis_client() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(REDIS_URL)
+    client = redis.Redis.from_url(helpers.REDIS_URL)
     try:
         client.ping()
     except redis.RedisError as exc:
-        pytest.fail(f"Redis is required for this test and did not answer at {REDIS_URL}: {exc}")
+        pytest.fail(f"Redis is required for this test and did not answer at {helpers.REDIS_URL}: {exc}")
     client.flushdb()
     yield client
     client.flushdb()
@@ -93,7 +141,7 @@ def cluster(pg_url: str, pg: Database, redis_client: redis.Redis, tmp_path: Path
     """Real `stepq worker` processes against the test PostgreSQL and Redis."""
     env = clean_env(
         STEPQ_DATABASE_URL=pg_url,
-        STEPQ_BROKER_URL=REDIS_URL,
+        STEPQ_BROKER_URL=helpers.REDIS_URL,
         STEPQ_QUEUE=f"stepq.test.{uuid.uuid4().hex[:8]}",
         STEPQ_LEASE_TTL_S="3",
         STEPQ_BATCH_ROLLOUTS="16",

@@ -18,6 +18,10 @@ from stepq.models import Database
 
 PG_SERVER = os.environ.get("STEPQ_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("STEPQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
+"""Where the tests find PostgreSQL and Redis: ``conftest.pytest_configure`` points both at the
+suite's private servers (``tests/services.py``) unless the variables name others."""
+SERVICE_ERRORS: list[str] = []
+"""Why a private server could not start (a test that needs it fails with this)."""
 ROOT = Path(__file__).resolve().parent.parent
 # Small slices of public data sets shipped with the tests (provenance in tests/data/README.md):
 # the suite passes from a clone alone, without the full sets.

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,46 +30,14 @@ from tests.helpers import (
     wait_for,
 )
 from tests.pipeline_checks import assert_exact
+from tests.services import PrivatePostgres, PrivateRedis
 
 pytestmark = pytest.mark.integration
 
 
-class PrivateRedis:
-    """A Redis server of this test's own, on a free port, that the test may stop and start
-    (the shared one stays up for the other tests)."""
-
-    def __init__(self, workdir: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.workdir = workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        self.proc = subprocess.Popen(args, cwd=self.workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis.from_url(self.url)
-        wait_for(lambda: _pings(client), 30, "the private Redis to answer", interval=0.1)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=30)
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-
-
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    """A Redis of this test's own, which it stops and starts (the session's stays up)."""
     server = PrivateRedis(tmp_path)
     server.start()
     yield server
@@ -196,23 +162,16 @@ def test_a_message_lost_while_the_queue_holds_others_is_published_again(
     assert_exact(pg, "lm", 2)
 
 
-def _pg_cluster() -> list[str]:
-    versions = sorted(p.name for p in Path("/etc/postgresql").iterdir()) if Path("/etc/postgresql").is_dir() else []
-    if not versions or not shutil.which("pg_ctlcluster"):
-        pytest.skip("PostgreSQL is not a local pg_ctlcluster cluster here: cannot restart it")
-    return ["pg_ctlcluster", "--skip-systemctl-redirect", versions[-1], "main"]
-
-
-def test_a_postgres_restart_mid_run_loses_nothing(cluster: Cluster, pg: Database) -> None:
+def test_a_postgres_restart_mid_run_loses_nothing(cluster: Cluster, pg: Database, private_pg: PrivatePostgres) -> None:
     """PostgreSQL restarted under a running fleet: the dispatcher (same process) and the
-    worker wait it out, leases that expired meanwhile are rescheduled, and the set ends exact."""
-    ctl = _pg_cluster()
+    worker wait it out, leases that expired meanwhile are rescheduled, and the set ends exact.
+    The server restarted is the suite's own, never the machine's."""
     cluster.cli("synth", "--set", "pr", "--problems", "40", "--seed", "9", "--latency-s", "0.004")
     cluster.cli("annotate", "--set", "pr", "--rollouts", "8")
     worker = cluster.start_worker("w1")
     dispatcher = start_dispatcher(cluster)
     wait_for(lambda: rollout_count(pg) > 200, 120, "the run to be under way")
-    subprocess.run([*ctl, "restart"], check=True, timeout=120)
+    private_pg.restart()
     pg.engine.dispose()
     wait_for(lambda: all_work_done(pg), 300, "every item done after the restart")
     assert dispatcher.poll() is None and worker.poll() is None, "both rode the restart out"
