@@ -92,3 +92,18 @@ def test_eval_step_search_keeps_the_judges_pick_each_step(sqlite: Database, monk
     blind = search_at_test_time(backend, SamplingParams(), Indifferent(), problems[:5], width=3, max_turns=4)
     assert blind["step_search"]["turns_without_a_pick"] == blind["step_search"]["turns"] == 20
     assert blind["step_search"]["completed_after_max_turns"] == 5, "out of turns, the policy completes the rest"
+
+
+def test_best_of_n_reports_every_n_asked(sqlite: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An N the set cannot fill still gets its line, saying why, instead of vanishing (a set
+    of one trajectory per problem printed N = 1 alone)."""
+    synth_set(sqlite, "one", problems=6, seed=2)
+    out = _run(monkeypatch, sqlite, "eval", "best-of-n", "--set", "one", "--n", "4,1,2", "--judge", "oracle")
+    lines = [line.split() for line in out.splitlines()]
+    assert [row[0] for row in lines[1:4]] == ["1", "2", "4"]
+    assert lines[1][4] == "6" and "(no problem has 2 trajectories)" in out and "(no problem has 4" in out
+    assert "stepq generate --set one --samples 4" in out
+    rows = json.loads(
+        _run(monkeypatch, sqlite, "eval", "best-of-n", "--set", "one", "--n", "1,4", "--judge", "oracle", "--json")
+    )["rows"]
+    assert [(r["n"], r["problems"], r["judge"] is None) for r in rows] == [(1, 6, False), (4, 0, True)]

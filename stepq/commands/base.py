@@ -13,11 +13,25 @@ from typing import Any, TypeVar
 import click
 
 from stepq.models import Database
-from stepq.models.errors import BrokerError, DatabaseError, StepqError, masked
+from stepq.models.errors import BrokerError, ConfigError, DatabaseError, StepqError, masked
 from stepq.settings import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 INTERNAL_ERROR = 70  # EX_SOFTWARE: a bug or an unforeseen failure, not a user error
+EXTRAS = {
+    **dict.fromkeys(("torch", "transformers", "trl", "datasets", "accelerate", "tokenizers", "deepspeed"), "train"),
+    "vllm": "vllm",
+    "flower": "flower",
+    "matplotlib": "bench",
+}
+"""The optional packages commands import, and the extra of ``pyproject.toml`` that installs each."""
+
+
+def missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """The install command for an optional package a command needed, or None for any other
+    missing module (a broken install: an internal error)."""
+    extra = EXTRAS.get((exc.name or "").split(".")[0])
+    return None if extra is None else f"pip install 'stepq[{extra}]'"
 
 
 def friendly(fn: F) -> F:
@@ -45,6 +59,11 @@ def friendly(fn: F) -> F:
         except click.ClickException:
             raise
         except Exception as exc:
+            install = missing_extra(exc) if isinstance(exc, ModuleNotFoundError) else None
+            if install is not None:
+                name = getattr(exc, "name", "")
+                click.echo(f"stepq: error: this command needs {name}, which is not installed: {install}", err=True)
+                sys.exit(ConfigError.exit_code)
             if os.environ.get("STEPQ_DEBUG"):
                 raise
             click.echo(

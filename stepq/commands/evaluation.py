@@ -310,15 +310,26 @@ def eval_best_of_n(set_name: str, ns: str, how: str, as_json: bool, spec: JudgeS
     from stepq.trainer.evaluation.validation import set_best_of_n
 
     built = build_judge(spec)
-    rows = set_best_of_n(open_db(load_settings()), set_name, built.judge, [int(n) for n in ns.split(",")], how)
+    try:
+        wanted = sorted({int(n) for n in ns.split(",")})
+    except ValueError:
+        raise click.BadParameter(f"'{ns}' is not a comma-separated list of whole numbers", param_hint="--n") from None
+    if not wanted or wanted[0] < 1:
+        raise click.BadParameter("every N must be at least 1", param_hint="--n")
+    rows = set_best_of_n(open_db(load_settings()), set_name, built.judge, wanted, how)
     counts = judge_stats(built.judge).as_dict()
     if as_json:
         report = {**built.describe(), **counts, "rows": [r.__dict__ for r in rows]}
         click.echo(json.dumps(report, indent=2))
         return
-    click.echo(f"{'N':>4} {'judge':>7} {'random':>7} {'majority':>8}")
+    click.echo(f"{'N':>4} {'judge':>7} {'random':>7} {'majority':>8} {'problems':>8}")
     for r in rows:
-        click.echo(f"{r.n:>4} {r.judge:>7.1f} {r.random:>7.1f} {r.majority:>8.1f}")
+        if r.judge is None or r.random is None or r.majority is None:
+            click.echo(f"{r.n:>4} {'-':>7} {'-':>7} {'-':>8} {0:>8}  (no problem has {r.n} trajectories)")
+            continue
+        click.echo(f"{r.n:>4} {r.judge:>7.1f} {r.random:>7.1f} {r.majority:>8.1f} {r.problems:>8}")
+    if any(r.problems == 0 for r in rows):
+        click.echo(f"more trajectories per problem: stepq generate --set {set_name} --samples {max(r.n for r in rows)}")
     if line := _judge_counts(counts):
         click.echo(line.strip() + " (no verdict scores the step 0)")
 

@@ -68,10 +68,14 @@ def majority(candidates: Sequence[Candidate]) -> bool:
 
 @dataclass(frozen=True)
 class BestOfNRow:
+    """Accuracies (%) at one N over the ``problems`` that have N samples; with none, the
+    accuracies are None (the row is still reported: every N asked gets its line)."""
+
     n: int
-    judge: float
-    random: float
-    majority: float
+    judge: float | None
+    random: float | None
+    majority: float | None
+    problems: int = 0
 
 
 def best_of_n(
@@ -85,12 +89,13 @@ def best_of_n(
     for n in ns:
         usable = [(c[:n], s[:n]) for c, s in zip(problems, scores, strict=True) if len(c) >= n]
         if not usable:
+            rows.append(BestOfNRow(n, None, None, None, 0))
             continue
         judge = sum(c[pick(s, how)].correct for c, s in usable)
         rand = sum(sum(x.correct for x in c) / n for c, _ in usable)
         vote = sum(majority(c) for c, _ in usable)
         k = len(usable)
-        rows.append(BestOfNRow(n, 100.0 * judge / k, 100.0 * rand / k, 100.0 * vote / k))
+        rows.append(BestOfNRow(n, 100.0 * judge / k, 100.0 * rand / k, 100.0 * vote / k, k))
     return rows
 
 
