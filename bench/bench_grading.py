@@ -24,9 +24,9 @@ from bench.common import emit
 from stepq.workers.grading import Grader
 from stepq.workers.synthetic_policy import PROMPT_TEMPLATE, SyntheticPolicy, make_problem
 
-# The full public sets are not shipped: STEPQ_DATA_DIR names a folder holding math500_test.jsonl;
-# without it the benchmark reads the 40-problem slice the tests ship (a clone alone runs it).
-SHIPPED = Path(__file__).resolve().parent.parent / "tests" / "data" / "math500_sample.jsonl"
+# MATH-500 ships in data/ (data/README.md); STEPQ_DATA_DIR names another folder holding
+# math500_test.jsonl.
+SHIPPED = Path(__file__).resolve().parent.parent / "data" / "math500_test.jsonl"
 
 
 def math500_file() -> Path:

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGETS = {"cli-reference.md": "cli_reference", "configuration.md": "configuration_reference"}
 OTHER_VARIABLES = {
     "STEPQ_DEBUG": "1: an unforeseen error (exit 70) prints its traceback.",
-    "STEPQ_DATA_DIR": "A folder with the full public data sets for benchmarks (without it, the shipped slices).",
+    "STEPQ_DATA_DIR": "A folder with the public data sets for benchmarks (without it, the repository's data/).",
     "STEPQ_TRACE_DIR": "A training run writes each rank's prompts there (to check how DDP shares them).",
     "STEPQ_FLOWER_BASIC_AUTH": "docker-compose: Flower's user:password (it has no default).",
 }

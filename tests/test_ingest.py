@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from sqlalchemy import select
 
 from stepq.cli import main
-from stepq.models import Chunk, Database, Problem, Trajectory
+from stepq.models import Chunk, Database, Problem, ProblemSet, Trajectory
 from stepq.workers.ingest import FieldMap, ingest_file
 from tests.helpers import DATA, table_counts
 
@@ -296,3 +296,37 @@ def test_update_with_a_new_question_drops_what_was_sampled_for_the_old(any_db: D
         assert list(s.scalars(select(Rollout.id))) == []
         prompts = list(s.scalars(select(Trajectory.prompt)))
     assert len(prompts) == 2 and any("What is 3 + 2?" in p for p in prompts), "the file's steps came back"
+
+
+def test_a_hugging_face_dataset_ingests_as_its_file_does(sqlite: Database, tmp_path: Path) -> None:
+    """`stepq ingest --hf`: a dataset saved with save_to_disk and a folder of data files read
+    by datasets.load_dataset give the same problems as the JSONL they were made from; a bad
+    row is an error naming its row and field, and nothing of it is written."""
+    import datasets
+
+    rows = [json.loads(line) for line in MATH500.read_text().splitlines()]
+    saved = tmp_path / "saved"
+    datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)}).save_to_disk(str(saved))
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "test.jsonl").write_text(MATH500.read_text())
+    code, out = _cli(sqlite, "ingest", str(saved), "--hf", "--set", "saved")
+    assert code == 0 and "40 records, 40 new problems" in out, out
+    code, out = _cli(sqlite, "ingest", str(files), "--hf", "--split", "test", "--set", "files")
+    assert code == 0 and "40 new problems" in out, out
+    ingest_file(sqlite, MATH500, "jsonl", FieldMap())
+    with sqlite.session() as s:
+        names = {pset.id: pset.name for pset in s.scalars(select(ProblemSet))}
+        by_set: dict[str, set[tuple[str, str, str]]] = {}
+        for p in s.scalars(select(Problem)):
+            by_set.setdefault(names[p.problem_set_id], set()).add((p.external_id, p.question, p.reference_answer))
+    assert len(by_set["jsonl"]) == 40
+    assert by_set["saved"] == by_set["files"] == by_set["jsonl"], "the same records as the JSONL file"
+    broken = tmp_path / "broken"
+    datasets.Dataset.from_list([rows[0], {**rows[1], "answer": ""}]).save_to_disk(str(broken))
+    before = table_counts(sqlite)
+    code, out = _cli(sqlite, "ingest", str(broken), "--hf", "--set", "broken")
+    assert code == 3 and f"{broken}[test]:2: field 'answer'" in out, out
+    assert table_counts(sqlite) == before
+    code, out = _cli(sqlite, "ingest", str(saved), "--hf", "--split", "train", "--set", "x")
+    assert code == 3 and "cannot load split 'train'" in out, out

@@ -131,7 +131,7 @@ def _pick(record: dict[str, Any], given: str | None, candidates: Sequence[str]) 
     return next((c for c in candidates if c in record), None)
 
 
-def _text_field(path: Path, line: int, record: dict[str, Any], name: str | None, what: str) -> str:
+def _text_field(path: Path | str, line: int, record: dict[str, Any], name: str | None, what: str) -> str:
     if name is None or name not in record or record[name] is None:
         raise InputError(str(path), line, name or what, f"missing {what}")
     value = record[name]
@@ -150,11 +150,29 @@ def _final_answer(answer: str, fmt: str) -> str:
     return answer.strip()
 
 
-def parse_records(path: Path, fields: FieldMap) -> list[Record]:
-    """Validate every record of the file; raises InputError on the first bad one."""
+def read_dataset(source: str, split: str, config: str | None = None) -> list[tuple[int, Any]]:
+    """(row number from 1, record) of a Hugging Face dataset: a hub id, a folder written by
+    ``save_to_disk``, or a folder of data files ``datasets.load_dataset`` reads."""
+    import datasets
+
+    local = Path(source)
+    try:
+        if (local / "dataset_info.json").is_file() or (local / "dataset_dict.json").is_file():
+            loaded = datasets.load_from_disk(str(local))
+            data = loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
+        else:
+            data = datasets.load_dataset(source, config, split=split)
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        raise InputError(source, None, None, f"cannot load split '{split}' of the dataset: {exc}") from None
+    return [(i + 1, dict(row)) for i, row in enumerate(data)]
+
+
+def parse_records(path: Path | str, fields: FieldMap, objects: list[tuple[int, Any]] | None = None) -> list[Record]:
+    """Validate every record of the file (or of ``objects`` read elsewhere, e.g. a dataset's
+    rows, numbered from 1); raises InputError on the first bad one."""
     records: list[Record] = []
     seen: dict[str, Record] = {}
-    for line, obj in read_objects(path):
+    for line, obj in read_objects(Path(path)) if objects is None else objects:
         if not isinstance(obj, dict):
             raise InputError(str(path), line, None, f"record must be a JSON object, not {type(obj).__name__}")
         question = _text_field(path, line, obj, _pick(obj, fields.question, QUESTION_FIELDS), "question")
@@ -205,13 +223,14 @@ def parse_records(path: Path, fields: FieldMap) -> list[Record]:
 
 def ingest_file(
     db: Database,
-    path: Path,
+    path: Path | str,
     set_name: str,
     fields: FieldMap,
     *,
     prompt_template: str = GENERIC_PROMPT,
     grader: Grader | None = None,
     update: bool = False,
+    objects: list[tuple[int, Any]] | None = None,
 ) -> IngestReport:
     """Validate the whole file, then add what is new in one transaction.
 
@@ -220,7 +239,7 @@ def ingest_file(
     work it invalidates is redone: a new answer re-grades the stored rollouts (no sampling),
     a new question drops what was sampled for the old one.
     """
-    records = parse_records(path, fields)
+    records = parse_records(path, fields, objects)
     grader = grader or Grader()
     new_problems = new_trajs = 0
     regrade_ids: list[int] = []
@@ -274,7 +293,7 @@ def ingest_file(
                 s,
                 {
                     "problem_id": ids[r.external_id],
-                    "source_key": f"ingested:{path.name}",
+                    "source_key": f"ingested:{path.name if isinstance(path, Path) else path}",
                     "prompt": prompt_template.format(question=r.question),
                     "text": text,
                     "final_answer": final,
@@ -297,7 +316,7 @@ def ingest_file(
 
 
 def _changed_problems(
-    session: Any, path: Path, set_name: str, set_id: int, records: list[Record], *, update: bool
+    session: Any, path: Path | str, set_name: str, set_id: int, records: list[Record], *, update: bool
 ) -> list[tuple[Record, str]]:
     """Records whose id exists with other content, with what changed (question first)."""
     stored = queries.problem_contents(session, set_id, [r.external_id for r in records])

@@ -18,8 +18,17 @@ from stepq.workers.backends import BACKENDS as BACKEND_NAMES
 
 
 @main.command()
-@click.argument("file", type=click.Path(path_type=Path))
+@click.argument("file")
 @click.option("--set", "set_name", required=True, help="Problem set to add the records to.")
+@click.option(
+    "--hf",
+    "from_dataset",
+    is_flag=True,
+    help="FILE is a Hugging Face dataset: a hub id, a save_to_disk folder, or a folder of data files "
+    "(read with datasets.load_dataset).",
+)
+@click.option("--split", default="test", show_default=True, help="--hf: the split to ingest.")
+@click.option("--hf-config", default=None, help="--hf: the dataset's configuration name, if it has several.")
 @click.option("--question", default=None, help="Question field (default: problem, question or prompt).")
 @click.option("--answer", default="answer", show_default=True, help="Reference answer field; '-' for none.")
 @click.option(
@@ -40,8 +49,11 @@ from stepq.workers.backends import BACKENDS as BACKEND_NAMES
 )
 @friendly
 def ingest(
-    file: Path,
+    file: str,
     set_name: str,
+    from_dataset: bool,
+    split: str,
+    hf_config: str | None,
     question: str | None,
     answer: str,
     answer_format: str,
@@ -51,8 +63,9 @@ def ingest(
     first_error: str | None,
     update: bool,
 ) -> None:
-    """Add problems (and given trajectories) from a JSONL file or a JSON array."""
-    from stepq.workers.ingest import FieldMap, ingest_file
+    """Add problems (and given trajectories) from a JSONL file, a JSON array, or (--hf) a
+    Hugging Face dataset."""
+    from stepq.workers.ingest import FieldMap, ingest_file, read_dataset
 
     settings = load_settings()
     database = open_db(settings, migrate=settings.embedded)
@@ -65,7 +78,13 @@ def ingest(
         first_error=first_error,
         answer_format=answer_format,
     )
-    report = ingest_file(database, file, set_name, fields, update=update)
+    if from_dataset:
+        source = f"{file}[{split}]"
+        report = ingest_file(
+            database, source, set_name, fields, update=update, objects=read_dataset(file, split, hf_config)
+        )
+    else:
+        report = ingest_file(database, Path(file), set_name, fields, update=update)
     click.echo(
         f"{file}: {report.records} records, {report.new_problems} new problems, "
         f"{report.new_trajectories} new trajectories in set '{set_name}'"
