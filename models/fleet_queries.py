@@ -107,6 +107,19 @@ def live_workers(session: Session, since: float) -> list[dict[str, Any]]:
     ]
 
 
+def silent_worker_count(session: Session, live_since: float, seen_since: float) -> int:
+    """Workers that have not stopped but whose last heartbeat is older than ``live_since``
+    and newer than ``seen_since``: crashed, frozen or cut off, and not yet forgotten."""
+    return int(
+        session.scalar(
+            select(func.count()).where(
+                Worker.last_heartbeat < live_since, Worker.last_heartbeat >= seen_since, Worker.stopped_at.is_(None)
+            )
+        )
+        or 0
+    )
+
+
 def live_worker_count(session: Session, since: float) -> int:
     return int(
         session.scalar(select(func.count()).where(Worker.last_heartbeat >= since, Worker.stopped_at.is_(None))) or 0

@@ -30,6 +30,7 @@ from stepq.models.fleet_queries import (
     recount,
     release_lock,
     segmentation_stats,
+    silent_worker_count,
     worker_stopped,
 )
 from stepq.models.priority_queries import (
@@ -223,6 +224,7 @@ __all__ = [
     "set_solutions",
     "set_trajectory_ids",
     "sets_being_scored",
+    "silent_worker_count",
     "snapshot_contexts",
     "snapshot_name_taken",
     "snapshot_rows",

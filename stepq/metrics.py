@@ -19,23 +19,37 @@ from prometheus_client.registry import Collector
 from stepq.models import Database, jobs, queries
 from stepq.models.work import ROLLOUT_WORK
 from stepq.status import WORKER_LIVE_S, collect
+from stepq.workers.dispatcher import DispatchOptions, broker_bound
 
 STATES = ("pending", "queued", "running", "done", "failed")
+SILENT_FOR_S = 3600.0
+"""A worker silent (no heartbeat, never stopped) for longer than this is forgotten."""
+RECENT_RUNS = 20
+"""Training runs exported: every running one, and the most recent finished ones."""
 
 
 class StepqCollector(Collector):
     """Builds every metric family from one read of the database per scrape."""
 
-    def __init__(self, db: Database, queue_depth: Callable[[], int | None] = lambda: None) -> None:
+    def __init__(
+        self,
+        db: Database,
+        queue_depth: Callable[[], int | None] = lambda: None,
+        dispatch: DispatchOptions | None = None,
+    ) -> None:
         self.db = db
         self.queue_depth = queue_depth
+        self.dispatch = dispatch or DispatchOptions()
 
     def collect(self) -> Iterator[Any]:
         report = collect(self.db)
         with self.db.session() as s:
             events = queries.event_counts(s)
             troubles = jobs.troubles(s, ROLLOUT_WORK)
-            workers = queries.live_workers(s, time.time() - WORKER_LIVE_S)
+            now = time.time()
+            workers = queries.live_workers(s, now - WORKER_LIVE_S)
+            silent = queries.silent_worker_count(s, now - WORKER_LIVE_S, now - SILENT_FOR_S)
+            runs = queries.training_progress(s)
         rollouts = CounterMetricFamily("stepq_rollouts", "Rollouts stored, per set", labels=["set"])
         planned = GaugeMetricFamily(
             "stepq_rollouts_planned", "Rollouts an exhaustive budget would draw", labels=["set"]
@@ -137,3 +151,40 @@ class StepqCollector(Collector):
             for method, n in sorted(w["grades"].items()):
                 w_grades.add_metric([*key, method], n)
         yield from (w_rollouts, w_tokens, w_engine, w_busy, w_grades)
+        yield from self._fleet(len(workers), silent)
+        yield from self._training(runs)
+
+    def _fleet(self, live: int, silent: int) -> Iterator[Any]:
+        states = GaugeMetricFamily(
+            "stepq_workers",
+            "Workers by state: live (a heartbeat within 30 s) or silent (no heartbeat since, never stopped: "
+            "crashed, frozen or cut off)",
+            labels=["state"],
+        )
+        states.add_metric(["live"], live)
+        states.add_metric(["silent"], silent)
+        yield states
+        bound = broker_bound(self.dispatch, live)
+        if bound is not None:
+            yield GaugeMetricFamily(
+                "stepq_broker_queue_bound",
+                "Messages the dispatcher keeps queued at most (a few per live worker)",
+                bound,
+            )
+
+    def _training(self, runs: list[dict[str, Any]]) -> Iterator[Any]:
+        recent = sorted(runs, key=lambda r: r["run"])
+        shown = [r for r in recent if r["status"] == "running"]
+        shown += [r for r in recent[-RECENT_RUNS:] if r["status"] != "running"]
+        labels = ["run", "method", "lineage"]
+        step = GaugeMetricFamily("stepq_training_step", "A training run's global step", labels=[*labels, "status"])
+        reward = GaugeMetricFamily("stepq_training_reward", "Mean reward at the run's last logged step", labels=labels)
+        loss = GaugeMetricFamily("stepq_training_loss", "Loss at the run's last logged step", labels=labels)
+        for r in shown:
+            key = [str(r["run"]), str(r["method"]), str(r["lineage"] or "")]
+            step.add_metric([*key, str(r["status"])], r["step"] or 0)
+            if r["reward"] is not None:
+                reward.add_metric(key, r["reward"])
+            if r["loss"] is not None:
+                loss.add_metric(key, r["loss"])
+        yield from (step, reward, loss)

@@ -110,3 +110,67 @@ def test_the_compose_file_is_safe_on_a_shared_network() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     users = re.findall(r"^USER\s+(\S+)", dockerfile, re.MULTILINE)
     assert users and users[-1] not in ("root", "0"), "the image runs as an unprivileged user"
+
+
+def _exported_names(db: object) -> set[str]:
+    """Every sample name ``stepq metrics`` serves (counters with their ``_total``)."""
+    from stepq.metrics import StepqCollector
+
+    names = set()
+    for family in StepqCollector(db, lambda: 0).collect():  # type: ignore[arg-type]
+        names.add(family.name)
+        if family.type == "counter":
+            names.add(f"{family.name}_total")
+    return names
+
+
+def test_the_dashboard_queries_only_metrics_stepq_exports(sqlite: object) -> None:
+    """Every panel of the shipped Grafana dashboard asks Prometheus for metrics that `stepq
+    metrics` serves (a renamed metric would leave a panel empty without a word), from the
+    data source Grafana is provisioned with, and the panels cover what an operator watches."""
+    import json
+
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "stepq.json").read_text())
+    source = yaml.safe_load(
+        (ROOT / "deploy" / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text()
+    )
+    uid = source["datasources"][0]["uid"]
+    exported = _exported_names(sqlite)
+    asked: set[str] = set()
+    for panel in dashboard["panels"]:
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == uid, panel["title"]
+            names = set(re.findall(r"\bstepq_[a-z_]+", target["expr"]))
+            assert names, f"{panel['title']}: {target['expr']} names no stepq metric"
+            assert names <= exported, f"{panel['title']}: not exported: {names - exported}"
+            asked |= names
+    watched = {
+        "stepq_rollouts_total",
+        "stepq_tokens_total",
+        "stepq_labelled_chunks",
+        "stepq_broker_queue_depth",
+        "stepq_broker_queue_bound",
+        "stepq_workers",
+        "stepq_work_items",
+        "stepq_eta_seconds",
+        "stepq_training_reward",
+        "stepq_training_step",
+    }
+    assert watched <= asked, f"no panel shows {watched - asked}"
+
+
+def test_prometheus_and_grafana_are_provisioned_and_safe() -> None:
+    services = _compose()["services"]
+    scrape = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
+    (target,) = scrape["scrape_configs"][0]["static_configs"][0]["targets"]
+    command = services["metrics"]["command"]
+    assert target == f"metrics:{command[command.index('--port') + 1]}", "Prometheus scrapes the metrics service"
+    for name in ("prometheus", "grafana"):
+        for volume in services[name]["volumes"]:
+            host = volume.split(":")[0]
+            assert not host.startswith("./") or (ROOT / host).exists(), f"{name} mounts {host}, which is not shipped"
+    grafana = services["grafana"]["environment"]
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")
+    assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert all(str(p).startswith("127.0.0.1:") for n in ("prometheus", "grafana") for p in services[n]["ports"])

@@ -79,6 +79,41 @@ def test_metrics_report_what_the_tables_hold(pg: Database) -> None:
     assert mine["stepq_worker_engine_seconds_total"] > 0
     graded = sum(v for (name, labels), v in got.items() if name == "stepq_worker_graded_total")
     assert graded == stored, "every rollout's grading outcome is counted once"
+    assert got[("stepq_workers", (("state", "live"),))] == 1
+    assert got[("stepq_broker_queue_bound", ())] == 2, "two messages for the one live worker"
+
+
+def test_metrics_show_silent_workers_and_training_runs(sqlite: Database) -> None:
+    """What the dashboard's worker and training panels read: a worker that stopped
+    heartbeating without stopping is silent (one that stopped is neither), and each run's
+    last logged step, reward and loss."""
+    import time
+
+    from stepq.models.work import Worker
+    from stepq.trainer.training.records import metric_row
+
+    now = time.time()
+    with sqlite.session() as s:
+        for name, beat, stopped in (("frozen", now - 300, None), ("gone", now - 300, now - 200), ("up", now, None)):
+            s.add(Worker(name=name, hostname="h", pid=1, backend="synthetic", last_heartbeat=beat, stopped_at=stopped))
+        run = queries.create_run(
+            s, method="grpo", recipe="", base_model="m", output_dir="/r", host="h", lineage="j", global_step=20
+        )
+    with sqlite.session() as s:
+        queries.upsert_metrics(
+            s,
+            [
+                metric_row(run, 10, {"loss": 0.5, "reward": 0.25}, {}),
+                metric_row(run, 20, {"loss": 0.4, "reward": 0.75}, {}),
+            ],
+        )
+    registry = CollectorRegistry()
+    registry.register(StepqCollector(sqlite))
+    got = _samples(registry)
+    assert (got[("stepq_workers", (("state", "live"),))], got[("stepq_workers", (("state", "silent"),))]) == (1, 1)
+    key = (("lineage", "j"), ("method", "grpo"), ("run", str(run)))
+    assert got[("stepq_training_reward", key)] == 0.75 and got[("stepq_training_loss", key)] == 0.4
+    assert got[("stepq_training_step", (*key, ("status", "running")))] == 20
 
 
 def test_metrics_command_serves_prometheus_text(pg_url: str, pg: Database, tmp_path: Path) -> None:

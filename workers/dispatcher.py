@@ -71,6 +71,14 @@ class DispatchOptions:
     together (``message_split``); off: every message carries ``per_message`` jobs."""
 
 
+def broker_bound(options: DispatchOptions, live: int) -> int | None:
+    """The broker's bound with ``live`` workers: a few messages each, at least
+    ``min_messages``; None when the bound is off (the embedded default publishes all)."""
+    if options.messages_per_worker is None:
+        return None
+    return max(options.min_messages, options.messages_per_worker * live)
+
+
 @dataclass(frozen=True)
 class CycleReport:
     planned: int = 0
@@ -234,11 +242,7 @@ class Dispatcher:
 
     def bound(self, live: int | None = None) -> int | None:
         """How many messages may be queued at once: a few per live worker."""
-        o = self.options
-        if o.messages_per_worker is None:
-            return None
-        live = self.live_workers() if live is None else live
-        return max(o.min_messages, o.messages_per_worker * live)
+        return broker_bound(self.options, self.live_workers() if live is None else live)
 
     def pause(self, stop: threading.Event, seconds: float) -> None:
         """Wait between cycles: until ``seconds`` pass, work is announced, or ``stop`` is set

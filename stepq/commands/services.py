@@ -221,7 +221,8 @@ def metrics(port: int, address: str) -> None:
     settings = load_settings()
     setup_logging(settings.log_level, settings.log_format)
     registry = CollectorRegistry()
-    registry.register(StepqCollector(open_db(settings), redis_queue_depth(settings.broker_url, settings.queue)))
+    depth = redis_queue_depth(settings.broker_url, settings.queue)
+    registry.register(StepqCollector(open_db(settings), depth, settings.dispatch_options()))
     server, thread = start_http_server(port, addr=address, registry=registry)
     click.echo(f"serving stepq metrics at http://{address}:{server.server_port}/metrics")
     try:
