@@ -132,10 +132,10 @@ def lm_train(
 
 def base_judge(root: Path, train_rows: Sequence[dict[str, Any]], args: argparse.Namespace, seed: int) -> Path:
     """Pretrained on solutions, then the verdict format with random verdicts."""
+    from stepq.trainer.tiny_model import build_tiny_llama, build_tiny_model
     from stepq.workers.seeds import derive_seed
     from stepq.workers.synthetic_policy import SyntheticPolicy, make_problem
     from stepq.workers.synthetic_set import NUMBERS
-    from tests.tiny_models import build_tiny_llama, build_tiny_model
 
     if args.backbone == "llama":
         base = build_tiny_llama(

@@ -51,6 +51,7 @@ from stepq.trainer.outcomes.export import PAPER_PASS_RATE, OutcomeFilter
 from stepq.trainer.prm.aggregate import AGGREGATES
 from stepq.trainer.prm.model import StepScorer
 from stepq.trainer.prm.train import OutcomeExample, train_prm
+from stepq.trainer.tiny_model import build_tiny_llama, build_tiny_model
 from stepq.trainer.training.recipe import Recipe
 from stepq.workers.seeds import derive_seed
 from stepq.workers.synthetic_policy import (
@@ -62,7 +63,6 @@ from stepq.workers.synthetic_policy import (
     make_problem,
     parse_problem,
 )
-from tests.tiny_models import build_tiny_llama, build_tiny_model
 
 
 def auc(positives: Sequence[float], negatives: Sequence[float]) -> float:

@@ -27,10 +27,10 @@ def main() -> None:
     args = ap.parse_args()
 
     from bench.common import emit
+    from stepq.trainer.tiny_model import build_tiny_llama
     from stepq.workers.backends import GenerationRequest, SamplingParams
     from stepq.workers.backends.vllm_engine import VLLMBackend
     from stepq.workers.seeds import derive_seed
-    from tests.tiny_models import build_tiny_llama
 
     model = build_tiny_llama(Path(tempfile.mkdtemp(prefix="stepq-bench-llama-")))
     backend = VLLMBackend(

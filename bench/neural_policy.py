@@ -86,7 +86,7 @@ def build_all(recipes: list[Recipe], cache: Path = DEFAULT_CACHE) -> dict[Recipe
     run of exactly their steps ends with), so weak and medium together cost medium's time."""
     from transformers import AutoTokenizer
 
-    from tests.tiny_models import build_tiny_model
+    from stepq.trainer.tiny_model import build_tiny_model
 
     out: dict[Recipe, Path] = {}
     missing: dict[Recipe, list[Recipe]] = {}

@@ -185,7 +185,7 @@ def test_vllm_backend_says_when_vllm_is_missing() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.tiny_models import build_tiny_model
+    from stepq.trainer.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 

@@ -17,8 +17,8 @@ import pytest
 
 from stepq.models import Database, queries
 from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
+from stepq.trainer.tiny_model import build_tiny_model
 from tests.helpers import clean_env, wait_for
-from tests.tiny_models import build_tiny_model
 from tests.trainer_helpers import annotated_set, tiny_recipe
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

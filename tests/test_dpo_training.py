@@ -13,13 +13,13 @@ from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
 from stepq.trainer.preferences.dpo import load_preferences, train_dpo
 from stepq.trainer.preferences.export import export_preferences, preference_records
+from stepq.trainer.tiny_model import build_tiny_model
 from stepq.trainer.training.recipe import Recipe
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
 from stepq.workers.annotation_config import configure_annotation
 from stepq.workers.brokerless import run_in_process
 from stepq.workers.synthetic_set import synth_set
 from tests.helpers import clean_env, run_stepq
-from tests.tiny_models import build_tiny_model
 
 pytestmark = pytest.mark.integration
 

@@ -95,8 +95,8 @@ def test_a_generative_scorer_takes_a_tuned_threshold() -> None:
 
 @pytest.mark.slow
 def test_logprob_score_reads_the_model_at_the_verdict(tmp_path: Path) -> None:
+    from stepq.trainer.tiny_model import build_tiny_model
     from stepq.workers.backends.hf import HFBackend
-    from tests.tiny_models import build_tiny_model
 
     backend = HFBackend(str(build_tiny_model(tmp_path / "m", seed=3)))
     # the chain rule holds: log P(ab | c) = log P(a | c) + log P(b | ca)

@@ -11,13 +11,13 @@ import pytest
 from sqlalchemy import select
 
 from stepq.models import Database, PriorityRound, RolloutWork, queries
+from stepq.trainer.tiny_model import build_tiny_model
 from stepq.trainer.training.continuous import ServiceOptions, serve
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
 from stepq.workers.annotation_config import configure_annotation
 from stepq.workers.brokerless import run_in_process
 from stepq.workers.synthetic_set import synth_set
 from stepq.workers.work_kinds import SCORINGS
-from tests.tiny_models import build_tiny_model
 from tests.trainer_helpers import tiny_recipe
 
 pytestmark = pytest.mark.slow

@@ -15,6 +15,7 @@ from stepq.models.errors import ConfigError, NotFoundError
 from stepq.models.work import ROLLOUT_WORK
 from stepq.trainer.prm.model import StepScorer
 from stepq.trainer.prm.train import set_outcomes, train_prm
+from stepq.trainer.tiny_model import build_tiny_model
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
 from stepq.workers.annotation_config import configure_annotation
 from stepq.workers.brokerless import run_in_process
@@ -24,7 +25,6 @@ from stepq.workers.synthetic_set import synth_set
 from stepq.workers.work_kinds import SCORINGS
 from tests.helpers import outlets
 from tests.test_prm_training import _recipe
-from tests.tiny_models import build_tiny_model
 
 
 def _priorities(db: Database, set_name: str) -> dict[int, tuple[float, int | None]]:

@@ -23,6 +23,7 @@ from stepq.trainer.prm.train import (
     set_outcomes,
     train_prm,
 )
+from stepq.trainer.tiny_model import build_tiny_model
 from stepq.trainer.training.recipe import Recipe
 from stepq.trainer.training.runs import TrainOptions
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
@@ -30,7 +31,6 @@ from stepq.workers.annotation_config import configure_annotation
 from stepq.workers.brokerless import run_in_process
 from stepq.workers.synthetic_set import synth_set
 from tests.helpers import DATA, clean_env, run_stepq
-from tests.tiny_models import build_tiny_model
 
 SAMPLE = DATA / "processbench_gsm8k_sample.json"
 

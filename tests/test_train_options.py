@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from stepq.cli import main
 from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
+from stepq.trainer.tiny_model import build_tiny_model
 from stepq.trainer.training.recipe import Recipe
-from tests.tiny_models import build_tiny_model
 from tests.trainer_helpers import annotated_set
 
 CPU_OPTIONS = (
@@ -110,8 +110,8 @@ def test_grpo_warns_about_a_model_whose_positions_left_padding_shifts(
     positions, not for GPT-2's learned ones (the judge benchmark did not learn with GPT-2)."""
     import logging
 
+    from stepq.trainer.tiny_model import build_tiny_llama, build_tiny_model
     from stepq.trainer.training.grpo import warn_if_positions_shift
-    from tests.tiny_models import build_tiny_llama, build_tiny_model
 
     with caplog.at_level(logging.WARNING, logger="stepq.trainer.training.grpo"):
         warn_if_positions_shift(str(build_tiny_model(tmp_path / "gpt2")))

@@ -16,6 +16,7 @@ import pytest
 from stepq.models import Database, queries
 from stepq.trainer.evaluation.judge_spec import JudgeSpec, build_judge
 from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
+from stepq.trainer.tiny_model import build_tiny_model
 from stepq.trainer.training.grpo import TrainOptions, train_judge
 from stepq.trainer.training.recipe import Recipe
 from stepq.workers.annotate import WorkerOptions, WorkerRuntime
@@ -23,7 +24,6 @@ from stepq.workers.annotation_config import configure_annotation
 from stepq.workers.brokerless import run_in_process
 from stepq.workers.synthetic_set import synth_set
 from tests.helpers import DATA, clean_env, run_stepq, wait_for
-from tests.tiny_models import build_tiny_model
 from tests.trainer_helpers import annotated_set, tiny_recipe
 
 SAMPLE = DATA / "processbench_gsm8k_sample.json"

@@ -47,7 +47,7 @@ def vllm_python() -> str:
 def tiny_llama(vllm_python: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tiny-llama")
     code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from pathlib import Path; " + (
-        f"from tests.tiny_models import build_tiny_llama; build_tiny_llama(Path({str(path)!r}))"
+        f"from stepq.trainer.tiny_model import build_tiny_llama; build_tiny_llama(Path({str(path)!r}))"
     )
     subprocess.run([vllm_python, "-c", code], check=True, capture_output=True)
     return path

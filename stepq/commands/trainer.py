@@ -411,3 +411,40 @@ def trainer_serve(
     )
     n = serve(db, options, say=lambda m: click.echo(f"stepq trainer: {m}", err=True))
     click.echo(f"trainer served lineage '{lineage}': {n} training(s)")
+
+
+@main.command("tiny-model")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Folder to write the model to.")
+@click.option(
+    "--arch",
+    type=click.Choice(["llama", "gpt2"]),
+    default="llama",
+    show_default=True,
+    help="llama: head dimension 64 (vLLM's CPU kernels run it) and a chat template.",
+)
+@click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option(
+    "--width",
+    type=click.IntRange(min=64),
+    default=128,
+    show_default=True,
+    help="Hidden size (llama: a multiple of 64).",
+)
+@click.option("--positions", type=click.IntRange(min=64), default=2048, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@friendly
+def tiny_model(out: Path, arch: str, layers: int, width: int, positions: int, seed: int) -> None:
+    """Build a tiny causal LM with random weights and a character tokenizer, offline: a model
+    to train a first judge on CPU in minutes (it learns only what its training teaches it)."""
+    from stepq.models.errors import ConfigError
+    from stepq.trainer.tiny_model import build_tiny_llama, build_tiny_model
+
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"{out} is not empty: pick a new folder")
+    if arch == "llama":
+        if width % 64:
+            raise ConfigError("--width must be a multiple of 64 for llama (its head dimension)")
+        build_tiny_llama(out, seed=seed, max_positions=positions, hidden_size=width, num_layers=layers)
+    else:
+        build_tiny_model(out, seed=seed, n_positions=positions, n_embd=width, n_layer=layers, n_head=2)
+    click.echo(f"tiny {arch} ({layers} layers, width {width}, random weights) written to {out}")

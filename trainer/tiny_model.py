@@ -1,4 +1,6 @@
-"""A tiny causal LM and character tokenizer built locally (nothing is downloaded)."""
+"""A tiny causal LM with random weights and a character tokenizer, built locally: nothing is
+downloaded, so a first judge can be trained end to end offline on CPU (``stepq tiny-model``),
+and the tests and benchmarks build theirs the same way."""
 
 from __future__ import annotations
 
@@ -70,5 +72,5 @@ def build_tiny_llama(
         eos_token_id=0,
         tie_word_embeddings=False,
     )
-    LlamaForCausalLM(config).to(torch.float32).save_pretrained(path)
+    LlamaForCausalLM(config).float().save_pretrained(path)
     return path
