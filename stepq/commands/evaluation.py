@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from stepq.commands.base import backend_config, friendly, load_settings, main, open_db
+from stepq.commands.search import SearchChoices, search_options
 from stepq.trainer.evaluation.best_of_n import AGGREGATORS
 from stepq.workers.backends import BACKENDS as BACKEND_NAMES
 
@@ -370,67 +371,23 @@ def eval_chunk_reset(set_name: str, retries: int, seed: int, as_json: bool, spec
 
 @eval_group.command("step-search")
 @click.option("--set", "set_name", required=True, help="Problems to solve; the set's backend is the policy.")
-@click.option("--width", type=click.IntRange(min=2), default=6, show_default=True, help="Candidates per step.")
-@click.option("--max-turns", type=click.IntRange(min=1), default=20, show_default=True)
-@click.option(
-    "--scoring",
-    type=click.Choice(["each-verdict", "both-orders"]),
-    default="each-verdict",
-    show_default=True,
-    help="How the pairwise verdicts score a candidate (as 'stepq search start').",
-)
-@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.5, show_default=True)
-@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=0.95, show_default=True)
-@click.option(
-    "--judge-backend",
-    type=click.Choice(["synthetic-oracle", *BACKEND_NAMES]),
-    default="synthetic-oracle",
-    show_default=True,
-    help="The pairwise judge: a model on a backend, or the synthetic policy's oracle.",
-)
-@click.option("--judge-model", default=None)
-@click.option("--judge-base-url", default=None)
-@click.option("--judge-option", "judge_options", multiple=True, metavar="KEY=VALUE")
-@click.option(
-    "--judge-verdict-by",
-    type=click.Choice(["text", "logprob"]),
-    default="text",
-    show_default=True,
-    help="A model judge's answer: its written [[A]]/[[B]], or the more probable of the two.",
-)
+@search_options
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @friendly
-def eval_step_search(
-    set_name: str,
-    width: int,
-    max_turns: int,
-    scoring: str,
-    temperature: float,
-    top_p: float,
-    judge_backend: str,
-    judge_model: str | None,
-    judge_base_url: str | None,
-    judge_options: tuple[str, ...],
-    judge_verdict_by: str,
-    seed: int,
-    as_json: bool,
-) -> None:
+def eval_step_search(set_name: str, seed: int, as_json: bool, choices: SearchChoices) -> None:
     """Test-time scaling by step search (process-based self-rewarding): several candidates per
     step, the pairwise judge keeps the best; against the policy alone on the same sampling."""
     from stepq.trainer.evaluation.validation import set_step_search
     from stepq.workers.backends import make_backend
-    from stepq.workers.search.runner import ORACLE, judge_for
+    from stepq.workers.search.runner import judge_for
 
-    config = {} if judge_backend == ORACLE else backend_config(judge_model, judge_base_url, judge_options)
-    if judge_backend != ORACLE:
-        config["verdict_by"] = judge_verdict_by
-    judge = judge_for(make_backend, judge_backend, config)
+    judge = judge_for(make_backend, choices.judge_backend, choices.judge_config())
     plan = {
-        "width": width,
-        "max_turns": max_turns,
-        "scoring": scoring,
-        "sampling": {"temperature": temperature, "top_p": top_p},
+        "width": choices.width,
+        "max_turns": choices.max_turns,
+        "scoring": choices.scoring,
+        "sampling": choices.sampling,
     }
     report = {"judge": judge.name, **set_step_search(open_db(load_settings()), set_name, judge, plan, seed)}
     if as_json:
@@ -442,5 +399,5 @@ def eval_step_search(
     r = report["step_search"]
     click.echo(
         f"step search: {r['turns']} turns, {r['turns_without_a_pick']} without a pick (all candidates tied), "
-        f"{r['completed_after_max_turns']} completed by the policy after {max_turns} turns"
+        f"{r['completed_after_max_turns']} completed by the policy after {choices.max_turns} turns"
     )

@@ -4,12 +4,18 @@ Importing the module registers the commands on ``stepq``."""
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
 
 import click
 
 from stepq.commands.base import backend_config, friendly, load_settings, main, open_db
 from stepq.workers.backends import BACKENDS as BACKEND_NAMES
+
+ORACLE = "synthetic-oracle"
 
 
 @main.group()
@@ -18,57 +24,107 @@ def search() -> None:
     and record (best, worst) as a step preference pair."""
 
 
+@dataclass(frozen=True)
+class SearchChoices:
+    """How a step search samples and judges, as the options give it (``search_options``)."""
+
+    width: int
+    max_turns: int
+    scoring: str
+    temperature: float
+    top_p: float
+    judge_backend: str
+    judge_model: str | None
+    judge_base_url: str | None
+    judge_options: tuple[str, ...]
+    judge_verdict_by: str
+
+    @property
+    def sampling(self) -> dict[str, float]:
+        return {"temperature": self.temperature, "top_p": self.top_p}
+
+    def judge_config(self, model_judge: bool = False) -> dict[str, Any]:
+        """The pairwise judge's backend config: none for the synthetic oracle, unless
+        ``model_judge`` (a round whose judge is a trained model, named elsewhere)."""
+        if self.judge_backend == ORACLE and not model_judge:
+            return {}
+        config = backend_config(self.judge_model, self.judge_base_url, self.judge_options)
+        if self.judge_verdict_by != "text":
+            config["verdict_by"] = self.judge_verdict_by
+        return config
+
+
+def search_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The options of a step search (its width, turns, scoring, candidates' sampling and
+    pairwise judge), shared by 'search start' and 'eval step-search'; the command receives
+    them as one ``choices: SearchChoices``."""
+    options = [
+        click.option("--width", type=click.IntRange(min=2), default=6, show_default=True, help="Candidates per step."),
+        click.option("--max-turns", type=click.IntRange(min=1), default=20, show_default=True),
+        click.option(
+            "--scoring",
+            type=click.Choice(["each-verdict", "both-orders"]),
+            default="each-verdict",
+            show_default=True,
+            help="each-verdict: each pair asked once, a candidate scores the candidates it beats (the method's); "
+            "both-orders: asked both ways, a pair counts only when both answers agree (stricter, twice the "
+            "questions).",
+        ),
+        click.option(
+            "--temperature",
+            type=click.FloatRange(min=0.0),
+            default=0.5,
+            show_default=True,
+            help="Candidate steps' sampling temperature (the method's 0.5); max tokens and stops stay the set's.",
+        ),
+        click.option(
+            "--top-p",
+            type=click.FloatRange(0.0, 1.0, min_open=True),
+            default=0.95,
+            show_default=True,
+            help="Candidate steps' nucleus sampling (the method's 0.95).",
+        ),
+        click.option(
+            "--judge-backend",
+            type=click.Choice([ORACLE, *BACKEND_NAMES]),
+            default=ORACLE,
+            show_default=True,
+            help="The pairwise judge: a model on a backend, or the synthetic policy's oracle.",
+        ),
+        click.option("--judge-model", default=None),
+        click.option("--judge-base-url", default=None),
+        click.option("--judge-option", "judge_options", multiple=True, metavar="KEY=VALUE"),
+        click.option(
+            "--judge-verdict-by",
+            type=click.Choice(["text", "logprob"]),
+            default="text",
+            show_default=True,
+            help="A model judge's answer: its written [[A]]/[[B]], or the more probable of the two (no generation).",
+        ),
+    ]
+    names = [f.name for f in fields(SearchChoices)]
+
+    @functools.wraps(fn)
+    def with_choices(*args: Any, **kwargs: Any) -> Any:
+        choices = SearchChoices(**{name: kwargs.pop(name) for name in names})
+        return fn(*args, choices=choices, **kwargs)
+
+    for option in reversed(options):
+        with_choices = option(with_choices)
+    return with_choices
+
+
 @search.command("start")
 @click.option("--set", "set_name", required=True)
 @click.option("--name", required=True, help="The search's name (its pairs are exported by it).")
-@click.option("--width", type=click.IntRange(min=2), default=6, show_default=True, help="Candidates per step.")
-@click.option("--max-turns", type=click.IntRange(min=1), default=20, show_default=True)
-@click.option(
-    "--scoring",
-    type=click.Choice(["each-verdict", "both-orders"]),
-    default="each-verdict",
-    show_default=True,
-    help="each-verdict: each pair asked once, a candidate scores the candidates it beats (the method's); "
-    "both-orders: asked both ways, a pair counts only when both answers agree (stricter, twice the questions).",
-)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option(
-    "--temperature",
-    type=click.FloatRange(min=0.0),
-    default=0.5,
-    show_default=True,
-    help="Candidate steps' sampling temperature (the method's 0.5); max tokens and stops stay the set's.",
-)
-@click.option(
-    "--top-p",
-    type=click.FloatRange(0.0, 1.0, min_open=True),
-    default=0.95,
-    show_default=True,
-    help="Candidate steps' nucleus sampling (the method's 0.95).",
-)
 @click.option(
     "--template",
     default=None,
     help="Policy template; default: the prompt the set's policy trajectories were sampled from (template and chat "
     "template), else synthetic for synthetic sets and step for others.",
 )
-@click.option(
-    "--judge-backend",
-    type=click.Choice(["synthetic-oracle", *BACKEND_NAMES]),
-    default="synthetic-oracle",
-    show_default=True,
-    help="The pairwise judge: a model on a backend, or the synthetic policy's oracle.",
-)
-@click.option("--judge-model", default=None)
-@click.option("--judge-base-url", default=None)
-@click.option("--judge-option", "judge_options", multiple=True, metavar="KEY=VALUE")
-@click.option(
-    "--judge-verdict-by",
-    type=click.Choice(["text", "logprob"]),
-    default="text",
-    show_default=True,
-    help="A model judge's answer: its written [[A]]/[[B]], or the more probable of the two (no generation).",
-)
+@search_options
 @click.option(
     "--from-run",
     default=None,
@@ -78,41 +134,23 @@ def search() -> None:
 )
 @friendly
 def search_start(
-    set_name: str,
-    name: str,
-    width: int,
-    max_turns: int,
-    scoring: str,
-    seed: int,
-    temperature: float,
-    top_p: float,
-    template: str | None,
-    judge_backend: str,
-    judge_model: str | None,
-    judge_base_url: str | None,
-    judge_options: tuple[str, ...],
-    judge_verdict_by: str,
-    from_run: str | None,
+    set_name: str, name: str, seed: int, template: str | None, from_run: str | None, choices: SearchChoices
 ) -> None:
     """Create one search per problem of the set; the dispatcher publishes them to workers
     (or run them here with 'stepq search run')."""
     from stepq.workers.search.plan import SearchPlan, next_round, start_search
 
-    oracle = judge_backend == "synthetic-oracle" and from_run is None
-    config = {} if oracle else backend_config(judge_model, judge_base_url, judge_options)
-    if not oracle and judge_verdict_by != "text":
-        config["verdict_by"] = judge_verdict_by
     plan = SearchPlan(
         set_name,
         name,
-        width,
-        max_turns,
+        choices.width,
+        choices.max_turns,
         seed,
         template,
-        judge_backend,
-        config,
-        scoring,
-        sampling={"temperature": temperature, "top_p": top_p},
+        choices.judge_backend,
+        choices.judge_config(model_judge=from_run is not None),
+        choices.scoring,
+        sampling=choices.sampling,
     )
     db = open_db(load_settings())
     if from_run is not None:
