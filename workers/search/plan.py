@@ -68,7 +68,8 @@ def start_search(db: Database, plan: SearchPlan) -> int:
         template = load_template(name)
         segmentation = queries.set_segmentation(s, pset.id) if given else None
         segmentation = segmentation or TEMPLATE_SEGMENTATION.get(name, "auto")
-        chat = None if len(given) == len(problems) else _chat_template(pset.backend, pset.backend_config, plan)
+        every = all(pid in given for pid, _ in problems)
+        chat = None if every else _chat_template(pset.backend, pset.backend_config, plan)
         rows = [
             {
                 "name": plan.name,
