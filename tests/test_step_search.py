@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, text, update
 
-from stepq.models import Database
+from stepq.models import Database, Problem
 from stepq.models.search import ADVANCE, FINISH, RESAMPLE, ROLLBACK
 from stepq.workers.search.pairwise import (
     Comparison,
@@ -463,3 +463,32 @@ def test_a_search_on_problems_its_set_cannot_continue_is_refused_at_start(tmp_pa
         str(tmp_path),
     )
     assert started.returncode == 2 and "synthetic backend cannot continue" in started.stderr, started.stderr
+
+
+def test_a_search_without_trajectories_applies_the_models_chat_template(sqlite: Database, tmp_path: Path) -> None:
+    """No trajectory to take the policy's prompt from: the template, rendered, then the policy
+    model's chat template, as 'stepq generate' prompts it; cut at the template's "Step n:"."""
+    from transformers import AutoTokenizer
+
+    from stepq.models import queries
+    from stepq.models.search import StepSearch
+    from stepq.trainer.tiny_model import build_tiny_llama
+    from stepq.workers.prompts import STEP_TEMPLATE
+    from stepq.workers.prompts import render as render_prompt
+    from stepq.workers.search.plan import SearchPlan, start_search
+
+    model = build_tiny_llama(tmp_path / "m")
+    with sqlite.session() as s:
+        pset = queries.ensure_set(s, "g", backend="hf", backend_config={"model": str(model)})
+        s.add(Problem(problem_set_id=pset.id, external_id="p1", question="What is 2 + 2?", reference_answer="4"))
+    judge = {"model": str(model)}
+    assert start_search(sqlite, SearchPlan("g", "n", judge_backend="hf", judge_config=judge)) == 1
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    user = render_prompt(STEP_TEMPLATE, "What is 2 + 2?")
+    expected = tokenizer.apply_chat_template(
+        [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
+    )
+    with sqlite.session() as s:
+        search = s.scalars(select(StepSearch)).one()
+        assert search.prompt == expected and search.prompt != user
+        assert search.segmentation == "step-markers"
