@@ -31,14 +31,23 @@ def snapshot() -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--balance/--no-balance", default=True, show_default=True, help="Down-sample to exactly 50/50.")
 @click.option("--name", default=None, help="Default: snapshot-N.")
+@click.option(
+    "--until-first-error",
+    is_flag=True,
+    help="Keep a trajectory's chunks only while the prefix before them is alive (q_before > 0): each solution "
+    "up to its first error, as OmegaPRM and PRM800K label (default: every labelled chunk, StepWiser's).",
+)
 @friendly
-def snapshot_create(sets: str, rule: str, val_fraction: float, seed: int, balance: bool, name: str | None) -> None:
+def snapshot_create(
+    sets: str, rule: str, val_fraction: float, seed: int, balance: bool, name: str | None, until_first_error: bool
+) -> None:
     """Freeze the currently labelled chunks into a numbered snapshot."""
     from stepq.models import queries
     from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot, parse_sets
 
     db = open_db(load_settings())
-    number = create_snapshot(db, SnapshotSpec(parse_sets(sets), rule, val_fraction, seed, balance, name))
+    spec = SnapshotSpec(parse_sets(sets), rule, val_fraction, seed, balance, name, until_first_error=until_first_error)
+    number = create_snapshot(db, spec)
     with db.session() as session:
         snap = queries.get_snapshot(session, number)
         counts = snap.manifest["counts"]
@@ -120,13 +129,18 @@ def export_outcomes_command(
 @export_group.command("stepwise")
 @click.option("--snapshot", "ref", required=True, help="Snapshot number or name.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Output folder (datasets-loadable).")
+@click.option(
+    "--until-first-error",
+    is_flag=True,
+    help="Each trajectory's steps only while the prefix before them is alive (q_before > 0): up to its first error.",
+)
 @friendly
-def export_stepwise_command(ref: str, out: Path) -> None:
+def export_stepwise_command(ref: str, out: Path, until_first_error: bool) -> None:
     """A snapshot in the stepwise-supervision layout (prompt, completions, labels) that PRM
     trainers read; every label is the snapshot's own."""
     from stepq.trainer.snapshots.stepwise import export_stepwise
 
-    counts = export_stepwise(open_db(load_settings()), ref, out)
+    counts = export_stepwise(open_db(load_settings()), ref, out, until_first_error=until_first_error)
     click.echo(f"snapshot {ref}: " + ", ".join(f"{k} {v} records" for k, v in counts.items()) + f" written to {out}")
 
 
@@ -354,6 +368,9 @@ def trainer() -> None:
 @click.option("--recipe", default="stepwiser-judge.yaml", show_default=True)
 @click.option("--output-root", type=click.Path(path_type=Path), default=Path("runs"), show_default=True)
 @click.option("--val-fraction", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True)
+@click.option(
+    "--until-first-error", is_flag=True, help="Snapshots keep each solution's chunks up to its first error only."
+)
 @click.option("--poll", "poll_s", type=click.FloatRange(min=0.1), default=30.0, show_default=True)
 @click.option("--max-trainings", type=click.IntRange(min=1), default=None, help="Exit after this many trainings.")
 @click.option("--max-idle", "max_idle_s", type=float, default=None, help="Exit after this long with nothing to do.")
@@ -373,6 +390,7 @@ def trainer_serve(
     recipe: str,
     output_root: Path,
     val_fraction: float,
+    until_first_error: bool,
     poll_s: float,
     max_trainings: int | None,
     max_idle_s: float | None,
@@ -403,6 +421,7 @@ def trainer_serve(
         rule=rule,
         min_new_chunks=min_new_chunks,
         val_fraction=val_fraction,
+        until_first_error=until_first_error,
         poll_s=poll_s,
         lease_ttl_s=settings.trainer_lease_ttl_s,
         max_trainings=max_trainings,

@@ -11,6 +11,7 @@ from typing import Any
 from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
 from stepq.trainer.snapshots.balance import LabelledChunk, content_hash, plan_snapshot
+from stepq.trainer.snapshots.first_error import until_first_dead
 from stepq.workers.labels import parse_rule
 
 
@@ -23,6 +24,10 @@ class SnapshotSpec:
     balanced: bool = True
     name: str | None = None
     lineage: str | None = None
+    until_first_error: bool = False
+    """Keep each trajectory's chunks only while the prefix before them is alive (``q_before >
+    0``), as first-error judges are trained (``first_error``); StepWiser's default is every
+    labelled chunk."""
 
 
 def stepq_version() -> str:
@@ -48,6 +53,9 @@ def create_snapshot(db: Database, spec: SnapshotSpec) -> int:
     with db.session() as session:
         set_ids = queries.set_ids_by_name(session, list(spec.sets))
         rows = [LabelledChunk(*r) for r in queries.labelled_chunks(session, set_ids, rule)]
+        seen = len(rows)
+        if spec.until_first_error:
+            rows = until_first_dead(rows, lambda r: (r.trajectory_id, r.chunk_idx, r.q_before))
         if not rows:
             raise ConfigError(
                 f"no chunks of {', '.join(spec.sets)} are labelled under '{rule}' "
@@ -67,11 +75,18 @@ def create_snapshot(db: Database, spec: SnapshotSpec) -> int:
             "seed": spec.seed,
             "val_fraction": spec.val_fraction,
             "balanced": spec.balanced,
+            "chunks": (
+                "until the first error: a trajectory's chunks while the prefix before them is alive (q_before > 0)"
+                if spec.until_first_error
+                else "every labelled chunk"
+            ),
+            "until_first_error": spec.until_first_error,
             "split": "by problem: a seeded hash of the problem id, so a problem keeps its side as sets grow",
             "counts_before_balancing": plan.counts_before,
             "counts": plan.counts_after,
             "problems": {s: len({r.problem_id for r in part}) for s, part in plan.splits.items()},
-            "labelled_chunks_seen": len(rows),
+            "labelled_chunks_seen": seen,
+            "labelled_chunks_kept": len(rows),
             "rollouts_behind_labels": queries.rollouts_behind(session, sorted({r.trajectory_id for r in kept})),
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "stepq_version": stepq_version(),

@@ -19,6 +19,7 @@ from typing import Any
 from stepq.models import Database
 from stepq.models.errors import ConfigError
 from stepq.trainer.snapshots.export import snapshot_records
+from stepq.trainer.snapshots.first_error import until_first_dead
 
 
 def runs(indices: Sequence[int]) -> list[list[int]]:
@@ -32,10 +33,14 @@ def runs(indices: Sequence[int]) -> list[list[int]]:
     return out
 
 
-def stepwise_records(db: Database, ref: str | int) -> dict[str, list[dict[str, Any]]]:
+def stepwise_records(db: Database, ref: str | int, until_first_error: bool = False) -> dict[str, list[dict[str, Any]]]:
+    """Records per split; ``until_first_error`` keeps each trajectory's rows before the first
+    whose prefix is dead (``first_error``; of the rows the snapshot holds)."""
     out: dict[str, list[dict[str, Any]]] = {}
     for split, rows in snapshot_records(db, ref).items():
         records = out.setdefault(split, [])
+        if until_first_error:
+            rows = until_first_dead(rows, lambda r: (r["trajectory_id"], r["chunk_index"], r["q_before"]))
         rows = sorted(rows, key=lambda r: (r["trajectory_id"], r["chunk_index"]))
         for trajectory_id, group in groupby(rows, key=lambda r: r["trajectory_id"]):
             by_index = {r["chunk_index"]: r for r in group}
@@ -54,9 +59,9 @@ def stepwise_records(db: Database, ref: str | int) -> dict[str, list[dict[str, A
     return out
 
 
-def export_stepwise(db: Database, ref: str | int, out_dir: Path) -> dict[str, int]:
+def export_stepwise(db: Database, ref: str | int, out_dir: Path, *, until_first_error: bool = False) -> dict[str, int]:
     """Write ``train.jsonl`` and ``validation.jsonl`` (``datasets.load_dataset(DIR)``)."""
-    records = stepwise_records(db, ref)
+    records = stepwise_records(db, ref, until_first_error)
     if not any(records.values()):
         raise ConfigError(f"snapshot {ref} holds no rows")
     out_dir.mkdir(parents=True, exist_ok=True)

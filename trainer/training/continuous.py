@@ -43,6 +43,8 @@ class ServiceOptions:
     min_new_chunks: int = 1000
     val_fraction: float = 0.1
     seed: int = 0
+    until_first_error: bool = False
+    """Snapshots keep each trajectory's chunks only up to its first error (``SnapshotSpec``)."""
     poll_s: float = 30.0
     lease_ttl_s: float = 120.0
     max_trainings: int | None = None
@@ -122,7 +124,16 @@ def _step(
     name = f"{options.lineage}-{number}"
     snapshot = create_snapshot(
         db,
-        SnapshotSpec(options.sets, rule, options.val_fraction, options.seed, True, name=name, lineage=options.lineage),
+        SnapshotSpec(
+            options.sets,
+            rule,
+            options.val_fraction,
+            options.seed,
+            True,
+            name=name,
+            lineage=options.lineage,
+            until_first_error=options.until_first_error,
+        ),
     )
     done = [r for r in runs if r.status == RUN_DONE]
     base = str(Path(done[-1].output_dir) / FINAL) if done else recipe.model
