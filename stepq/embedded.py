@@ -8,7 +8,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from stepq.migrations import upgrade
 from stepq.models import Database, jobs, queries
-from stepq.models.errors import Busy, NotFoundError, WorkFailed
+from stepq.models.errors import Busy, ConfigError, NotFoundError, WorkFailed
 from stepq.models.work import ROLLOUT_WORK
 from stepq.settings import Settings
 from stepq.status import collect, render
@@ -18,13 +18,43 @@ from stepq.workers.brokerless import run_in_process
 from stepq.workers.grading import Grader
 from stepq.workers.synthetic_set import synth_set
 
+DEFAULT_M = 8
+
+
+def keep_settings(
+    set_name: str, stored: tuple[int, str | None, str | None], m: int | None, rule: str | None, budget: str | None
+) -> int:
+    """The M to run with: the set's own once it has one.  A flag that would change a set's
+    stored M, rule or budget is refused, naming the command that changes it on purpose: the
+    obvious resume (``stepq run --set S``) must never relabel a set silently."""
+    from stepq.workers.budget import parse_budget
+    from stepq.workers.labels import parse_rule
+
+    stored_m, stored_rule, stored_budget = stored
+    changes = []
+    if m is not None and stored_m and m != stored_m:
+        changes.append(f"M={stored_m}")
+    if rule is not None and stored_rule and parse_rule(rule).key != stored_rule:
+        changes.append(f"rule {stored_rule}")
+    if budget is not None and stored_budget and parse_budget(budget).pinned != stored_budget:
+        changes.append(f"budget {stored_budget}")
+    if changes:
+        on_purpose = f"stepq annotate --set {set_name} --rollouts {m or stored_m}"
+        on_purpose += f" --rule {rule}" if rule is not None else ""
+        on_purpose += f" --budget {budget}" if budget is not None else ""
+        raise ConfigError(
+            f"set '{set_name}' is annotated with {', '.join(changes)}; 'stepq run' keeps a set's settings "
+            f"(run it without those flags to resume).  To change them on purpose: {on_purpose}"
+        )
+    return m or stored_m or DEFAULT_M
+
 
 def run_embedded(
     settings: Settings,
     set_name: str,
     *,
     n_synth: int,
-    m: int,
+    m: int | None,
     seed: int,
     echo: Callable[[str], None],
     rule: str | None = None,
@@ -39,12 +69,15 @@ def run_embedded(
             f"a dispatcher ({holder}) is running against {db.safe_url}: stop it first, or let it do the work "
             "('stepq annotate' plans, the dispatcher publishes)"
         )
+    stored: tuple[int, str | None, str | None]
     with db.session() as s:
         try:
-            queries.get_set(s, set_name)
+            pset = queries.get_set(s, set_name)
+            stored = (pset.rollouts_per_prefix, pset.label_rule, pset.budget_policy)
             exists = True
         except NotFoundError:
-            exists = False
+            stored, exists = (0, None, None), False
+    m = keep_settings(set_name, stored, m, rule, budget)
     if not exists:
         if n_synth == 0:
             raise NotFoundError(f"no problem set '{set_name}' and --synthetic 0")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from stepq.models import Database, Problem, ProblemSet, Rollout, Trajectory, jobs, queries
 from stepq.models.work import ROLLOUT_WORK
@@ -14,6 +15,7 @@ from stepq.workers.annotation_config import configure_annotation
 from stepq.workers.brokerless import run_in_process
 from stepq.workers.labels import parse_rule
 from stepq.workers.synthetic_set import synth_set
+from tests.helpers import table_counts
 from tests.pipeline_checks import assert_exact, label_accuracy
 
 
@@ -355,3 +357,37 @@ def test_adaptive_labels_hold_where_the_policy_recovers(sqlite: Database, rule: 
     assert accuracy["exhaustive"] > 0.8
     assert accuracy["adaptive"] >= accuracy["exhaustive"] - 0.03, accuracy
     assert rollouts["adaptive"] * 2 <= rollouts["exhaustive"], rollouts
+
+
+def test_run_resumes_a_set_with_its_own_settings_and_refuses_to_change_them(tmp_path: Path) -> None:
+    """`stepq run --set big`, the obvious resume of a set annotated with M = 16, runs with 16
+    (it ran with the default 8: progress past 100% and changed labels); a flag that would
+    change the set's M, rule or budget is refused with the command that changes it on purpose."""
+    from click.testing import CliRunner
+
+    from stepq.cli import main
+
+    env = {"STEPQ_DATABASE_URL": f"sqlite:///{tmp_path / 's.db'}"}
+    runner = CliRunner()
+    assert runner.invoke(main, ["synth", "--set", "big", "--problems", "4"], env=env).exit_code == 0
+    assert runner.invoke(main, ["annotate", "--set", "big", "--rollouts", "16"], env=env).exit_code == 0
+    resumed = runner.invoke(main, ["run", "--set", "big"], env=env)
+    assert resumed.exit_code == 0, resumed.output
+    db = Database(env["STEPQ_DATABASE_URL"])
+    with db.session() as s:
+        pset = queries.get_set(s, "big")
+        assert pset.rollouts_per_prefix == 16 and pset.label_rule == "abs-q"
+    with db.engine.connect() as conn:
+        per_prefix = {
+            n for (n,) in conn.execute(text("SELECT count(*) FROM rollouts GROUP BY trajectory_id, prefix_len"))
+        }
+    assert per_prefix == {16}
+    before = table_counts(db)
+    for flags, named in ((["--rollouts", "8"], "M=16"), (["--rule", "rel-ratio:gamma=0.7"], "rule abs-q")):
+        refused = runner.invoke(main, ["run", "--set", "big", *flags], env=env)
+        assert refused.exit_code == 2 and named in refused.output, refused.output
+        assert f"stepq annotate --set big --rollouts {16 if flags[0] != '--rollouts' else 8}" in refused.output
+    assert table_counts(db) == before, "a refused run changes nothing"
+    same = runner.invoke(main, ["run", "--set", "big", "--rollouts", "16", "--rule", "abs-q"], env=env)
+    assert same.exit_code == 0, "flags that repeat the set's own settings are fine"
+    db.dispose()

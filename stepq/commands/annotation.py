@@ -212,12 +212,18 @@ def status(as_json: bool, watch: bool, interval: float) -> None:
     show_default=True,
     help="Synthetic problems to create when the set does not exist yet.",
 )
-@click.option("--rollouts", "m", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option(
+    "--rollouts",
+    "m",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Rollouts per prefix (default: the set's, 8 for a new set).",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--rule", default=None, help="Label rule (default: the set's, abs-q for a new set).")
 @click.option("--budget", default=None, help="exhaustive or adaptive[:...] (default: the set's).")
 @friendly
-def run(set_name: str, n_synth: int, m: int, seed: int, rule: str | None, budget: str | None) -> None:
+def run(set_name: str, n_synth: int, m: int | None, seed: int, rule: str | None, budget: str | None) -> None:
     """The embedded default: problems to labels in this process (SQLite, no services)."""
     from stepq.embedded import run_embedded
 
