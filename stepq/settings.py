@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -15,6 +16,7 @@ from stepq.workers.dispatcher import DispatchOptions
 
 PREFIX = "STEPQ_"
 BROKER_SCHEMES = ("redis", "rediss", "amqp", "amqps", "pyamqp", "memory")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,9 @@ class Settings:
                 values[f.name] = kind(raw)
             except ValueError:
                 raise ConfigError(f"{PREFIX}{f.name.upper()}={raw!r} is not a valid {kind.__name__}") from None
+            if kind is float and not math.isfinite(values[f.name]):
+                # nan compares false with everything: a lease that never expires, a timeout never hit
+                raise ConfigError(f"{PREFIX}{f.name.upper()}={raw!r} is not a finite number")
         settings = cls(**values)
         if not settings.database_url:
             settings = replace(settings, database_url=f"sqlite:///{Path.cwd() / 'stepq.db'}")
@@ -119,6 +124,12 @@ class Settings:
             )
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"{PREFIX}LOG_FORMAT must be text or json, got {self.log_format!r}")
+        if self.log_level.upper() not in LOG_LEVELS:
+            raise ConfigError(f"{PREFIX}LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+                raise ConfigError(f"{PREFIX}{f.name.upper()} must not be negative, got {value!r}")
         scheme, sep, rest = self.broker_url.partition("://")
         if not sep or not rest or scheme not in BROKER_SCHEMES:
             raise ConfigError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -115,6 +116,32 @@ def test_settings_from_the_environment(tmp_path: Path, monkeypatch: pytest.Monke
 
     with pytest.raises(ConfigError, match="VISIBILITY_TIMEOUT_S must exceed"):
         Settings.from_env({"STEPQ_VISIBILITY_TIMEOUT_S": "10", "STEPQ_LEASE_TTL_S": "60"})
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("STEPQ_LEASE_TTL_S", "nan", "STEPQ_LEASE_TTL_S='nan' is not a finite number"),
+        ("STEPQ_HEARTBEAT_S", "inf", "STEPQ_HEARTBEAT_S='inf' is not a finite number"),
+        ("STEPQ_RETRY_BACKOFF_S", "-1", "STEPQ_RETRY_BACKOFF_S must not be negative"),
+        ("STEPQ_DISPATCH_INTERVAL_S", "-0.5", "STEPQ_DISPATCH_INTERVAL_S must not be negative"),
+        ("STEPQ_GRADE_TIMEOUT_S", "-3", "STEPQ_GRADE_TIMEOUT_S must not be negative"),
+        ("STEPQ_LOG_LEVEL", "LOUD", "STEPQ_LOG_LEVEL must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
+    ],
+)
+def test_bad_settings_are_config_errors_naming_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str, value: str, message: str
+) -> None:
+    """A NaN lease TTL was accepted (a killed worker's leases then never expire), negative
+    intervals too, and an unknown log level ended as an internal error (exit 70)."""
+    from stepq.models.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Settings.from_env({variable: value})
+    assert Settings.from_env({"STEPQ_LOG_LEVEL": "debug"}).log_level == "debug", "levels in any case"
+    proc = _run(["status"], tmp_path, {variable: value})
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
 def test_a_sets_backend_and_sampling_come_from_annotate(tmp_path: Path) -> None:
