@@ -10,7 +10,7 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from stepq.models.errors import DatabaseError
+from stepq.models.errors import DatabaseError, masked
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -79,14 +79,18 @@ class Database:
             if "no such table" in msg or "does not exist" in msg:
                 raise DatabaseError(f"database {self.safe_url} is not migrated: run 'stepq db upgrade'") from None
             raise DatabaseError(f"cannot reach database {self.safe_url}: {msg}") from None
-        except Exception as exc:  # ProgrammingError on PG for a missing table
+        except Exception as exc:  # ProgrammingError on PG for a missing table, or a bad connection option
             if "does not exist" in str(exc):
                 raise DatabaseError(f"database {self.safe_url} is not migrated: run 'stepq db upgrade'") from None
+            orig = getattr(exc, "orig", None)
+            if orig is not None:
+                first = str(orig).strip().splitlines()[0]
+                raise DatabaseError(f"cannot connect to database {self.safe_url}: {masked(first)}") from None
             raise
 
     @property
     def safe_url(self) -> str:
-        return self.engine.url.render_as_string(hide_password=True)
+        return masked(self.engine.url.render_as_string(hide_password=True))
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -9,13 +9,18 @@ from __future__ import annotations
 import re
 
 _CREDENTIALS = re.compile(r"(//[^:@/\s]*:)[^@\s]+@")
+_SECRET_PARAMS = re.compile(
+    r"([?&;](?:password|passwd|pwd|pass|secret|token|access_token|api_key|apikey|sslpassword)=)[^&;\s#'\"]+",
+    re.IGNORECASE,
+)
 
 
 def masked(text: str) -> str:
-    """``text`` with every URL password (``//user:PASSWORD@``) replaced by ``***``: the one
-    filter every message, error and log line passes before it is printed, so a URL with a
-    secret (well-formed or not) never reaches a terminal or a container log."""
-    return _CREDENTIALS.sub(r"\1***@", text)
+    """``text`` with every URL password (``//user:PASSWORD@``, or a query parameter such as
+    ``?password=...``) replaced by ``***``: the one filter every message, error and log line
+    passes before it is printed, so a URL with a secret (well-formed or not) never reaches a
+    terminal or a container log."""
+    return _SECRET_PARAMS.sub(r"\1***", _CREDENTIALS.sub(r"\1***@", text))
 
 
 class StepqError(Exception):

@@ -136,6 +136,11 @@ class Settings:
                 f"{PREFIX}BROKER_URL={self.broker_url!r} is not a broker URL "
                 f"(scheme one of {', '.join(BROKER_SCHEMES)}, e.g. redis://host:6379/0)"
             )
+        if "password=" in rest.lower().partition("?")[2]:
+            raise ConfigError(
+                f"{PREFIX}BROKER_URL: give the broker's password in the URL's user part "
+                f"({scheme}://:PASSWORD@host:port/db), not as a query parameter"
+            )
         if self.database_url.startswith("postgresql://"):
             object.__setattr__(
                 self, "database_url", "postgresql+psycopg://" + self.database_url[len("postgresql://") :]

@@ -195,6 +195,9 @@ SECRET = "s3cret-Pw0rd"
         (("dispatch", "--once"), {"STEPQ_BROKER_URL": f"redis//:{SECRET}@127.0.0.1:1/0"}),
         (("worker",), {"STEPQ_BROKER_URL": f"redis://:{SECRET}@127.0.0.1:1/0"}),
         (("worker",), {"STEPQ_DATABASE_URL": f"postgresql://stepq:{SECRET}@127.0.0.1:1/stepq"}),
+        (("status",), {"STEPQ_DATABASE_URL": f"postgresql://stepq@127.0.0.1:1/stepq?password={SECRET}"}),
+        (("status",), {"STEPQ_DATABASE_URL": f"postgresql://127.0.0.1:1/stepq?user=u&PASSWORD={SECRET}&x=1"}),
+        (("dispatch", "--once"), {"STEPQ_BROKER_URL": f"redis://127.0.0.1:1/0?password={SECRET}"}),
     ],
 )
 def test_no_password_in_any_output(tmp_path: Path, args: tuple[str, ...], settings: dict[str, str]) -> None:
@@ -205,6 +208,20 @@ def test_no_password_in_any_output(tmp_path: Path, args: tuple[str, ...], settin
     assert done.returncode != 0
     assert SECRET not in done.stdout + done.stderr, done.stdout + done.stderr
     assert "***" in done.stderr or "127.0.0.1" in done.stderr or "not a" in done.stderr, done.stderr
+
+
+def test_a_password_given_as_a_query_parameter_is_masked_like_one_in_the_userinfo() -> None:
+    from stepq.models.errors import masked
+
+    for url in (
+        f"postgresql://u@h/db?password={SECRET}",
+        f"postgresql://u@h/db?sslmode=require&password={SECRET}&connect_timeout=5",
+        f"redis://h:6379/0?Password={SECRET}",
+        f"http://h/v1?api_key={SECRET}",
+    ):
+        shown = masked(f"cannot reach {url}: refused")
+        assert SECRET not in shown and "=***" in shown, shown
+    assert masked("postgresql://u@h/db?sslmode=require") == "postgresql://u@h/db?sslmode=require"
 
 
 def test_a_failing_openai_server_url_keeps_its_password_out_of_the_database(tmp_path: Path) -> None:
