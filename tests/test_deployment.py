@@ -107,6 +107,7 @@ def test_the_compose_file_is_safe_on_a_shared_network() -> None:
     for ref in secrets:
         assert ":?" in ref and ":-" not in ref, f"${{{ref}}} has a default: make it required (${{VAR:?message}})"
     assert "ports" not in compose["services"]["postgres"], "PostgreSQL is reached on the compose network only"
+    assert compose["services"]["redis"].get("user") == "redis", "Redis runs as the redis user, not root"
     dockerfile = (ROOT / "Dockerfile").read_text()
     users = re.findall(r"^USER\s+(\S+)", dockerfile, re.MULTILINE)
     assert users and users[-1] not in ("root", "0"), "the image runs as an unprivileged user"
