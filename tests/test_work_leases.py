@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 
+import pytest
 from sqlalchemy import update
 
 from stepq.models import Database, RolloutWork, jobs, queries
@@ -162,7 +164,15 @@ def test_only_one_dispatcher_holds_the_lock(any_db: Database) -> None:
     b = Dispatcher(any_db, outlets(lambda ids: None), name="b")
     assert a.acquire() and a.acquire(), "renewable by its owner"
     assert not b.acquire()
-    assert b.run(once=True, wait_s=0.5) == 0, "b waited and gave up"
+    from stepq.models.errors import Busy
+
+    started = time.monotonic()
+    with pytest.raises(Busy, match=r"another dispatcher \(a@?.*\) holds the lock"):
+        b.run(once=True, wait_s=0.5)  # waited, then gave up: exit 75, not 0 as if nothing were to do
+    assert time.monotonic() - started >= 0.5
+    with pytest.raises(Busy):
+        b.run(once=True)  # --once alone does not wait (it hung while another held the lock)
+    assert Busy.exit_code == 75
     a.release()
     assert b.acquire()
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepq.models import Database, epoch, jobs, queries
-from stepq.models.errors import BrokerError
+from stepq.models.errors import BrokerError, Busy
 from stepq.workers.broker import JobsInBroker
 from stepq.workers.message_split import SmallMessages, split_messages, tail_threshold
 from stepq.workers.priority_rounds import SCORING_BATCH
@@ -255,6 +255,10 @@ class Dispatcher:
             if self.wakeup(min(left, 0.5)):
                 return
 
+    def holder(self) -> str | None:
+        with self.db.session() as s:
+            return queries.lock_holder(s, LOCK_NAME)
+
     def acquire(self) -> bool:
         with self.db.session() as s:
             return queries.acquire_lock(s, LOCK_NAME, self.name, self.options.lock_ttl_s)
@@ -273,9 +277,13 @@ class Dispatcher:
     ) -> int:
         """Loop until stopped (or one cycle with ``once``); returns work items published.
 
-        Waits for the lock while another dispatcher holds it, at most ``wait_s``.
+        Waits for the lock while another dispatcher holds it: a standby dispatcher as long as it
+        runs; with ``once``, at most ``wait_s`` (none by default), then ``Busy`` (exit 75): a
+        one-shot cycle that cannot act says so rather than hang or exit 0 as if done.
         """
         stop = stop or threading.Event()
+        if once and wait_s is None:
+            wait_s = 0.0
         started = time.monotonic()
         published = 0
         waiting_logged = False
@@ -287,7 +295,9 @@ class Dispatcher:
                         if not waiting_logged:
                             log.info("another dispatcher holds the lock; waiting")
                             waiting_logged = True
-                        if wait_s is not None and time.monotonic() - started > wait_s:
+                        if wait_s is not None and time.monotonic() - started >= wait_s:
+                            if once:
+                                raise Busy(f"another dispatcher ({self.holder()}) holds the lock: nothing published")
                             return published
                         stop.wait(min(1.0, interval_s))
                         continue
