@@ -84,6 +84,9 @@ def test_an_unreachable_broker_gives_up_after_a_bounded_wait(tmp_path: Path) -> 
         assert proc.returncode == 6, proc.stderr
         assert "cannot reach the broker" in proc.stderr and "gave up after 2 s" in proc.stderr
         assert time.monotonic() - started < 30
+    # a longer wait is not silent: each failed try that another follows is logged
+    proc = _stepq(tmp_path, "dispatch", "--once", env={**env, "STEPQ_BROKER_WAIT_S": "6"}, timeout=60)
+    assert proc.returncode == 6 and "unreachable (try 1:" in proc.stderr and "trying again for" in proc.stderr
 
 
 def test_status_on_a_database_that_does_not_exist(tmp_path: Path) -> None:

@@ -163,20 +163,31 @@ def outlets(app: Celery, rollouts_per_message: int) -> list[Outlet]:
 def wait_for_broker(broker_url: str, wait_s: float) -> None:
     """Reach the broker within ``wait_s`` seconds, or raise BrokerError: a worker or
     dispatcher started against a wrong or dead broker says so instead of retrying for ever."""
+    import logging
     import time
 
     from kombu import Connection
 
-    from stepq.models.errors import BrokerError
+    from stepq.models.errors import BrokerError, masked
 
-    deadline = time.monotonic() + wait_s
+    started = time.monotonic()
+    deadline = started + wait_s
+    safe = masked(Connection(broker_url).as_uri())  # password masked
+    tries = 0
     while True:
+        tries += 1
         try:
             with Connection(broker_url, connect_timeout=5) as conn:
                 conn.ensure_connection(max_retries=1)
+            if tries > 1:
+                logging.getLogger(__name__).info("broker %s reachable after %d tries", safe, tries)
             return
         except Exception as exc:
             if time.monotonic() >= deadline:
-                safe = Connection(broker_url).as_uri()  # password masked
                 raise BrokerError(f"cannot reach the broker at {safe} (gave up after {wait_s:g} s): {exc}") from None
-            time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+            # every try is said: a minute of silence looks like a hang
+            left = deadline - time.monotonic()
+            logging.getLogger(__name__).warning(
+                "broker %s unreachable (try %d: %s); trying again for %.0f s more", safe, tries, masked(str(exc)), left
+            )
+            time.sleep(min(2.0, max(0.0, left)))
