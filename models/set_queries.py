@@ -72,6 +72,16 @@ def ensure_set(session: Session, name: str, **config: Any) -> ProblemSet:
     return get_set(session, name)
 
 
+def problem_external_ids(session: Session, problem_ids: Iterable[int]) -> dict[int, str]:
+    """Each problem's external id: what names it outside this database."""
+    ids = sorted(set(problem_ids))
+    found: dict[int, str] = {}
+    for start in range(0, len(ids), 1000):
+        rows = session.execute(select(Problem.id, Problem.external_id).where(Problem.id.in_(ids[start : start + 1000])))
+        found.update({int(pid): str(ext) for pid, ext in rows})
+    return found
+
+
 def existing_problem_ids(session: Session, set_id: int, external_ids: Iterable[str]) -> dict[str, int]:
     ids = list(external_ids)
     found: dict[str, int] = {}

@@ -210,3 +210,43 @@ def test_a_snapshot_keeps_its_text_through_an_ingest_update(any_db: Database, tm
         assert s.get(Trajectory, tid) is None  # sampled for the old question: dropped
     export_snapshot(any_db, ref, tmp_path / "after", "jsonl")
     assert (tmp_path / "after" / "train.jsonl").read_text() == before
+
+
+def test_the_same_set_splits_the_same_way_in_two_databases(tmp_path: Path) -> None:
+    """The split hashes what identifies a problem (its external id), not a row id: a database
+    that holds another set first (so every row id differs) puts the same problems on the same
+    side.  By row id (``split_by='row-id'``, the legacy key a lineage that began with it keeps)
+    the two databases disagree."""
+    from stepq.migrations import upgrade
+
+    sides: dict[tuple[str, str], set[str]] = {}
+    for name, other_first in (("a", False), ("b", True)):
+        url = f"sqlite:///{tmp_path / f'{name}.db'}"
+        upgrade(url)
+        db = Database(url)
+        if other_first:
+            synth_set(db, "other", problems=37, seed=9)
+        annotated_set(db, problems=60)
+        for split_by in ("external-id", "row-id"):
+            ref = create_snapshot(
+                db, SnapshotSpec(("s",), "abs-q", 0.3, 5, balanced=False, name=split_by, split_by=split_by)
+            )
+            with db.session() as s:
+                snap = queries.get_snapshot(s, ref)
+                assert snap.manifest["split_by"] == split_by
+                validation = {
+                    ext
+                    for (ext,) in s.execute(
+                        text(
+                            "SELECT DISTINCT p.external_id FROM snapshot_rows r JOIN problems p ON p.id = r.problem_id "
+                            "WHERE r.snapshot_id = :i AND r.split = 'validation'"
+                        ),
+                        {"i": snap.id},
+                    )
+                }
+            sides[(name, split_by)] = validation
+        db.dispose()
+    assert sides[("a", "external-id")] and sides[("a", "external-id")] == sides[("b", "external-id")]
+    assert sides[("a", "row-id")] != sides[("b", "row-id")], "row ids differ between the databases"
+    with pytest.raises(ConfigError, match="split_by must be one of"):
+        create_snapshot(Database(f"sqlite:///{tmp_path / 'a.db'}"), SnapshotSpec(("s",), "abs-q", split_by="hash"))

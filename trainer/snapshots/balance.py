@@ -27,7 +27,7 @@ class LabelledChunk:
     q_after: float
 
 
-def validation_side(problem_id: int, val_fraction: float, seed: int) -> bool:
+def validation_side(problem_id: int | str, val_fraction: float, seed: int) -> bool:
     """Whether a problem belongs to validation: a seeded hash of its id, below the fraction.
 
     The side is a function of the problem alone (not of which other problems the snapshot
@@ -40,7 +40,7 @@ def validation_side(problem_id: int, val_fraction: float, seed: int) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < val_fraction
 
 
-def validation_problems(problem_ids: Iterable[int], val_fraction: float, seed: int) -> set[int]:
+def validation_problems(problem_ids: Iterable[int | str], val_fraction: float, seed: int) -> set[int | str]:
     """The problems that go to validation (``validation_side``): about ``val_fraction`` of them.
 
     Splitting problems, not chunks, keeps every chunk of a problem on one side, so a judge is
@@ -75,12 +75,26 @@ class SnapshotPlan:
     counts_after: dict[str, dict[str, int]]
 
 
-def plan_snapshot(rows: Sequence[LabelledChunk], val_fraction: float, seed: int, balanced: bool) -> SnapshotPlan:
-    """Split by problem, then balance each split on its own (each must be 50/50)."""
-    val = validation_problems((r.problem_id for r in rows), val_fraction, seed)
+def plan_snapshot(
+    rows: Sequence[LabelledChunk],
+    val_fraction: float,
+    seed: int,
+    balanced: bool,
+    split_keys: Mapping[int, str] | None = None,
+) -> SnapshotPlan:
+    """Split by problem, then balance each split on its own (each must be 50/50).
+
+    ``split_keys`` names each problem by what identifies it outside this database (its
+    external id), so the same set splits the same way in any database; without it, by row id
+    (snapshots made before, whose lineages keep it)."""
+
+    def key(problem_id: int) -> int | str:
+        return problem_id if split_keys is None else split_keys[problem_id]
+
+    val = validation_problems((key(r.problem_id) for r in rows), val_fraction, seed)
     raw = {
-        TRAIN: sorted(r for r in rows if r.problem_id not in val),
-        VALIDATION: sorted(r for r in rows if r.problem_id in val),
+        TRAIN: sorted(r for r in rows if key(r.problem_id) not in val),
+        VALIDATION: sorted(r for r in rows if key(r.problem_id) in val),
     }
     splits = {name: balance(part, seed) if balanced else part for name, part in raw.items()}
     return SnapshotPlan(

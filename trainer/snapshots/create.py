@@ -24,10 +24,16 @@ class SnapshotSpec:
     balanced: bool = True
     name: str | None = None
     lineage: str | None = None
+    split_by: str = "external-id"
+    """What a problem's side is hashed from: ``external-id`` (the same set splits the same way
+    in every database) or ``row-id`` (snapshots made before; a lineage begun with it keeps it)."""
     until_first_error: bool = False
     """Keep each trajectory's chunks only while the prefix before them is alive (``q_before >
     0``), as first-error judges are trained (``first_error``); StepWiser's default is every
     labelled chunk."""
+
+
+SPLIT_KEYS = {"external-id": "external id (the same in every database)", "row-id": "row id in this database"}
 
 
 def stepq_version() -> str:
@@ -61,7 +67,14 @@ def create_snapshot(db: Database, spec: SnapshotSpec) -> int:
                 f"no chunks of {', '.join(spec.sets)} are labelled under '{rule}' "
                 f"(annotate them, or 'stepq label --set S --rule {rule}')"
             )
-        plan = plan_snapshot(rows, spec.val_fraction, spec.seed, spec.balanced)
+        if spec.split_by not in SPLIT_KEYS:
+            raise ConfigError(f"split_by must be one of {', '.join(SPLIT_KEYS)}, got {spec.split_by!r}")
+        keys = (
+            queries.problem_external_ids(session, {r.problem_id for r in rows})
+            if spec.split_by == "external-id"
+            else None
+        )
+        plan = plan_snapshot(rows, spec.val_fraction, spec.seed, spec.balanced, keys)
         number = queries.next_snapshot_number(session)
         name = spec.name or f"snapshot-{number}"
         if queries.snapshot_name_taken(session, name):
@@ -81,7 +94,9 @@ def create_snapshot(db: Database, spec: SnapshotSpec) -> int:
                 else "every labelled chunk"
             ),
             "until_first_error": spec.until_first_error,
-            "split": "by problem: a seeded hash of the problem id, so a problem keeps its side as sets grow",
+            "split": f"by problem: a seeded hash of the problem's {SPLIT_KEYS[spec.split_by]}, so a problem keeps "
+            "its side as sets grow",
+            "split_by": spec.split_by,
             "counts_before_balancing": plan.counts_before,
             "counts": plan.counts_after,
             "problems": {s: len({r.problem_id for r in part}) for s, part in plan.splits.items()},

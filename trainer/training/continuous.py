@@ -119,6 +119,9 @@ def _step(
         latest = queries.latest_snapshot(session, options.lineage)
         number = queries.next_snapshot_number(session)
     seen = int(latest.manifest.get("labelled_chunks_seen", 0)) if latest else 0
+    # a lineage keeps the split key it began with, so no problem changes sides between its
+    # snapshots (those made before external ids keyed the split have none in their manifest)
+    split_by = str(latest.manifest.get("split_by", "row-id")) if latest else "external-id"
     if labelled - seen < options.min_new_chunks:
         return False
     name = f"{options.lineage}-{number}"
@@ -132,6 +135,7 @@ def _step(
             True,
             name=name,
             lineage=options.lineage,
+            split_by=split_by,
             until_first_error=options.until_first_error,
         ),
     )
