@@ -154,6 +154,34 @@ BAD_INPUTS = [
         "id '1' already used on line 1",
     ),
     ("gsm8k-no-final.jsonl", b'{"question": "a", "answer": "work\\n#### "}\n', 1, "answer", "no final answer"),
+    # what a database cannot store as given: each an error naming the line, never an internal error
+    (
+        "nan.jsonl",
+        b'{"question": "a", "answer": "1"}\n{"question": "b", "answer": "2", "score": NaN}\n',
+        2,
+        None,
+        "NaN",
+    ),
+    ("huge-float.jsonl", b'{"question": "a", "answer": "1", "score": 1e400}\n', 1, "score", "inf is not a number"),
+    ("nul.jsonl", b'{"question": "a\\u0000b", "answer": "1"}\n', 1, "question", "NUL character"),
+    ("surrogate.jsonl", b'{"question": "a", "answer": "1", "note": "x\\ud800y"}\n', 1, "note", "lone surrogate"),
+    ("deep.jsonl", b'{"question": "a", "answer": "1", "x": ' + b"[" * 40 + b"]" * 40 + b"}\n", 1, "x", "nested deeper"),
+    (
+        "deeper.jsonl",
+        b'{"question": "a", "answer": "1", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n",
+        1,
+        None,
+        "invalid JSON",
+    ),
+    ("long-id.jsonl", b'{"id": "' + b"x" * 201 + b'", "question": "a", "answer": "1"}\n', 1, "id", "longer than 200"),
+    ("long-int.jsonl", b'{"question": "a", "answer": "1", "n": ' + b"7" * 5000 + b"}\n", 1, None, "invalid JSON"),
+    (
+        "nan-array.json",
+        b'[\n  {"question": "a", "answer": "1"},\n  {"question": "b", "answer": Infinity}\n]\n',
+        3,
+        None,
+        "Infinity",
+    ),
 ]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,14 +86,14 @@ def read_objects(path: Path) -> list[tuple[int, Any]]:
         if not line.strip():
             continue
         try:
-            out.append((no, json.loads(line)))
-        except json.JSONDecodeError as exc:
-            raise InputError(str(path), no, None, f"invalid JSON: {exc.msg} at column {exc.colno}") from None
+            out.append((no, _decode_json(line)))
+        except (ValueError, RecursionError) as exc:
+            raise InputError(str(path), no, None, _json_error(exc)) from None
     return out
 
 
 def _read_array(path: Path, text: str) -> list[tuple[int, Any]]:
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(parse_constant=_refuse_constant)
     i = text.index("[") + 1
     out: list[tuple[int, Any]] = []
 
@@ -113,6 +114,8 @@ def _read_array(path: Path, text: str) -> list[tuple[int, Any]]:
             value, end = decoder.raw_decode(text, i)
         except json.JSONDecodeError as exc:
             raise fail(exc.pos, f"invalid JSON: {exc.msg}") from None
+        except (ValueError, RecursionError) as exc:
+            raise fail(i, _json_error(exc)) from None
         out.append((text.count("\n", 0, i) + 1, value))
         i = skip(end)
         if i < len(text) and text[i] == ",":
@@ -123,6 +126,58 @@ def _read_array(path: Path, text: str) -> list[tuple[int, Any]]:
                 raise fail(i + 1, "invalid JSON: extra data after the array")
             return out
         raise fail(i, "invalid JSON: expected ',' or ']'")
+
+
+MAX_DEPTH = 32
+"""Records nest no deeper than this (a step list in a dict is 2)."""
+MAX_ID = 200
+"""The longest external id a problem can have (its column's width)."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a database can store")
+
+
+def _decode_json(text: str) -> Any:
+    """``json.loads`` that names what no database can store: NaN and Infinity are refused."""
+    return json.loads(text, parse_constant=_refuse_constant)
+
+
+def _json_error(exc: Exception) -> str:
+    if isinstance(exc, RecursionError):
+        return "invalid JSON: nested too deeply"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"invalid JSON: {exc.msg} at column {exc.colno}"
+    return f"invalid JSON: {exc}"  # an integer past Python's digit limit, NaN, Infinity
+
+
+def _check_values(path: Path | str, line: int, record: dict[str, Any]) -> None:
+    """Refuse values no database stores as given, naming the field: non-finite numbers (1e400
+    reads as infinity), NUL characters and lone surrogates in text, and deep nesting."""
+
+    def walk(value: Any, field: str, depth: int) -> None:
+        if depth > MAX_DEPTH:
+            raise InputError(str(path), line, field, f"nested deeper than {MAX_DEPTH} levels")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InputError(str(path), line, field, f"{value} is not a number a database can store")
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise InputError(str(path), line, field, "text holds a NUL character")
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InputError(str(path), line, field, "text holds a lone surrogate (not valid Unicode)") from None
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(key, field, depth + 1)
+                walk(item, field, depth + 1)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item, field, depth + 1)
+
+    for key, value in record.items():
+        walk(key, str(key)[:40], 1)
+        walk(value, str(key)[:40], 1)
 
 
 def _pick(record: dict[str, Any], given: str | None, candidates: Sequence[str]) -> str | None:
@@ -175,6 +230,7 @@ def parse_records(path: Path | str, fields: FieldMap, objects: list[tuple[int, A
     for line, obj in read_objects(Path(path)) if objects is None else objects:
         if not isinstance(obj, dict):
             raise InputError(str(path), line, None, f"record must be a JSON object, not {type(obj).__name__}")
+        _check_values(path, line, obj)
         question = _text_field(path, line, obj, _pick(obj, fields.question, QUESTION_FIELDS), "question")
         answer = (
             ""
@@ -207,6 +263,8 @@ def parse_records(path: Path | str, fields: FieldMap, objects: list[tuple[int, A
             if not isinstance(ext, (str, int)) or isinstance(ext, bool) or str(ext) == "":
                 raise InputError(str(path), line, id_field, "id must be a non-empty string or integer")
             ext = str(ext)
+            if len(ext) > MAX_ID:
+                raise InputError(str(path), line, id_field, f"id is longer than {MAX_ID} characters")
         else:
             ext = hashlib.sha256(f"{question}\x00{answer}".encode()).hexdigest()[:24]
         meta = {k: v for k, v in obj.items() if isinstance(v, (str, int, float, bool)) and k != id_field}
