@@ -338,3 +338,18 @@ def test_a_missing_module_no_extra_provides_is_an_internal_error() -> None:
     assert missing_extra(ModuleNotFoundError("no", name="torch.nn")) == "pip install 'stepq[train]'"
     assert missing_extra(ModuleNotFoundError("no", name="vllm")) == "pip install 'stepq[vllm]'"
     assert missing_extra(ModuleNotFoundError("no", name="sqlalchemy")) is None, "a broken base install is a bug"
+
+
+def test_a_worker_whose_backend_is_not_installed_refuses_to_start(tmp_path: Path) -> None:
+    """`stepq worker --backend vllm` without vLLM said ready, took every task and failed each;
+    it now exits 2 naming what to install before it reaches the broker (a dead one here)."""
+    assert _stepq(tmp_path, "db", "upgrade").returncode == 0
+    blocked = tmp_path / "site"
+    blocked.mkdir()
+    (blocked / "sitecustomize.py").write_text("import sys\nsys.modules['vllm'] = None\n")
+    env = {"PYTHONPATH": str(blocked), "STEPQ_BROKER_URL": "redis://127.0.0.1:1/0", "STEPQ_BROKER_WAIT_S": "30"}
+    started = time.monotonic()
+    proc = _stepq(tmp_path, "worker", "--backend", "vllm", "--model", "/weights/policy", env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "the vllm backend needs vllm, which is not installed here: pip install 'stepq[vllm]'" in proc.stderr
+    assert time.monotonic() - started < 25, "refused before waiting for the broker"

@@ -83,7 +83,7 @@ def worker(
 ) -> None:
     """Run a Celery worker that pulls rollout work (one per GPU, concurrency 1)."""
     from stepq.workers.annotate import WorkerRuntime
-    from stepq.workers.backends import check_config, make_backend
+    from stepq.workers.backends import check_config, check_installed, make_backend
     from stepq.workers.celery_app import create_app, wait_for_broker
     from stepq.workers.grading import Grader
 
@@ -92,6 +92,7 @@ def worker(
     open_db(settings).dispose()
     if backend:
         check_config(backend, backend_config(model, base_url, backend_options))
+        check_installed(backend)  # before the broker: a worker that cannot generate takes no work
     grader = Grader(timeout_s=max(settings.grade_timeout_s, 10))  # a cold sympy import takes seconds
     try:
         grader.self_test()  # refuse to run (exit 2) rather than grade every hard answer as wrong

@@ -20,6 +20,25 @@ def check_config(name: str, config: dict[str, Any]) -> None:
         raise ConfigError(f"the {name} backend needs {flags}")
 
 
+INSTALLED_BY = {"vllm": (("vllm",), "vllm"), "hf": (("torch", "transformers"), "hf")}
+"""The packages a backend imports when it is built, and the extra that installs them."""
+
+
+def check_installed(name: str) -> None:
+    """Refuse, before any work is taken, a backend whose packages this machine lacks: a worker
+    that could only fail every task would otherwise say ready and take them all.  (Storing a
+    set's backend needs no such check: the machine that annotates need not be the one that
+    generates.)"""
+    import importlib.util
+
+    modules, extra = INSTALLED_BY.get(name, ((), ""))
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            raise ConfigError(
+                f"the {name} backend needs {module}, which is not installed here: pip install 'stepq[{extra}]'"
+            )
+
+
 def make_backend(name: str, config: dict[str, Any] | None = None) -> GenerationBackend:
     """Build a backend; imports lazily so a worker only loads what it uses."""
     config = config or {}
