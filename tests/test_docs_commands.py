@@ -173,3 +173,21 @@ def test_every_fact_in_the_methods_page_names_its_source() -> None:
         cited = source.startswith(("SW,", "PSR,", "OPRM,", "ProcessBench", "OmegaPRM and PRM800K"))
         assert cited or (source == "—" and "**stepq**" in ours), f"no source and not marked stepq's: {row}"
         assert source != "—" or published.startswith(("not ", "not in")), f"a published fact with no source: {row}"
+
+
+def test_the_documented_exit_codes_are_the_codes_stepq_exits_with() -> None:
+    """docs/commands.md lists every exit code the code can end with, and no other: the error
+    tree's codes, the internal error's and a hung worker's."""
+    from stepq.commands.base import INTERNAL_ERROR
+    from stepq.models import errors
+    from stepq.workers.annotate import GENERATE_TIMEOUT_EXIT
+
+    def subclasses(cls: type) -> set[type]:
+        return {cls}.union(*(subclasses(c) for c in cls.__subclasses__()))
+
+    in_code = {c.exit_code for c in subclasses(errors.StepqError) if c is not errors.StepqError}
+    in_code |= {INTERNAL_ERROR, GENERATE_TIMEOUT_EXIT}
+    text = (ROOT / "docs" / "commands.md").read_text(encoding="utf-8")
+    paragraph = text[text.index("Errors are one line") : text.index("traceback).")]
+    documented = {int(n) for n in re.findall(r"(?:^|[,:]\s|\),\s)(\d+) [a-z]", paragraph.replace("\n", " "))}
+    assert documented == in_code, (documented, in_code)
