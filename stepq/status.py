@@ -98,51 +98,53 @@ def _eta(seconds: int | None) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
-def render(report: dict[str, Any]) -> str:
-    """A plain-text table; wide enough for a terminal, stable enough for eyes."""
-    head = [
-        "set",
-        "M",
-        "rule",
-        "budget",
-        "problems",
-        "done",
-        "chunks",
-        "rollouts",
-        "%",
-        "saved",
-        "tokens",
-        "~tokens saved",
-        "labelled",
-        "positive",
-        "rollouts/s",
-        "ETA",
-        "failed",
-        "retrying",
-    ]
-    body = [
-        [
-            r["problem_set"],
-            str(r["rollouts_per_prefix"]),
-            r["label_rule"],
-            r["budget_policy"].split(":")[0],
-            str(r["problems"]),
-            f"{r['trajectories_done']}/{r['trajectories']}",
-            str(r["chunks"]),
-            f"{r['rollouts_done']}/{r['rollouts_planned']}",
-            _percent(r),
-            str(r["rollouts_saved"]),
-            _count(r["tokens"]),
-            "-" if r["tokens_saved_estimate"] is None else _count(r["tokens_saved_estimate"]),
-            str(r["labelled_chunks"]),
-            "-" if r["positive_share"] is None else f"{100 * r['positive_share']:.1f}%",
-            f"{r['rollouts_per_s']:.1f}",
-            _eta(r["eta_s"]),
-            str(r["failed"]),
-            str(r["retrying"]),
-        ]
-        for r in report["sets"]
-    ]
+COLUMNS = (
+    "set", "M", "rule", "budget", "problems", "done", "chunks", "rollouts", "%", "saved", "tokens",
+    "~tokens saved", "labelled", "positive", "rollouts/s", "ETA", "failed", "retrying",
+)  # fmt: skip
+"""Every column of ``stepq status -v``."""
+COMPACT = ("set", "M", "rule", "rollouts", "%", "labelled", "positive", "rollouts/s", "ETA", "failed")
+"""The columns of the default table: a set's progress in under 100 characters."""
+WIDTH = 100
+
+
+def _row(r: dict[str, Any]) -> dict[str, str]:
+    return {
+        "set": r["problem_set"],
+        "M": str(r["rollouts_per_prefix"]),
+        "rule": r["label_rule"],
+        "budget": r["budget_policy"].split(":")[0],
+        "problems": str(r["problems"]),
+        "done": f"{r['trajectories_done']}/{r['trajectories']}",
+        "chunks": str(r["chunks"]),
+        "rollouts": f"{r['rollouts_done']}/{r['rollouts_planned']}",
+        "%": _percent(r),
+        "saved": str(r["rollouts_saved"]),
+        "tokens": _count(r["tokens"]),
+        "~tokens saved": "-" if r["tokens_saved_estimate"] is None else _count(r["tokens_saved_estimate"]),
+        "labelled": str(r["labelled_chunks"]),
+        "positive": "-" if r["positive_share"] is None else f"{100 * r['positive_share']:.1f}%",
+        "rollouts/s": f"{r['rollouts_per_s']:.1f}",
+        "ETA": _eta(r["eta_s"]),
+        "failed": str(r["failed"]),
+        "retrying": str(r["retrying"]),
+    }
+
+
+def render(report: dict[str, Any], verbose: bool = False) -> str:
+    """A plain-text table: the compact columns in under 100 characters (a rule is shown by its
+    name), every column with ``verbose`` (``stepq status -v``); all of it in ``--json``."""
+    rows = [_row(r) for r in report["sets"]]
+    head = list(COLUMNS if verbose else COMPACT)
+    if not verbose:
+        for row in rows:
+            row["rule"] = row["rule"].split(":")[0]
+    body = [[row[c] for c in head] for row in rows]
+
+    def said(prefix: str, message: str) -> str:
+        room = 160 if verbose else max(20, WIDTH - len(prefix))
+        return prefix + message.splitlines()[0][:room]
+
     widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
     lines = [
         "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
@@ -160,9 +162,9 @@ def render(report: dict[str, Any]) -> str:
                 f"scoring jobs: {scoring})"
             )
             if order.get("last_error"):
-                lines.append(f"  {r['problem_set']}: a scoring job failed: {order['last_error'].splitlines()[0][:160]}")
+                lines.append(said(f"  {r['problem_set']}: a scoring job failed: ", order["last_error"]))
         if r["last_error"]:
-            lines.append(f"  {r['problem_set']}: last error: {r['last_error'].splitlines()[0][:160]}")
+            lines.append(said(f"  {r['problem_set']}: last error: ", r["last_error"]))
     work = ", ".join(f"{k} {v}" for k, v in sorted(report["work"].items())) or "none"
     lines.append("")
     busy = sum(1 for w in report["workers"] if w["busy_items"])

@@ -84,5 +84,28 @@ def test_tokens_spent_per_labelled_chunk_and_saved_by_the_budget(any_db: Databas
     assert row["prompt_tokens_per_labelled_chunk"] == round(prompt / row["labelled_chunks"], 1)
     assert row["rollouts_saved"] > 0, "the adaptive budget saved rollouts on this set"
     assert row["tokens_saved_estimate"] == round(row["rollouts_saved"] * tokens / rollouts)
-    table = render(collect(any_db))
+    table = render(collect(any_db), verbose=True)  # the savings columns are -v (the default fits 100)
     assert "~tokens saved" in table.splitlines()[0]
+
+
+def test_the_status_table_fits_100_columns_and_verbose_shows_every_one(sqlite: Database) -> None:
+    """`stepq status` was ~190 characters wide: the default table fits 100 (a rule by its
+    name), `-v` shows every column, and the details stay in --json."""
+    from stepq.status import COLUMNS, COMPACT
+
+    synth_set(sqlite, "a-long-set-name-x", problems=30, seed=3, error_rate=0.3)
+    configure_annotation(sqlite, "a-long-set-name-x", 16, rule="rel-effective:alpha=0.4", budget="adaptive")
+    run_in_process(sqlite, WorkerRuntime(sqlite, WorkerOptions(name="t")))
+    with sqlite.engine.begin() as conn:  # a long error message, as a failed item keeps it
+        from sqlalchemy import text
+
+        conn.execute(text("UPDATE rollout_work SET state = 'failed', last_error = :e WHERE id = 1"), {"e": "y" * 500})
+    report = collect(sqlite)
+    compact = render(report)
+    assert max(len(line) for line in compact.splitlines()) <= 100, compact
+    assert compact.splitlines()[0].split() == list(COMPACT)
+    assert "last error: yyy" in compact
+    assert "rel-effective " in compact and "alpha=0.4" not in compact
+    full = render(report, verbose=True)
+    assert full.splitlines()[0].split()[:4] == ["set", "M", "rule", "budget"] and "~tokens" in full
+    assert len(COLUMNS) > len(COMPACT) and "rel-effective:alpha=0.4" in full

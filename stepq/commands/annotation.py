@@ -183,8 +183,9 @@ def retry(set_name: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--watch", is_flag=True, help="Redraw every --interval seconds until Ctrl-C.")
 @click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True)
+@click.option("-v", "--verbose", is_flag=True, help="Every column (budget, tokens, savings, retrying...).")
 @friendly
-def status(as_json: bool, watch: bool, interval: float) -> None:
+def status(as_json: bool, watch: bool, interval: float, verbose: bool) -> None:
     """Progress per problem set: rollouts done/planned, labels, rate, ETA, troubles, workers."""
     from stepq.status import collect, render
     from stepq.status import watch as watch_status
@@ -199,7 +200,7 @@ def status(as_json: bool, watch: bool, interval: float) -> None:
         except KeyboardInterrupt:
             return
     report = collect(database, depth)
-    click.echo(json.dumps(report, indent=2) if as_json else render(report))
+    click.echo(json.dumps(report, indent=2) if as_json else render(report, verbose))
 
 
 @main.command()
