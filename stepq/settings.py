@@ -84,8 +84,9 @@ class Settings:
     """text, or json: one JSON object per line with worker, set and item."""
     generate_timeout_s: float = 1800.0
     """A worker's generate call (or search turn) still running after this long is presumed hung
-    (an engine or server that stopped answering): the worker hands its work back and exits
-    with code 69 for its supervisor to restart it.  0 turns the deadline off."""
+    (an engine or server that stopped answering): the work it holds fails an attempt (retried
+    with backoff, given up after the retry limit, its error recorded) and the worker exits with
+    code 69 for its supervisor to restart it.  0 turns the deadline off."""
     trainer_lease_ttl_s: float = 120.0
     """A trainer's claim on a training run (and a trainer service's on its lineage) lasts this
     long without a step; a killed trainer's run is taken over after it."""

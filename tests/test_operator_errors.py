@@ -353,3 +353,31 @@ def test_a_worker_whose_backend_is_not_installed_refuses_to_start(tmp_path: Path
     assert proc.returncode == 2, proc.stderr
     assert "the vllm backend needs vllm, which is not installed here: pip install 'stepq[vllm]'" in proc.stderr
     assert time.monotonic() - started < 25, "refused before waiting for the broker"
+
+
+def test_a_request_that_always_hangs_counts_its_attempts_and_gives_up(tmp_path: Path) -> None:
+    """Each hang past STEPQ_GENERATE_TIMEOUT_S handed the item back without counting an attempt,
+    so a request that always hangs the engine was retried for ever with nothing recorded.  Now
+    each hang is an attempt with its error; after the retry policy's limit the item fails."""
+    env = clean_env(
+        STEPQ_DATABASE_URL=f"sqlite:///{tmp_path / 's.db'}",
+        STEPQ_GENERATE_TIMEOUT_S="2",
+        STEPQ_MAX_ATTEMPTS="2",
+        STEPQ_RETRY_BACKOFF_S="0",
+    )
+    assert (
+        run_stepq("synth", "--set", "h", "--problems", "1", "--latency-s", "60", env=env, cwd=tmp_path).returncode == 0
+    )
+    assert run_stepq("annotate", "--set", "h", "--rollouts", "1", env=env, cwd=tmp_path).returncode == 0
+    db = Database(f"sqlite:///{tmp_path / 's.db'}")
+    seen = []
+    for _ in range(2):
+        hung = run_stepq("run", "--set", "h", env=env, cwd=tmp_path, timeout=120)
+        assert hung.returncode == 69, hung.stderr
+        with db.engine.begin() as conn:
+            seen.append(tuple(conn.execute(text("SELECT state, attempts, last_error FROM rollout_work")).one()))
+            # the exited run's dispatcher lock would expire in 30 s; the next run need not wait
+            conn.execute(text("UPDATE locks SET lease_expires_at = 0"))
+    assert [(state, attempts) for state, attempts, _ in seen] == [("pending", 1), ("failed", 2)]
+    assert all("did not return within 2 s" in (error or "") for _, _, error in seen)
+    db.dispose()

@@ -157,16 +157,21 @@ class WorkerRuntime:
     def _deadline_passed(self, what: str, limit: float) -> None:
         held = self.held.now()
         log.error(
-            "%s did not return within %.0f s (STEPQ_GENERATE_TIMEOUT_S): handing back %s, and exiting for the "
-            "supervisor to restart this worker",
+            "%s did not return within %.0f s (STEPQ_GENERATE_TIMEOUT_S): failing %s (an attempt each), and "
+            "exiting for the supervisor to restart this worker",
             what,
             limit,
             ", ".join(f"{len(ids)} {table.name} jobs" for table, ids in held.items()) or "nothing",
         )
+        # A hang counts as an attempt, with its error recorded: a request that always hangs the
+        # engine gives up after the retry policy's limit instead of being retried for ever.
+        hung = GenerationError(f"{what} did not return within {limit:.0f} s (STEPQ_GENERATE_TIMEOUT_S)")
         try:
-            queue.hand_back(self.db, held, self.name)
+            for table, ids in held.items():
+                for job_id in ids:
+                    queue.fail(self.db, table, job_id, self.name, hung, self.retry)
         except Exception as exc:  # their leases, no longer renewed once we are gone, expire
-            log.error("could not hand the work back (%s); its leases will expire", exc)
+            log.error("could not record the hung work (%s); its leases will expire", exc)
         logging.shutdown()
         os._exit(GENERATE_TIMEOUT_EXIT)
 
