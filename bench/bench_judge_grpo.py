@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import re
 import shutil
 import tempfile
 import time
@@ -41,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import emit
+from bench.judge_capacity import lm_train
+from bench.judge_format import ANALYSES, JUDGE_TEMPLATE, judge_answer
 from bench.judge_heldout import (
     at_threshold,
     balanced_accuracy,
@@ -54,80 +55,12 @@ from bench.judge_heldout import (
     write_processbench,
 )
 
-JUDGE_TEMPLATE = "{problem}\n{history}\n>> {chunk}\nVerdict:"
 # steps of different difficulty: an error rate per operation, for each range of numbers
 OP_ERROR_RATES = {
     "default": {"Add": 0.05, "Subtract": 0.15, "Multiply by": 0.35},
     "small": {"Add": 0.05, "Subtract": 0.25},
 }
-EQUATION = re.compile(r"Step \d+: -?\d+ [+*-] \d+ = -?\d+\.")
 RULES = {"abs-q": "abs-q", "rel-ratio": "rel-ratio:gamma=0.8", "rel-effective": "rel-effective:alpha=0.4"}
-
-
-def resolved_analysis(problem: str, steps: int) -> str:
-    """The judge's analysis in the format stage: the problem re-solved, correctly, up to the
-    judged step (the equations a model pretrained on solutions writes anyway), so a verdict can
-    compare the step's value with the value re-derived from the problem.  It carries no verdict."""
-    from stepq.workers.synthetic_policy import SyntheticPolicy, parse_problem
-
-    problem_ = parse_problem(f"Problem: {problem}")
-    correct = SyntheticPolicy(error_rate=0.0, recovery_rate=0.0).solve(problem_, 0)
-    return "\n".join(EQUATION.search(s.text).group(0) for s in correct[:steps])  # type: ignore[union-attr]
-
-
-def judge_answer(row: dict[str, Any], verdict: str, analysis: str) -> str:
-    if analysis == "none":
-        return f" \\boxed{{{verdict}}}"
-    return f" Analysis:\n{resolved_analysis(row['problem'], len(row['history']) + 1)}\n\\boxed{{{verdict}}}"
-
-
-def lm_train(
-    model_dir: Path,
-    examples: Sequence[tuple[str, str]],
-    steps: int,
-    batch: int,
-    lr: float,
-    seed: int,
-    group: int = 1,
-) -> float:
-    """Next-token training on (context, target) pairs, the loss on the target only.  With
-    ``group`` > 1 a batch is made of whole runs of ``group`` consecutive examples (the same
-    prompt with each verdict), so no batch pushes one verdict over the other."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
-    encoded = [
-        (tokenizer.encode(c, add_special_tokens=False), [*tokenizer.encode(t, add_special_tokens=False), 0])
-        for c, t in examples
-    ]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 - s / steps)  # linear to 0
-    model.train()
-    loss_value = float("nan")
-    for _step in range(steps):
-        starts = [group * rng.randrange(len(encoded) // group) for _ in range(batch // group)]
-        part = [encoded[s + k] for s in starts for k in range(group)]
-        width = max(len(c) + len(t) for c, t in part)
-        ids = torch.zeros((batch, width), dtype=torch.long)
-        labels = torch.full((batch, width), -100, dtype=torch.long)
-        mask = torch.zeros((batch, width), dtype=torch.long)
-        for i, (c, t) in enumerate(part):
-            ids[i, : len(c) + len(t)] = torch.tensor(c + t)
-            labels[i, len(c) : len(c) + len(t)] = torch.tensor(t)
-            mask[i, : len(c) + len(t)] = 1
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad()
-        loss_value = float(loss.item())
-    model.save_pretrained(model_dir)
-    return loss_value
 
 
 def base_judge(root: Path, train_rows: Sequence[dict[str, Any]], args: argparse.Namespace, seed: int) -> Path:
@@ -311,7 +244,10 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
     )
     configure_annotation(db, "judge", args.rollouts, rule=RULES[rule_name])
     run_in_process(db, WorkerRuntime(db, WorkerOptions(batch_rollouts=256, name="bench")))
-    snapshot = create_snapshot(db, SnapshotSpec(("judge",), RULES[rule_name], val_fraction=0.2, seed=seed))
+    spec = SnapshotSpec(
+        ("judge",), RULES[rule_name], val_fraction=0.2, seed=seed, until_first_error=args.form == "first-dead"
+    )
+    snapshot = create_snapshot(db, spec)
     template = run_dir / "template.txt"
     template.write_text(JUDGE_TEMPLATE)
     records = snapshot_records(db, snapshot, JudgePrompt(JUDGE_TEMPLATE))
@@ -365,6 +301,8 @@ trainer:
     return {
         "seed": seed,
         "rule": rule_name,
+        "analysis": args.analysis,
+        "form": args.form,
         "train_chunks": len(records[TRAIN]),
         "validation_chunks": len(records[VALIDATION]),
         "heldout_samples": len(samples),
@@ -446,11 +384,18 @@ def main() -> None:
     )
     ap.add_argument(
         "--analysis",
-        choices=["none", "resolve"],
+        choices=ANALYSES,
         default="none",
-        help="none: the verdict alone; resolve: the format stage also teaches an analysis that re-solves the "
-        "problem up to the judged step before the (random) verdict (tried: GRPO did not learn from it, see "
-        "docs/benchmarks/judge_grpo.md).",
+        help="none: the verdict alone; recompute: the format stage also teaches an analysis that redoes the "
+        "judged step's arithmetic before the (random) verdict; resolve: one that re-solves the problem up to the "
+        "judged step (tried: GRPO did not learn from it, see docs/benchmarks/judge_grpo.md).",
+    )
+    ap.add_argument(
+        "--form",
+        choices=["all", "first-dead"],
+        default="all",
+        help="all: every labelled chunk (StepWiser's snapshot); first-dead: each trajectory up to its first dead "
+        "prefix (stepq snapshot create --until-first-error).",
     )
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)

@@ -1,0 +1,312 @@
+"""Capacity first: can a small judge learn to find the first wrong step, and from what?
+
+The fast supervised check beside ``bench_judge_grpo``: the verdict (after its analysis, if
+any) taught by cross-entropy, on the same synthetic sets, the same Monte Carlo labels (the
+real annotation code), the same backbone recipe and the same kind of held-out ProcessBench
+file.  Each cell of the sweep varies one thing that decides learnability:
+
+- ``analysis``: ``none`` (verdict only), ``recompute`` (the judged step's arithmetic redone,
+  then the verdict), ``resolve`` (the problem re-solved up to the step, then the verdict);
+- ``form``: ``all`` labelled chunks (StepWiser's snapshot) or ``first-dead`` (each trajectory
+  only up to its first dead prefix: ``stepq snapshot create --until-first-error``);
+- ``layers``: the backbone's depth (head dimension 64 for vLLM's CPU kernels; width 64);
+- ``problems``: the annotated set's size (one trajectory each);
+- ``m``: rollouts per prefix.
+
+Beside every cell, the same judge taught the synthetic step truth on the same rows: the
+ceiling, what the backbone can learn at all.  Every figure comes with its run time.
+
+    OMP_NUM_THREADS=2 python -m bench.bench_judge_capacity                     # the sweep, seed 0
+    python -m bench.bench_judge_capacity --seeds 0,1,2 --cells recompute/first-dead/2/600/8
+    python -m bench.bench_judge_capacity --quick                               # a smoke run
+    python -m bench.bench_judge_capacity --prepare-only --data DIR ...          # data for bench/judge_gpu.py
+
+docs/benchmarks/judge_grpo.md ("Capacity") holds the figures.  Prints a table and one JSON
+object on its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.judge_capacity import CPU, Device, answer_room, evaluate_capacity, pretrain_backbone, teach_verdict
+from bench.judge_format import ANALYSES, step_truth
+from bench.judge_heldout import random_guess_f1, write_processbench
+
+OP_ERROR_RATES = {"Add": 0.05, "Subtract": 0.25}  # bench_judge_grpo's --numbers small
+FORMS = ("all", "first-dead")
+DEFAULT_CELLS = (
+    "none/all/2/600/8",
+    "none/first-dead/2/600/8",
+    "recompute/all/2/600/8",
+    "recompute/first-dead/2/600/8",
+    "resolve/first-dead/2/600/8",
+    "none/first-dead/4/600/8",
+    "none/first-dead/2/4000/8",
+    "recompute/first-dead/2/4000/8",
+    "recompute/first-dead/2/600/16",
+    "recompute/first-dead/2/600/32",
+)
+
+
+@dataclass(frozen=True)
+class Cell:
+    analysis: str
+    form: str
+    layers: int
+    problems: int
+    m: int
+
+    @classmethod
+    def parse(cls, text: str) -> Cell:
+        try:
+            analysis, form, layers, problems, m = text.strip().split("/")
+            cell = cls(analysis, form, int(layers), int(problems), int(m))
+        except ValueError:
+            raise SystemExit(
+                f"a cell is analysis/form/layers/problems/m, e.g. recompute/first-dead/2/600/8; not {text!r}"
+            ) from None
+        if cell.analysis not in ANALYSES or cell.form not in FORMS:
+            raise SystemExit(f"cell {text!r}: analysis one of {ANALYSES}, form one of {FORMS}")
+        return cell
+
+    @property
+    def name(self) -> str:
+        return f"{self.analysis}/{self.form}/{self.layers}/{self.problems}/{self.m}"
+
+    @property
+    def data_key(self) -> str:
+        return f"p{self.problems}-m{self.m}-{self.form}"
+
+
+def _dump(path: Path, rows: Any) -> None:
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        json.dump(rows, f)
+
+
+def _load(path: Path) -> Any:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return json.load(f)
+
+
+def prepare_labels(out: Path, seed: int, cell: Cell, recovery_rate: float) -> dict[str, Any]:
+    """Annotate a synthetic set through the real task code (SQLite, in process) and write its
+    snapshot's rows, each with its Monte Carlo label and its synthetic truth."""
+    from stepq.migrations import upgrade
+    from stepq.models import Database
+    from stepq.models.snapshots import TRAIN, VALIDATION
+    from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
+    from stepq.trainer.snapshots.export import snapshot_records
+    from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+    from stepq.workers.annotation_config import configure_annotation
+    from stepq.workers.brokerless import run_in_process
+    from stepq.workers.synthetic_set import synth_set
+
+    started = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        url = f"sqlite:///{Path(scratch) / 'stepq.db'}"
+        upgrade(url)
+        db = Database(url)
+        synth_set(
+            db,
+            "judge",
+            problems=cell.problems,
+            seed=seed,
+            error_rate=0.15,
+            recovery_rate=recovery_rate,
+            op_error_rates=OP_ERROR_RATES,
+            numbers="small",
+        )
+        configure_annotation(db, "judge", cell.m, rule="abs-q")
+        run_in_process(db, WorkerRuntime(db, WorkerOptions(batch_rollouts=256, name="bench")))
+        spec = SnapshotSpec(
+            ("judge",), "abs-q", val_fraction=0.2, seed=seed, until_first_error=cell.form == "first-dead"
+        )
+        records = snapshot_records(db, create_snapshot(db, spec))
+        db.engine.dispose()
+    keep = ("problem_id", "problem", "history", "chunk", "label", "chunk_index")
+    parts = {
+        name: [{**{k: r[k] for k in keep}, "truth": step_truth(r)} for r in records[split]]
+        for name, split in (("train", TRAIN), ("validation", VALIDATION))
+    }
+    for name, rows in parts.items():
+        _dump(out / f"{name}.json.gz", rows)
+    return {"annotate_s": round(time.perf_counter() - started, 1), **{n: len(r) for n, r in parts.items()}}
+
+
+def prepare_heldout(out: Path, seed: int, samples: int, recovery_rate: float, exclude: frozenset[str]) -> None:
+    from stepq.workers.synthetic_policy import SyntheticPolicy
+
+    policy = SyntheticPolicy(error_rate=0.15, recovery_rate=recovery_rate, op_error_rates=tuple(OP_ERROR_RATES.items()))
+    out.mkdir(parents=True, exist_ok=True)
+    write_processbench(out / "heldout.json", samples, seed, policy, exclude, "small")
+    write_processbench(out / "tune.json", samples // 2, seed + 1000, policy, exclude, "small")
+
+
+def prepare(data: Path, seeds: list[int], cells: list[Cell], args: argparse.Namespace) -> None:
+    """Every cell's labelled rows, and per seed the held-out and tuning files (problems that
+    none of the seed's sets holds)."""
+    for seed in seeds:
+        seen: set[str] = set()
+        for key in sorted({c.data_key for c in cells}):
+            cell = next(c for c in cells if c.data_key == key)
+            where = data / f"seed{seed}" / key
+            if not (where / "train.json.gz").exists():
+                info = prepare_labels(where, seed, cell, args.recovery_rate)
+                print(f"  seed {seed} {key}: {info}", flush=True)
+            for name in ("train", "validation"):
+                seen.update(r["problem"] for r in _load(where / f"{name}.json.gz"))
+        if not (data / f"seed{seed}" / "heldout.json").exists():
+            prepare_heldout(data / f"seed{seed}", seed, args.heldout, args.recovery_rate, frozenset(seen))
+
+
+def run_cell(
+    data: Path, models: Path, seed: int, cell: Cell, args: argparse.Namespace, device: Device
+) -> dict[str, Any]:
+    where = data / f"seed{seed}"
+    train, val = (_load(where / cell.data_key / f"{n}.json.gz") for n in ("train", "validation"))
+    heldout = json.loads((where / "heldout.json").read_text())
+    tune = json.loads((where / "tune.json").read_text())
+    backbone = models / f"seed{seed}-layers{cell.layers}"
+    pretrain_s = 0.0
+    if not (backbone / "config.json").exists():
+        started = time.perf_counter()
+        loss = pretrain_backbone(
+            backbone, seed, layers=cell.layers, width=args.width, problems=args.pretrain_problems,
+            steps=args.pretrain_steps, numbers="small", batch=args.batch, device=device,
+        )  # fmt: skip
+        pretrain_s = time.perf_counter() - started
+        print(f"  backbone seed {seed}, {cell.layers} layers: loss {loss:.3f}, {pretrain_s:.0f} s", flush=True)
+    max_new = answer_room(train, cell.analysis)
+    result: dict[str, Any] = {
+        "seed": seed, "cell": cell.name, **asdict(cell), "train_rows": len(train), "validation_rows": len(val),
+        "positive_share": sum(r["label"] == "Positive" for r in train) / max(1, len(train)),
+        "label_truth_agreement": sum((r["label"] == "Positive") == r["truth"] for r in train) / max(1, len(train)),
+        "random_guess_f1": random_guess_f1(heldout, seed), "pretrain_s": round(pretrain_s),
+    }  # fmt: skip
+    for target in ("label", "truth"):
+        started = time.perf_counter()
+        judge = models / f"seed{seed}-{cell.name.replace('/', '_')}-{target}"
+        loss = teach_verdict(
+            backbone, judge, train, target=target, analysis=cell.analysis, steps=args.steps,
+            batch=args.batch, lr=args.lr, seed=seed, device=device,
+        )  # fmt: skip
+        train_s = time.perf_counter() - started
+        figures = evaluate_capacity(
+            judge, val, heldout, tune, max_new=max_new, seed=seed, device=device, batch=args.eval_batch
+        )
+        result[target] = {
+            **figures,
+            "loss": loss,
+            "train_s": round(train_s),
+            "eval_s": round(time.perf_counter() - started - train_s),
+        }
+    return result
+
+
+def show(r: dict[str, Any]) -> None:
+    def ci(v: float, lo_hi: Any) -> str:
+        return f"{v:5.1f} [{lo_hi[0]:5.1f}, {lo_hi[1]:5.1f}]"
+
+    print(
+        f"seed {r['seed']} {r['cell']}: {r['train_rows']} rows ({100 * r['positive_share']:.0f}% Positive, "
+        f"labels agree with the truth on {100 * r['label_truth_agreement']:.0f}%), "
+        f"random-guess F1 {r['random_guess_f1']:.1f}"
+    )
+    for target in ("label", "truth"):
+        m = r[target]
+        print(
+            f"  taught {target:<5}: F1 greedy {ci(m['processbench_f1'], m['processbench_f1_ci'])}, thresholded "
+            f"{ci(m['thresholded_f1'], m['thresholded_f1_ci'])}; "
+            f"step acc vs truth {ci(m['step_accuracy'], m['step_accuracy_ci'])}; "
+            f"val bal acc {m['validation_balanced_accuracy']:.1f}; no verdict {m['no_verdict']}; "
+            f"{m['train_s']} s + {m['eval_s']} s",
+            flush=True,
+        )
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument(
+        "--cells", default=",".join(DEFAULT_CELLS), help="analysis/form/layers/problems/m, comma-separated."
+    )
+    ap.add_argument(
+        "--heldout", type=int, default=300, help="Held-out ProcessBench samples (and half as many to tune on)."
+    )
+    ap.add_argument("--recovery-rate", type=float, default=0.05)
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--pretrain-problems", type=int, default=2000)
+    ap.add_argument("--pretrain-steps", type=int, default=3000)
+    ap.add_argument("--steps", type=int, default=3000, help="Cross-entropy steps teaching the verdict.")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--eval-batch", type=int, default=128)
+    ap.add_argument("--data", type=Path, default=None, help="Prepared data (kept, and reused if there).")
+    ap.add_argument("--prepare-only", action="store_true", help="Write the data to --data and stop.")
+    ap.add_argument(
+        "--keep", type=Path, default=None, help="Keep the backbones and judges here (a backbone there is reused)."
+    )
+    ap.add_argument("--out", type=Path, default=None, help="Append each cell's figures here as a JSON line.")
+    ap.add_argument("--quick", action="store_true", help="Tiny sizes: checks the chain runs, measures nothing.")
+    return ap
+
+
+def run(args: argparse.Namespace, device: Device = CPU, benchmark: str = "judge_capacity") -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    if args.quick:
+        args.heldout, args.pretrain_problems, args.pretrain_steps, args.steps = 20, 100, 30, 20
+        if args.cells == ",".join(DEFAULT_CELLS):
+            args.cells = "none/first-dead/1/40/4,recompute/all/1/40/4"
+    seeds = [int(s) for s in args.seeds.split(",")]
+    cells = [Cell.parse(c) for c in args.cells.split(",")]
+    results = []
+    with tempfile.TemporaryDirectory() as scratch:
+        data = args.data or Path(scratch) / "data"
+        prepare(data, seeds, cells, args)  # what is there already is kept
+        if args.prepare_only:
+            return
+        random.seed(0)
+        for seed in seeds:
+            for cell in cells:
+                print(f"== seed {seed}, cell {cell.name}", flush=True)
+                started = time.perf_counter()
+                r = run_cell(data, args.keep or Path(scratch) / "models", seed, cell, args, device)
+                r["cell_s"] = round(time.perf_counter() - started)
+                show(r)
+                results.append(r)
+                if args.out:  # each cell as it ends: a run cut off keeps what it finished
+                    with args.out.open("a") as f:
+                        f.write(json.dumps(r, sort_keys=True) + "\n")
+    # one JSON object on the last line, as bench.common.emit writes it (not imported: it needs a database driver)
+    print(
+        json.dumps(
+            {
+                "benchmark": benchmark,
+                "device": device.name,
+                "bf16": device.bf16,
+                "args": {k: str(v) for k, v in vars(args).items()},
+                "runs": results,
+            },
+            sort_keys=True,
+        )
+    )
+
+
+def main() -> None:
+    run(parser().parse_args())
+
+
+if __name__ == "__main__":
+    main()

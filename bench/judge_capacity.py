@@ -1,0 +1,311 @@
+"""Can the backbone learn the check at all?  The supervised side of the judge benchmarks, on
+PyTorch and transformers alone (no TRL, vLLM or database), so it runs the same on 2 CPU cores
+and on one GPU in bf16 (``bench/judge_gpu.py``).
+
+- ``pretrain_backbone``: a character-level Llama pretrained on correct synthetic solutions;
+- ``teach_verdict``: the verdict (after its analysis, if any) taught by cross-entropy on the
+  answer tokens, the target either the Monte Carlo label or the synthetic step truth (the
+  ceiling: what the backbone can learn from noise-free, unlimited labels);
+- ``evaluate_capacity``: greedy verdicts and P(Positive) scores on a held-out ProcessBench
+  file, the official F1 (greedy, and as a scorer with the threshold chosen on another file),
+  the per-step accuracy against the truth, and balanced accuracy on the snapshot's validation
+  split against its labels; 95% bootstrap intervals over problems.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import shutil
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.judge_format import judge_answer, judge_prompt
+from bench.judge_heldout import balanced_accuracy, bootstrap, grouped, processbench_f1
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where the tensors live; ``bf16``: autocast the matrix work to bfloat16 (CUDA)."""
+
+    name: str = "cpu"
+    bf16: bool = False
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        import torch
+
+        if self.bf16:
+            return torch.autocast(device_type=self.name.split(":")[0], dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+
+CPU = Device()
+
+
+def lm_train(
+    model_dir: Path,
+    examples: Sequence[tuple[str, str]],
+    steps: int,
+    batch: int,
+    lr: float,
+    seed: int,
+    group: int = 1,
+    device: Device = CPU,
+    log_every: int = 0,
+) -> float:
+    """Next-token training on (context, target) pairs, the loss on the target (and the end of
+    text after it) only; AdamW, the rate decaying linearly to 0.  With ``group`` > 1 a batch is
+    made of whole runs of ``group`` consecutive examples (one prompt with each verdict), so no
+    batch pushes one verdict over the other.  Saves the model in place; returns the last loss."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device.name)
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    encoded = [
+        (tokenizer.encode(c, add_special_tokens=False), [*tokenizer.encode(t, add_special_tokens=False), 0])
+        for c, t in examples
+    ]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 - s / steps)
+    model.train()
+    loss_value = float("nan")
+    for _step in range(steps):
+        starts = [group * rng.randrange(len(encoded) // group) for _ in range(batch // group)]
+        part = [encoded[s + k] for s in starts for k in range(group)]
+        width = max(len(c) + len(t) for c, t in part)
+        ids = torch.zeros((len(part), width), dtype=torch.long)
+        labels = torch.full((len(part), width), -100, dtype=torch.long)
+        mask = torch.zeros((len(part), width), dtype=torch.long)
+        for i, (c, t) in enumerate(part):
+            ids[i, : len(c) + len(t)] = torch.tensor(c + t)
+            labels[i, len(c) : len(c) + len(t)] = torch.tensor(t)
+            mask[i, : len(c) + len(t)] = 1
+        with device.autocast():
+            loss = model(
+                input_ids=ids.to(device.name), attention_mask=mask.to(device.name), labels=labels.to(device.name)
+            ).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        if _step == steps - 1 or _step % 100 == 0:
+            loss_value = float(loss.item())
+        if log_every and (_step + 1) % log_every == 0:
+            print(f"    step {_step + 1}/{steps}: loss {loss_value:.3f}", flush=True)
+    model.to("cpu").save_pretrained(model_dir)
+    return loss_value
+
+
+def pretrain_backbone(
+    path: Path,
+    seed: int,
+    *,
+    layers: int,
+    width: int,
+    problems: int,
+    steps: int,
+    numbers: str,
+    batch: int = 16,
+    device: Device = CPU,
+) -> float:
+    """A character-level Llama (head dimension 64) pretrained on correct synthetic solutions,
+    so it computes the steps it will judge.  Returns the last loss."""
+    from stepq.trainer.tiny_model import build_tiny_llama
+    from stepq.workers.seeds import derive_seed
+    from stepq.workers.synthetic_policy import SyntheticPolicy, make_problem
+    from stepq.workers.synthetic_set import NUMBERS
+
+    build_tiny_llama(path, seed=seed, max_positions=1024, hidden_size=width, num_layers=layers)
+    policy = SyntheticPolicy(error_rate=0.0, recovery_rate=0.0)
+    solutions = []
+    for i in range(problems):
+        problem = make_problem(derive_seed("judge-grpo-pretrain", seed, i), numbers=NUMBERS[numbers])
+        solutions.append((problem.question + "\n", "".join(s.text for s in policy.solve(problem, i))))
+    return lm_train(path, solutions, steps, batch, 1e-3, seed, device=device, log_every=1000)
+
+
+def teach_verdict(
+    backbone: Path,
+    out: Path,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    target: str,
+    analysis: str,
+    steps: int,
+    batch: int,
+    lr: float,
+    seed: int,
+    device: Device = CPU,
+) -> float:
+    """The verdict taught by cross-entropy: ``target`` ``label`` (the snapshot's Monte Carlo
+    label) or ``truth`` (the synthetic step truth, the ceiling)."""
+    examples = verdict_examples(rows, target, analysis)
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(backbone, out)
+    return lm_train(out, examples, steps, batch, lr, seed, device=device, log_every=1000)
+
+
+def verdict_examples(rows: Sequence[Mapping[str, Any]], target: str, analysis: str) -> list[tuple[str, str]]:
+    """(prompt, answer) pairs; the answer's verdict is the row's label or its truth."""
+    if target not in ("label", "truth"):
+        raise ValueError(f"target is label or truth, not {target!r}")
+
+    def positive(r: Mapping[str, Any]) -> bool:
+        return bool(r["truth"]) if target == "truth" else r["label"] == "Positive"
+
+    return [
+        (
+            judge_prompt(r["problem"], r["history"], r["chunk"]),
+            judge_answer(r, "Positive" if positive(r) else "Negative", analysis),
+        )
+        for r in rows
+    ]
+
+
+def answer_room(rows: Sequence[Mapping[str, Any]], analysis: str) -> int:
+    """Tokens to let the judge write: the longest answer taught (one character a token, the end
+    of text included) and a margin; an analysis of a longer problem may run longer."""
+    longest = max(len(judge_answer(r, verdict, analysis)) for r in rows for verdict in ("Positive", "Negative"))
+    return longest + 1 + (8 if analysis == "none" else 40)
+
+
+class LocalJudge:
+    """A causal LM asked greedily, in batches, as the benchmark judge is asked: the answer, its
+    verdict, and P(Positive) at the verdict's first character after the judge's own analysis."""
+
+    def __init__(self, model_dir: Path, device: Device = CPU, batch: int = 128) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.tokenizer.padding_side = "left"
+        dtype = torch.bfloat16 if device.bf16 else torch.float32
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device.name).eval()
+        self.device, self.batch = device, batch
+        self.p_id, self.n_id = (self.tokenizer.encode(c, add_special_tokens=False)[0] for c in "PN")
+
+    def _batches(self, texts: Sequence[str]) -> Iterator[list[int]]:
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        for start in range(0, len(order), self.batch):
+            yield order[start : start + self.batch]
+
+    def answers(self, prompts: Sequence[str], max_new: int) -> list[str]:
+        import torch
+
+        out = [""] * len(prompts)
+        for idx in self._batches(prompts):
+            enc = self.tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False)
+            with torch.no_grad():
+                gen = self.model.generate(
+                    **{k: v.to(self.device.name) for k, v in enc.items()},
+                    max_new_tokens=max_new,
+                    do_sample=False,
+                    pad_token_id=0,
+                    eos_token_id=0,
+                )
+            for i, seq in zip(idx, gen[:, enc["input_ids"].shape[1] :].tolist(), strict=True):
+                out[i] = self.tokenizer.decode([t for t in seq if t != 0])
+        return out
+
+    def p_positive(self, prompts: Sequence[str], answers: Sequence[str]) -> list[float]:
+        """P(P) / (P(P) + P(N)) where the verdict's word begins, after the judge's own answer up
+        to ``\\boxed{``; 0.5 for an answer that never opens a box."""
+        import torch
+
+        heads = [
+            p + a[: a.index("\\boxed{") + len("\\boxed{")] if "\\boxed{" in a else None
+            for p, a in zip(prompts, answers, strict=True)
+        ]
+        live = [i for i, h in enumerate(heads) if h is not None]
+        out = [0.5] * len(prompts)
+        texts = [heads[i] for i in live]
+        for idx in self._batches(texts):  # type: ignore[arg-type]
+            enc = self.tokenizer([texts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False)
+            with torch.no_grad():
+                logits = self.model(**{k: v.to(self.device.name) for k, v in enc.items()}).logits[:, -1, :].float()
+            pair = torch.softmax(logits[:, [self.p_id, self.n_id]], dim=-1)[:, 0].tolist()
+            for i, p in zip(idx, pair, strict=True):
+                out[live[i]] = p
+        return out
+
+    def judge(self, items: Sequence[Mapping[str, Any]], max_new: int) -> tuple[list[bool | None], list[float]]:
+        from stepq.trainer.generative_judge.prompt import parse_verdict
+
+        prompts = [judge_prompt(r["problem"], r["history"], r["chunk"]) for r in items]
+        answers = self.answers(prompts, max_new)
+        return [parse_verdict(a) for a in answers], self.p_positive(prompts, answers)
+
+
+def _steps(samples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {"sample": s["id"], "k": k, "problem": s["problem"], "history": s["steps"][:k], "chunk": s["steps"][k]}
+        for s in samples
+        for k in range(len(s["steps"]))
+    ]
+
+
+def _per_sample(items: Sequence[Mapping[str, Any]], values: Sequence[Any]) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for item, v in zip(items, values, strict=True):
+        out.setdefault(item["sample"], []).append(v)
+    return out
+
+
+def evaluate_capacity(
+    model_dir: Path,
+    val_rows: Sequence[Mapping[str, Any]],
+    heldout: Sequence[Mapping[str, Any]],
+    tune: Sequence[Mapping[str, Any]],
+    *,
+    max_new: int,
+    seed: int,
+    device: Device = CPU,
+    batch: int = 128,
+) -> dict[str, Any]:
+    from stepq.trainer.evaluation.processbench import choose_threshold, predictions_at
+
+    judge = LocalJudge(model_dir, device, batch)
+    items, tune_items = _steps(heldout), _steps(tune)
+    verdicts, scores = judge.judge(items, max_new)
+    _, tune_scores = judge.judge(tune_items, max_new)
+    val_verdicts, _ = judge.judge(val_rows, max_new)
+    # greedy: the first step not judged Positive (no verdict is a rejection, as stepq scores it)
+    by_sample = _per_sample(items, verdicts)
+    labels = {s["id"]: s["label"] for s in heldout}
+    greedy = [(labels[sid], next((k for k, v in enumerate(vs) if v is not True), -1)) for sid, vs in by_sample.items()]
+    threshold = choose_threshold(_per_sample(tune_items, tune_scores), {s["id"]: s["label"] for s in tune})
+    at_t = predictions_at(_per_sample(items, scores), threshold)
+    thresholded = [(labels[sid], at_t[sid]) for sid in by_sample]
+    # every step up to the first wrong one, against the truth: what ProcessBench needs right
+    upto = [
+        (it["sample"], it["k"] < labels[it["sample"]] or labels[it["sample"]] == -1, v is True)
+        for it, v in zip(items, verdicts, strict=True)
+        if labels[it["sample"]] == -1 or it["k"] <= labels[it["sample"]]
+    ]
+    val = [(r["problem_id"], r["label"] == "Positive", v) for r, v in zip(val_rows, val_verdicts, strict=True)]
+    step_acc = 100.0 * sum(t == v for _, t, v in upto) / len(upto)
+    return {
+        "processbench_f1": processbench_f1(greedy),
+        "processbench_f1_ci": bootstrap(greedy, processbench_f1, seed),
+        "thresholded_f1": processbench_f1(thresholded),
+        "thresholded_f1_ci": bootstrap(thresholded, processbench_f1, seed),
+        "threshold": threshold,
+        "step_accuracy": step_acc,
+        "step_accuracy_ci": bootstrap(
+            grouped(upto), lambda g: 100.0 * sum(t == v for grp in g for _, t, v in grp) / sum(len(x) for x in g), seed
+        ),
+        "step_balanced_accuracy": balanced_accuracy(upto),
+        "validation_balanced_accuracy": balanced_accuracy(val),
+        "validation_balanced_accuracy_ci": bootstrap(
+            grouped(val), lambda g: balanced_accuracy([r for grp in g for r in grp]), seed
+        ),
+        "no_verdict": sum(v is None for v in verdicts),
+        "steps_judged": len(items),
+    }

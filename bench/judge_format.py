@@ -1,0 +1,76 @@
+"""What the benchmark judges are asked and how they answer: the compact prompt, the analysis
+formats a verdict may follow, and the synthetic truth of a judged step.  Pure functions of text;
+the GRPO benchmark and the supervised capacity check both read them, so both judges answer in
+one format.
+
+Analyses (StepWiser's judge writes "1. Analysis ... 2. Final Judgment", here in miniature):
+
+- ``none``: the verdict alone;
+- ``recompute``: the judged step's own arithmetic, redone (``45 - 7 = 38``), then the verdict,
+  so the verdict compares two numbers the judge has written side by side;
+- ``resolve``: the problem re-solved, correctly, up to the judged step, then the verdict.
+
+The analysis is always the correct computation; it carries no verdict.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+JUDGE_TEMPLATE = "{problem}\n{history}\n>> {chunk}\nVerdict:"
+ANALYSES = ("none", "recompute", "resolve")
+EQUATION = re.compile(r"Step \d+: (-?\d+) ([+*-]) (\d+) = (-?\d+)\.")
+_APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+def judge_prompt(problem: str, history: Sequence[str], chunk: str) -> str:
+    """The benchmark's prompt, rendered as ``stepq``'s ``JudgePrompt`` renders a template."""
+    from stepq.trainer.generative_judge.prompt import JudgePrompt
+
+    return JudgePrompt(JUDGE_TEMPLATE).render(problem, history, chunk)
+
+
+def recomputed_analysis(chunk: str) -> str:
+    """The judged step's operation computed right, from the operands the step itself shows."""
+    m = EQUATION.search(chunk)
+    if not m:
+        return ""
+    a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
+    return f"{a} {op} {b} = {_APPLY[op](a, b)}"
+
+
+def resolved_analysis(problem: str, steps: int) -> str:
+    """The problem re-solved, correctly, up to the judged step (the equations a model
+    pretrained on solutions writes anyway)."""
+    from stepq.workers.synthetic_policy import SyntheticPolicy, parse_problem
+
+    problem_ = parse_problem(f"Problem: {problem}")
+    correct = SyntheticPolicy(error_rate=0.0, recovery_rate=0.0).solve(problem_, 0)
+    return "\n".join(EQUATION.search(s.text).group(0) for s in correct[:steps])  # type: ignore[union-attr]
+
+
+def analysis_text(row: Mapping[str, Any], analysis: str) -> str:
+    if analysis == "recompute":
+        return recomputed_analysis(row["chunk"])
+    if analysis == "resolve":
+        return resolved_analysis(row["problem"], len(row["history"]) + 1)
+    raise ValueError(f"unknown analysis {analysis!r}; one of {ANALYSES}")
+
+
+def judge_answer(row: Mapping[str, Any], verdict: str, analysis: str) -> str:
+    """The whole answer the format stage (and the supervised check) teaches for ``row``."""
+    if analysis == "none":
+        return f" \\boxed{{{verdict}}}"
+    return f" Analysis:\n{analysis_text(row, analysis)}\n\\boxed{{{verdict}}}"
+
+
+def step_truth(row: Mapping[str, Any]) -> bool:
+    """Whether the judged step and every step before it are right (the synthetic truth)."""
+    from stepq.workers.synthetic_policy import step_is_right
+
+    right = step_is_right(row["problem"], row["history"], row["chunk"])
+    if right is None:
+        raise ValueError("not a synthetic step: no truth to compare with")
+    return right

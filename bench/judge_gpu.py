@@ -1,0 +1,49 @@
+"""The capacity check on one GPU: the judge benchmark's supervised training on CUDA in bf16,
+with a deeper, wider backbone and more data than 2 CPU cores allow, reporting the figures
+``bench_judge_capacity`` reports.
+
+It needs PyTorch, transformers and SQLAlchemy (stepq's ProcessBench scorer imports the error
+tree), nothing else: no TRL, vLLM, database or model weights (it builds the backbone).  The
+labelled rows come from stepq's real annotation code, run where stepq is installed, and travel
+as files:
+
+    # here (stepq installed), once: the sets annotated, snapshotted and written to gpu-data/
+    python -m bench.bench_judge_capacity --prepare-only --data gpu-data --seeds 0 \\
+        --cells none/first-dead/6/16000/8,none/all/6/16000/8,recompute/first-dead/6/16000/8
+    # on the GPU machine (SQLAlchemy carried as a wheel if it is missing), about 8 minutes on an H100:
+    python -m bench.judge_gpu --data gpu-data --seeds 0 \\
+        --cells none/first-dead/6/16000/8,none/all/6/16000/8,recompute/first-dead/6/16000/8
+    # the same code at tiny size on CPU (what the test runs):
+    python -m bench.judge_gpu --device cpu --quick
+
+docs/benchmarks/judge_grpo.md ("Capacity") holds the figures and the card they ran on.
+"""
+
+from __future__ import annotations
+
+from bench.bench_judge_capacity import parser, run
+from bench.judge_capacity import Device
+
+GPU_DEFAULTS = {"width": 256, "batch": 64, "eval_batch": 512, "steps": 4000, "pretrain_steps": 4000, "lr": 5e-4}
+
+
+def main() -> None:
+    ap = parser()
+    ap.description = __doc__.splitlines()[0]
+    ap.add_argument("--device", default="cuda", help="cuda (bf16 autocast) or cpu (float32, for a check).")
+    ap.set_defaults(**GPU_DEFAULTS)
+    args = ap.parse_args()
+    device = Device(args.device, bf16=args.device.startswith("cuda"))
+    if device.bf16:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("no CUDA device: run with --device cpu for a check on CPU")
+        print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    if args.quick:
+        args.width, args.batch, args.eval_batch = 64, 16, 64
+    run(args, device, benchmark="judge_gpu")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""The judge benchmark's supervised capacity check and its GPU script (run here on CPU at tiny
+size): the answer formats, which target a verdict is taught, and the whole chain end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.bench_judge_capacity import Cell
+from bench.judge_capacity import answer_room, verdict_examples
+from bench.judge_format import judge_answer, recomputed_analysis, resolved_analysis, step_truth
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBLEM = "Start with 45. Subtract 7. Add 3. What is the result?"
+RIGHT = "Step 1: 45 - 7 = 38.\n\n"
+WRONG = "Step 1: 45 - 7 = 37.\n\n"  # off by one: the first error
+
+
+@pytest.mark.unit
+def test_recompute_redoes_the_steps_own_arithmetic() -> None:
+    assert recomputed_analysis(WRONG) == "45 - 7 = 38"
+    assert recomputed_analysis("Step 2: 37 + 3 = 40.") == "37 + 3 = 40"  # after an error: its own operands
+    assert recomputed_analysis("no step here") == ""
+
+
+@pytest.mark.unit
+def test_resolve_re_solves_up_to_the_judged_step() -> None:
+    assert resolved_analysis(PROBLEM, 2) == "Step 1: 45 - 7 = 38.\nStep 2: 38 + 3 = 41."
+
+
+@pytest.mark.unit
+def test_truth_is_the_prefix_truth() -> None:
+    assert step_truth({"problem": PROBLEM, "history": [], "chunk": RIGHT}) is True
+    assert step_truth({"problem": PROBLEM, "history": [], "chunk": WRONG}) is False
+    # locally right arithmetic after a wrong step is still wrong (the running value is)
+    assert step_truth({"problem": PROBLEM, "history": [WRONG], "chunk": "Step 2: 37 + 3 = 40."}) is False
+
+
+@pytest.mark.unit
+def test_the_verdict_is_taught_from_the_target_asked_for() -> None:
+    # a wrong step that rollouts still finished: labelled Positive, truly wrong
+    row = {"problem": PROBLEM, "history": [], "chunk": WRONG, "label": "Positive", "truth": False}
+    (_, by_label), (_, by_truth) = (verdict_examples([row], t, "recompute")[0] for t in ("label", "truth"))
+    assert by_label == " Analysis:\n45 - 7 = 38\n\\boxed{Positive}"
+    assert by_truth == " Analysis:\n45 - 7 = 38\n\\boxed{Negative}"
+    assert judge_answer(row, "Negative", "none") == " \\boxed{Negative}"
+    prompt, _ = verdict_examples([row], "label", "none")[0]
+    assert prompt.endswith(">> Step 1: 45 - 7 = 37.\nVerdict:")
+    with pytest.raises(ValueError):
+        verdict_examples([row], "labels", "none")
+
+
+@pytest.mark.unit
+def test_the_judge_has_room_for_the_whole_answer() -> None:
+    """A verdict cut short is no verdict: the first GPU run asked for 16 tokens and every
+    17-character \\boxed{...} answer came back without one."""
+    row = {"problem": PROBLEM, "history": [RIGHT], "chunk": "Step 2: 38 + 3 = 41."}
+    for analysis in ("none", "recompute", "resolve"):
+        longest = max(len(judge_answer(row, v, analysis)) for v in ("Positive", "Negative"))
+        assert answer_room([row], analysis) > longest  # the end of text too
+
+
+@pytest.mark.unit
+def test_cells_parse_and_refuse_garbage() -> None:
+    assert Cell.parse("recompute/first-dead/4/600/16") == Cell("recompute", "first-dead", 4, 600, 16)
+    for bad in ("recompute/first-dead/4/600", "think/all/2/600/8", "none/some/2/600/8"):
+        with pytest.raises(SystemExit):
+            Cell.parse(bad)
+
+
+@pytest.mark.slow
+def test_the_gpu_script_runs_at_tiny_size_on_cpu(tmp_path: Path) -> None:
+    """The script prepared for a GPU, on CPU: real annotation, a backbone built and pretrained,
+    both targets taught, every figure reported; the data kept for a second run reused."""
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "bench.judge_gpu", "--device", "cpu", "--quick", "--data", str(tmp_path / "d")]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["benchmark"] == "judge_gpu" and result["device"] == "cpu"
+    assert {r["cell"] for r in result["runs"]} == {"none/first-dead/1/40/4", "recompute/all/1/40/4"}
+    for run in result["runs"]:
+        assert run["train_rows"] > 0 and 0.5 < run["label_truth_agreement"] <= 1.0
+        for target in ("label", "truth"):
+            figures = run[target]
+            assert figures["steps_judged"] > 0
+            assert 0.0 <= figures["processbench_f1"] <= 100.0
+            lo, hi = figures["thresholded_f1_ci"]
+            assert lo <= figures["thresholded_f1"] <= hi
+    first_dead = (tmp_path / "d" / "seed0" / "p40-m4-first-dead" / "train.json.gz").stat().st_mtime
+    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (tmp_path / "d" / "seed0" / "p40-m4-first-dead" / "train.json.gz").stat().st_mtime == first_dead
+
+
+@pytest.mark.unit
+def test_the_gpu_script_says_when_there_is_no_gpu() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.judge_gpu", "--quick"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode != 0 and "--device cpu" in done.stderr
