@@ -18,7 +18,7 @@ from stepq.models.fleet_queries import progress
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.rollouts import ChunkLabel, QValue, Rollout
 from stepq.models.sql import insert_ignore
-from stepq.models.trajectories import Chunk, Trajectory
+from stepq.models.trajectories import GIVEN_STEPS, Chunk, Trajectory
 from stepq.models.wakeup import announce
 from stepq.models.work import RolloutWork
 
@@ -279,6 +279,33 @@ def unannotated_trajectories(session: Session, set_id: int) -> tuple[list[tuple[
     todo = [(int(t), str(x)) for t, x in session.execute(in_set.where(~has_rollouts).order_by(Trajectory.id))]
     annotated = session.scalar(select(func.count()).select_from(in_set.where(has_rollouts).subquery()))
     return todo, int(annotated or 0)
+
+
+def given_chunks(session: Session, trajectory_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+    """The trajectories among ``trajectory_ids`` whose chunks a re-cut would lose: steps given
+    by the data (ingested as such) or chunks carrying per-step truth; each with its chunks, its
+    problem's external id and its segmentation, as they are now."""
+    given = select(Trajectory.id).where(
+        Trajectory.id.in_(trajectory_ids),
+        or_(
+            Trajectory.segmentation == GIVEN_STEPS,
+            select(Chunk.id).where(Chunk.trajectory_id == Trajectory.id, Chunk.ground_truth.is_not(None)).exists(),
+        ),
+    )
+    rows = session.execute(
+        select(Trajectory.id, Trajectory.segmentation, Problem.external_id, Chunk.idx, Chunk.text, Chunk.ground_truth)
+        .join(Problem, Problem.id == Trajectory.problem_id)
+        .join(Chunk, Chunk.trajectory_id == Trajectory.id)
+        .where(Trajectory.id.in_(given))
+        .order_by(Trajectory.id, Chunk.idx)
+    )
+    out: dict[int, dict[str, Any]] = {}
+    for tid, method, external_id, idx, text, truth in rows:
+        entry = out.setdefault(
+            int(tid), {"trajectory_id": int(tid), "external_id": external_id, "segmentation": method, "chunks": []}
+        )
+        entry["chunks"].append({"idx": int(idx), "text": text, "ground_truth": truth})
+    return out
 
 
 def replace_chunks(session: Session, trajectory_id: int, chunks: Sequence[str], method: str) -> bool:

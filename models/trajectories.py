@@ -43,6 +43,11 @@ class Trajectory(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
+GIVEN_STEPS = "given-steps"
+"""A trajectory's segmentation when its steps came with the data (an ingested ProcessBench or
+PRM800K file): the steps are the data, so nothing re-cuts them without being told."""
+
+
 class Chunk(Base):
     """Step ``idx`` (1-based) of a trajectory; joined in order the chunks give ``text``.
 

@@ -115,7 +115,7 @@ def test_counters_follow_every_write(pg: Database, tmp_path: Path) -> None:
     run_in_process(pg, rt)
     _assert_counters_match_the_tables(pg)
     synth_set(pg, "a", problems=15, seed=1)  # three more problems, unannotated yet
-    resegment_set(pg, "a", "blank-lines")
+    resegment_set(pg, "a", "blank-lines", export_old=tmp_path / "old.jsonl")
     with pg.session() as s:
         queries.delete_trajectories_of(s, queries.existing_problem_ids(s, queries.get_set(s, "b").id, ["0"]).values())
     _assert_counters_match_the_tables(pg)

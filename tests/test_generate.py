@@ -172,7 +172,7 @@ def test_templates() -> None:
         load_template(None, Path("/nonexistent/template.txt"))
 
 
-def test_resegment_touches_only_trajectories_without_rollouts(sqlite: Database) -> None:
+def test_resegment_touches_only_trajectories_without_rollouts(sqlite: Database, tmp_path: Path) -> None:
     from stepq.workers.annotate import WorkerOptions, WorkerRuntime, run_work_item
     from stepq.workers.policy_sampling import resegment_set
     from stepq.workers.synthetic_set import synth_set
@@ -194,8 +194,9 @@ def test_resegment_touches_only_trajectories_without_rollouts(sqlite: Database) 
             .returning(RolloutWork.__table__.c.id)
         ).scalar_one()
     assert run_work_item(WorkerRuntime(sqlite, WorkerOptions(name="t")), work_id).status == "done"
-    report = resegment_set(sqlite, "r", "llm", segmenter=StandInSegmenter())
-    assert (report.resegmented, report.skipped_annotated) == (5, 1)
+    # synthetic chunks carry their truth: re-cut only with the old chunks written out first
+    report = resegment_set(sqlite, "r", "llm", segmenter=StandInSegmenter(), export_old=tmp_path / "old.jsonl")
+    assert (report.resegmented, report.skipped_annotated, report.exported) == (5, 1, 5)
     assert report.segmentation == {"llm": 5}
     with sqlite.session() as s:
         for t in s.scalars(select(Trajectory)):
@@ -204,7 +205,7 @@ def test_resegment_touches_only_trajectories_without_rollouts(sqlite: Database) 
             assert t.segmentation == ("step-markers" if t.id == first else "llm")
 
 
-def test_resegment_leaves_a_trajectory_annotated_without_rollouts(sqlite: Database) -> None:
+def test_resegment_leaves_a_trajectory_annotated_without_rollouts(sqlite: Database, tmp_path: Path) -> None:
     """The adaptive budget labels a right trajectory from its own outcome, with no rollout:
     it is annotated all the same, and its chunks and labels must stay."""
     from stepq.workers.annotate import WorkerOptions, WorkerRuntime
@@ -225,7 +226,7 @@ def test_resegment_leaves_a_trajectory_annotated_without_rollouts(sqlite: Databa
         ).scalar_one()
         labels_before = conn.execute(text("SELECT count(*) FROM chunk_labels")).scalar_one()
     assert bare >= 1, "some right trajectory was finished with zero rollouts"
-    report = resegment_set(sqlite, "a", "llm", segmenter=StandInSegmenter())
+    report = resegment_set(sqlite, "a", "llm", segmenter=StandInSegmenter(), export_old=tmp_path / "old.jsonl")
     assert (report.resegmented, report.skipped_annotated) == (0, 12)
     with sqlite.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM chunk_labels")).scalar_one() == labels_before

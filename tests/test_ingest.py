@@ -90,6 +90,51 @@ def test_processbench_steps_become_chunks_as_given(any_db: Database) -> None:
         configure_annotation(any_db, "pb", 8)
 
 
+def test_segment_refuses_given_steps_unless_they_are_exported_first(any_db: Database, tmp_path: Path) -> None:
+    """A ProcessBench set's steps are the data: re-cutting them dropped 57 given steps and every
+    per-step truth label without a word.  Refused; with --export-old the old chunks and their
+    truth are written out first, and only then re-cut."""
+    from stepq.models.errors import ConfigError
+    from stepq.workers.policy_sampling import resegment_set
+
+    fields = FieldMap(answer=None, steps="steps", outcome="final_answer_correct", first_error="label")
+    raw = {r["id"]: r for r in json.loads(PROCESSBENCH.read_text())}
+    ingest_file(any_db, PROCESSBENCH, "pb", fields)
+
+    def chunks() -> dict[str, list[tuple[str, bool | None]]]:
+        with any_db.session() as s:
+            rows = s.execute(
+                select(Problem.external_id, Chunk.text, Chunk.ground_truth)
+                .join(Trajectory, Trajectory.problem_id == Problem.id)
+                .join(Chunk, Chunk.trajectory_id == Trajectory.id)
+                .order_by(Chunk.trajectory_id, Chunk.idx)
+            )
+            out: dict[str, list[tuple[str, bool | None]]] = {}
+            for ext, text_, truth in rows:
+                out.setdefault(ext, []).append((text_, truth))
+            return out
+
+    before = chunks()
+    with pytest.raises(ConfigError, match="12 trajectories hold steps given with the data"):
+        resegment_set(any_db, "pb", "blank-lines")
+    assert chunks() == before  # nothing was touched
+    old = tmp_path / "old.jsonl"
+    report = resegment_set(any_db, "pb", "blank-lines", export_old=old)
+    assert (report.exported, report.resegmented) == (12, 12)
+    exported = {e["external_id"]: e for e in map(json.loads, old.read_text().splitlines())}
+    assert set(exported) == set(raw)
+    for ext, entry in exported.items():
+        assert entry["segmentation"] == "given-steps" and entry["set"] == "pb"
+        assert [(c["text"], c["ground_truth"]) for c in entry["chunks"]] == before[ext]
+        label = raw[ext]["label"]
+        assert [c["ground_truth"] for c in entry["chunks"]] == [
+            label == -1 or i < label for i in range(len(entry["chunks"]))
+        ]
+    assert all(truth is None for cs in chunks().values() for _, truth in cs)  # the new cut has no truth
+    with pytest.raises(ConfigError, match="never overwrites"):
+        resegment_set(any_db, "pb", "blank-lines", export_old=old)
+
+
 def test_the_same_steps_from_another_file_are_the_same_trajectory(any_db: Database, tmp_path: Path) -> None:
     """A renamed or merged copy of a file adds no second trajectory (no rollouts paid twice);
     other steps for the same problem are another trajectory."""

@@ -19,6 +19,7 @@ from typing import Any
 from stepq.models import Database, queries
 from stepq.models.errors import InputError
 from stepq.models.problems import Problem
+from stepq.models.trajectories import GIVEN_STEPS
 from stepq.workers.grading import Grader, extract_boxed
 from stepq.workers.segmentation import join_steps
 
@@ -357,7 +358,7 @@ def ingest_file(
                     "final_answer": final,
                     "outcome": outcome,
                     "n_chunks": len(chunks),
-                    "segmentation": "given-steps",
+                    "segmentation": GIVEN_STEPS,
                     "generator": "ingested",
                     "seed": None,
                 },

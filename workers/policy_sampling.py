@@ -8,10 +8,13 @@ all right nor all wrong: the others are marked ``excluded`` and never annotated.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from stepq.models import Database, queries
+from stepq.models.errors import ConfigError
 from stepq.workers.annotation_config import require_synthetic_problems
 from stepq.workers.backends import GenerationBackend, GenerationRequest, SamplingParams, generator_id
 from stepq.workers.grading import Grader, extract_boxed
@@ -143,6 +146,8 @@ class ResegmentReport:
     skipped_annotated: int
     """Left alone: planned for annotation or annotated (work items, rollouts or labels)."""
     segmentation: dict[str, int]
+    exported: int = 0
+    """Trajectories whose given steps (or per-step truth) were written to ``export_old`` first."""
 
 
 def resegment_set(
@@ -152,6 +157,7 @@ def resegment_set(
     *,
     segmenter: GenerationBackend | None = None,
     batch: int = 32,
+    export_old: Path | None = None,
 ) -> ResegmentReport:
     """Segment a set's trajectories again (e.g. with a model) before they are annotated.
 
@@ -160,9 +166,27 @@ def resegment_set(
     so re-cutting an annotated trajectory would orphan them.  A trajectory that the adaptive
     budget finished without a single rollout is annotated too (its labels stand on its own
     outcome): having a work item, not having rollouts, is what counts.
+
+    Steps that came with the data (ProcessBench, PRM800K) or chunks that carry per-step truth
+    are the data: re-cutting them drops the truth.  Such a set is refused unless
+    ``export_old`` names a new file, to which the old chunks and their truth are written
+    (JSON lines, one trajectory each) before anything is replaced.
     """
     with db.session() as s:
         todo, skipped = queries.unannotated_trajectories(s, queries.get_set(s, set_name).id)
+        given = queries.given_chunks(s, [tid for tid, _ in todo])
+    if given and export_old is None:
+        raise ConfigError(
+            f"set '{set_name}': {len(given)} trajectories hold steps given with the data or per-step truth, "
+            "which a new segmentation would drop; pass --export-old FILE to write the old chunks and their "
+            "truth there first"
+        )
+    if export_old is not None and export_old.exists():
+        raise ConfigError(f"{export_old} exists: --export-old writes a new file, it never overwrites one")
+    if given and export_old is not None:
+        with export_old.open("x", encoding="utf-8") as f:
+            for entry in given.values():
+                f.write(json.dumps({"set": set_name, **entry}) + "\n")
     methods: dict[str, int] = {}
     cut = 0
     for start in range(0, len(todo), batch):
@@ -175,4 +199,4 @@ def resegment_set(
                     continue
                 cut += 1
                 methods[seg.method] = methods.get(seg.method, 0) + 1
-    return ResegmentReport(cut, skipped, methods)
+    return ResegmentReport(cut, skipped, methods, len(given))

@@ -262,6 +262,13 @@ def generate(
 @click.option("--model", default=None)
 @click.option("--base-url", default=None)
 @click.option("--backend-option", "backend_options", multiple=True, metavar="KEY=VALUE")
+@click.option(
+    "--export-old",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A set whose steps came with the data (or carry per-step truth) is refused; with this, its old chunks "
+    "and their truth are written to this new file (JSON lines) first, then re-cut.",
+)
 @friendly
 def segment(
     set_name: str,
@@ -270,6 +277,7 @@ def segment(
     model: str | None,
     base_url: str | None,
     backend_options: tuple[str, ...],
+    export_old: Path | None,
 ) -> None:
     """Segment a set's not-yet-annotated trajectories again, e.g. with a model (--method llm)."""
     from stepq.models.errors import ConfigError
@@ -279,7 +287,7 @@ def segment(
         raise ConfigError("--method llm needs --backend (and --model) for the segmenting model")
     segmenter = backend_from_options(backend, model, base_url, backend_options) if backend else None
     try:
-        report = resegment_set(open_db(load_settings()), set_name, method, segmenter=segmenter)
+        report = resegment_set(open_db(load_settings()), set_name, method, segmenter=segmenter, export_old=export_old)
     finally:
         if segmenter is not None:
             segmenter.close()
@@ -288,3 +296,5 @@ def segment(
         f"set '{set_name}': {report.resegmented} trajectories segmented ({methods}); "
         f"{report.skipped_annotated} left alone because they are planned for annotation or annotated"
     )
+    if report.exported:
+        click.echo(f"the old chunks and truth of {report.exported} trajectories with given steps: {export_old}")
