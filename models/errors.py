@@ -80,6 +80,13 @@ class Busy(StepqError):
     exit_code = 75  # EX_TEMPFAIL
 
 
+class Interrupted(StepqError):
+    """An operator stopped the command (Ctrl-C): the work in hand went back to pending, no
+    attempt spent; running the command again resumes."""
+
+    exit_code = 130  # 128 + SIGINT, as shells report it
+
+
 class TrainingBusy(Busy):
     """Another process holds a training run's lease (it is training it now): try later."""
 

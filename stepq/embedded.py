@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Callable
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from stepq.migrations import upgrade
 from stepq.models import Database, jobs, queries
-from stepq.models.errors import Busy, ConfigError, NotFoundError, WorkFailed
+from stepq.models.errors import Busy, ConfigError, Interrupted, NotFoundError, WorkFailed
 from stepq.models.work import ROLLOUT_WORK
 from stepq.settings import Settings
 from stepq.status import collect, render
@@ -19,6 +21,33 @@ from stepq.workers.grading import Grader
 from stepq.workers.synthetic_set import synth_set
 
 DEFAULT_M = 8
+
+
+class WarmStop:
+    """Ctrl-C while a run annotates: the first press asks for a warm stop (the batch in hand
+    finishes, the rest goes back to pending, exit 130); the second stops at once (what is in
+    hand goes back unharmed).  Neither spends an attempt.  A no-op off the main thread."""
+
+    def __init__(self, echo: Callable[[str], None]) -> None:
+        self._echo, self._asked, self._previous = echo, False, None
+
+    def requested(self) -> bool:
+        return self._asked
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        if self._asked:
+            raise KeyboardInterrupt
+        self._asked = True
+        self._echo("stopping after the batch in hand (Ctrl-C again to stop now)")
+
+    def __enter__(self) -> WarmStop:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
 
 
 def keep_settings(
@@ -87,9 +116,13 @@ def run_embedded(
     with db.session() as s:
         total = len(queries.set_trajectory_ids(s, queries.get_set(s, set_name).id))
     runtime = WorkerRuntime(db, settings.worker_options("embedded"), Grader(timeout_s=settings.grade_timeout_s))
-    with Progress(
-        TextColumn("annotating {task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()
-    ) as bar:
+    stop = WarmStop(echo)
+    with (
+        stop,
+        Progress(
+            TextColumn("annotating {task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()
+        ) as bar,
+    ):
         task = bar.add_task(set_name, total=total)
         try:
             outcomes = run_in_process(
@@ -98,9 +131,15 @@ def run_embedded(
                 on_item=lambda _id, _st: bar.advance(task),
                 options=settings.dispatch_options(),
                 items_per_task=settings.items_per_task,
+                stop=stop.requested,
             )
         finally:
             runtime.close()
+    if stop.requested():
+        raise Interrupted(
+            f"stopped: {sum(outcomes.values())} work items settled this run ({outcomes}); the rest of set "
+            f"'{set_name}' is pending, no attempt spent: 'stepq run --set {set_name}' resumes"
+        )
     echo(f"work items: {outcomes}")
     echo(render(collect(db)))
     with db.session() as s:

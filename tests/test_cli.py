@@ -210,3 +210,67 @@ def test_unforeseen_errors_are_one_line_with_exit_70(tmp_path: Path) -> None:
     assert proc.stderr.startswith("stepq: internal error: JSONDecodeError") and "Traceback" not in proc.stderr
     debug = _run(["annotate", "--set", "m", "--rollouts", "2"], tmp_path, {"STEPQ_DEBUG": "1"})
     assert "Traceback" in debug.stderr
+
+
+def _interrupted_run(tmp_path: Path, presses: int) -> tuple[subprocess.CompletedProcess[str], str]:
+    """``stepq run`` on a set big enough to be mid-annotation, Ctrl-C pressed ``presses``
+    times (SIGINT to its whole process group, as a terminal sends it) once rollouts exist."""
+    import os
+    import signal
+    import sys
+    import time
+
+    db = tmp_path / "stepq.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stepq", "run", "--synthetic", "400", "--rollouts", "8"],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a process group of its own, as a terminal's foreground job
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        try:
+            with sqlite3.connect(db) as conn:
+                if conn.execute("SELECT count(*) FROM rollouts").fetchone()[0] > 200:
+                    break
+        except sqlite3.Error:
+            continue
+    for _ in range(presses):
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.05)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), str(db)
+
+
+def _no_attempt_spent(db: str) -> None:
+    with sqlite3.connect(db) as conn:
+        states = dict(conn.execute("SELECT state, count(*) FROM rollout_work GROUP BY state").fetchall())
+        assert set(states) <= {"done", "pending"} and states.get("pending", 0) > 0, states
+        assert (
+            conn.execute("SELECT count(*) FROM rollout_work WHERE state = 'pending' AND attempts > 0").fetchone()[0]
+            == 0
+        ), "an interrupted item spent an attempt"
+        assert conn.execute("SELECT count(*) FROM rollouts WHERE grade_method = 'timeout'").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("presses", [1, 2], ids=["warm", "cold"])
+def test_ctrl_c_stops_a_run_and_spends_no_attempt(tmp_path: Path, presses: int) -> None:
+    """The first Ctrl-C was swallowed (it killed the grading child: an answer in hand was scored
+    as a timeout) and the second failed items with an attempt spent, exit 1.  Now: one press
+    finishes the batch in hand and exits 130 with a one-line summary; two stop at once, 130;
+    neither spends an attempt or grades anything wrong, and the next run resumes to the end."""
+    proc, db = _interrupted_run(tmp_path, presses)
+    assert proc.returncode == 130, (proc.returncode, proc.stderr[-2000:])
+    assert ("stopped:" if presses == 1 else "interrupted:") in proc.stderr
+    assert "Traceback" not in proc.stderr
+    _no_attempt_spent(db)
+    again = _run(["run"], tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    with sqlite3.connect(db) as conn:
+        done, planned = conn.execute("SELECT rollouts_done, rollouts_planned FROM annotation_progress").fetchone()
+        assert conn.execute("SELECT count(*) FROM rollout_work WHERE state != 'done'").fetchone()[0] == 0
+    assert done == planned > 0

@@ -104,7 +104,14 @@ def release_unfinished(
 ) -> None:
     """Whatever escaped a task (a database error, a bug, SystemExit): each job it claimed and
     did not settle fails or retries (an attempt counted, so a deterministic error cannot
-    loop); if even that cannot be written, the lease, no longer renewed, expires."""
+    loop); if even that cannot be written, the lease, no longer renewed, expires.  An
+    operator's stop (Ctrl-C: ``KeyboardInterrupt``) is no failure: the jobs go back unharmed."""
+    if isinstance(exc, KeyboardInterrupt):
+        try:
+            hand_back(db, {table: list(job_ids)}, owner)
+        except Exception as err:
+            log.warning("could not hand back %s jobs %s (%s); their leases will expire", table.name, job_ids, err)
+        return
     for job_id in job_ids:
         try:
             fail(db, table, job_id, owner, exc, policy)

@@ -94,6 +94,10 @@ class VerifyProcess:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
+            # its own process group: a Ctrl-C at the terminal stops the command, which then
+            # closes this child; reaching the child too, it killed it mid-check, and the
+            # answer it was grading was scored as a timeout (reward 0)
+            process_group=0,
         )
         return self._proc
 

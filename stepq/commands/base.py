@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import click
 
 from stepq.models import Database
-from stepq.models.errors import BrokerError, ConfigError, DatabaseError, StepqError, masked
+from stepq.models.errors import BrokerError, ConfigError, DatabaseError, Interrupted, StepqError, masked
 from stepq.settings import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -58,6 +58,9 @@ def friendly(fn: F) -> F:
             sys.exit(err2.exit_code)
         except click.ClickException:
             raise
+        except KeyboardInterrupt:  # a second Ctrl-C (the first is a warm stop where a command has one)
+            click.echo("stepq: interrupted: the work in hand went back to pending, no attempt spent", err=True)
+            sys.exit(Interrupted.exit_code)
         except Exception as exc:
             install = missing_extra(exc) if isinstance(exc, ModuleNotFoundError) else None
             if install is not None:
