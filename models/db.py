@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, text
@@ -24,7 +25,53 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
-def make_engine(url: str, *, pool_size: int = 5, synchronous_commit: bool = True) -> Engine:
+@dataclass(frozen=True)
+class SessionGuards:
+    """Limits every PostgreSQL session of stepq's carries, so one frozen or cut-off process
+    cannot stall the fleet: a process paused while its transaction was open (a frozen VM, a
+    stopped container) held its row locks, and every dispatcher and worker that needed them
+    waited as long as it stayed frozen (hours for a cut-off host, TCP's keepalive default).
+
+    - ``idle_in_transaction_s``: the server ends a session idle inside a transaction this long
+      (its locks go; the process, if it wakes, gets an error and its work is retried);
+    - ``lock_s``: a statement waits this long for a lock, then fails (retried) instead of
+      queueing behind a stuck holder;
+    - ``statement_s``: no statement runs longer;
+    - ``keepalive_idle_s``: TCP keepalives on both ends after this much silence (3 probes 10 s
+      apart), so a host that vanished is noticed in about a minute.
+
+    0 turns a limit off.  Every stepq transaction is short (a claim, a batch of rollouts, a
+    heartbeat), far inside the defaults."""
+
+    idle_in_transaction_s: float = 60.0
+    lock_s: float = 30.0
+    statement_s: float = 600.0
+    keepalive_idle_s: int = 30
+
+    def server_options(self) -> list[str]:
+        def ms(seconds: float) -> int:
+            return int(seconds * 1000)
+
+        options = [
+            f"-c idle_in_transaction_session_timeout={ms(self.idle_in_transaction_s)}",
+            f"-c lock_timeout={ms(self.lock_s)}",
+            f"-c statement_timeout={ms(self.statement_s)}",
+        ]
+        if self.keepalive_idle_s:
+            options += [f"-c tcp_keepalives_idle={self.keepalive_idle_s}", "-c tcp_keepalives_interval=10"]
+            options += ["-c tcp_keepalives_count=3"]
+        return options
+
+    def client_args(self) -> dict[str, Any]:
+        if not self.keepalive_idle_s:
+            return {}
+        idle = self.keepalive_idle_s
+        return {"keepalives": 1, "keepalives_idle": idle, "keepalives_interval": 10, "keepalives_count": 3}
+
+
+def make_engine(
+    url: str, *, pool_size: int = 5, synchronous_commit: bool = True, guards: SessionGuards | None = None
+) -> Engine:
     """Build an engine with the settings each dialect needs for many short transactions.
 
     ``synchronous_commit=False`` (PostgreSQL) lets a commit return before its WAL is on
@@ -36,16 +83,20 @@ def make_engine(url: str, *, pool_size: int = 5, synchronous_commit: bool = True
         engine = create_engine(url, connect_args={"timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    args = {} if synchronous_commit else {"options": "-c synchronous_commit=off"}
+    guards = guards or SessionGuards()
+    options = guards.server_options() + ([] if synchronous_commit else ["-c synchronous_commit=off"])
+    args = {"options": " ".join(options), **guards.client_args()}
     return create_engine(url, pool_size=pool_size, pool_pre_ping=True, max_overflow=pool_size, connect_args=args)
 
 
 class Database:
     """An engine plus a session factory; one per process, passed down explicitly."""
 
-    def __init__(self, url: str, *, pool_size: int = 5, synchronous_commit: bool = True) -> None:
+    def __init__(
+        self, url: str, *, pool_size: int = 5, synchronous_commit: bool = True, guards: SessionGuards | None = None
+    ) -> None:
         self.url = url
-        self.engine = make_engine(url, pool_size=pool_size, synchronous_commit=synchronous_commit)
+        self.engine = make_engine(url, pool_size=pool_size, synchronous_commit=synchronous_commit, guards=guards)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @property

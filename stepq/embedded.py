@@ -90,7 +90,7 @@ def run_embedded(
     budget: str | None = None,
 ) -> None:
     upgrade(settings.database_url)
-    db = Database(settings.database_url)
+    db = Database(settings.database_url, guards=settings.session_guards())
     with db.session() as s:
         holder = queries.lock_holder(s, "dispatcher")
     if holder is not None:  # before anything is created or planned

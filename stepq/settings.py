@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from stepq.models.db import SessionGuards
 from stepq.models.errors import ConfigError
 from stepq.workers.annotate import WorkerOptions
 from stepq.workers.celery_app import DEFAULT_QUEUE, CeleryOptions
@@ -90,6 +91,16 @@ class Settings:
     trainer_lease_ttl_s: float = 120.0
     """A trainer's claim on a training run (and a trainer service's on its lineage) lasts this
     long without a step; a killed trainer's run is taken over after it."""
+    db_idle_transaction_timeout_s: float = 60.0
+    """PostgreSQL ends a session left idle inside a transaction this long (a frozen process),
+    so its locks cannot stall the fleet; 0: off (see models.db.SessionGuards)."""
+    db_lock_timeout_s: float = 30.0
+    """A PostgreSQL statement waits at most this long for a lock, then fails and is retried; 0: off."""
+    db_statement_timeout_s: float = 600.0
+    """No PostgreSQL statement of stepq's runs longer; 0: off."""
+    db_keepalive_idle_s: int = 30
+    """TCP keepalives to and from PostgreSQL after this much silence, so a vanished host is
+    noticed in about a minute; 0: off."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -161,6 +172,14 @@ class Settings:
             raise ConfigError(f"{PREFIX}GENERATE_TIMEOUT_S must be >= 0 (0: no deadline)")
         if self.visibility_timeout_s <= self.lease_ttl_s:
             raise ConfigError(f"{PREFIX}VISIBILITY_TIMEOUT_S must exceed {PREFIX}LEASE_TTL_S")
+
+    def session_guards(self) -> SessionGuards:
+        return SessionGuards(
+            idle_in_transaction_s=self.db_idle_transaction_timeout_s,
+            lock_s=self.db_lock_timeout_s,
+            statement_s=self.db_statement_timeout_s,
+            keepalive_idle_s=self.db_keepalive_idle_s,
+        )
 
     @property
     def embedded(self) -> bool:

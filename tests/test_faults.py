@@ -272,3 +272,46 @@ def test_flushed_broker_mid_run_is_rescheduled(cluster: Cluster, pg: Database, r
     with pg.engine.connect() as conn:
         republished = conn.execute(text("SELECT count(*) FROM rollout_work WHERE enqueue_count > 1")).scalar_one()
     assert republished >= 1
+
+
+FREEZE_MID_TRANSACTION = """
+import os, signal, sys
+from sqlalchemy import text
+from stepq.models import Database
+from stepq.settings import Settings
+
+settings = Settings.from_env()
+db = Database(settings.database_url, guards=settings.session_guards())
+with db.session() as s:  # what a worker holds inside a claim: the set's row and its work rows
+    s.execute(text("SELECT id FROM problem_sets WHERE name = :n FOR UPDATE"), {"n": sys.argv[1]})
+    s.execute(
+        text("UPDATE rollout_work SET attempts = attempts WHERE problem_set_id = "
+             "(SELECT id FROM problem_sets WHERE name = :n)"),
+        {"n": sys.argv[1]},
+    )
+    print("locked", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)  # a paused VM: the transaction stays open
+"""
+
+
+def test_a_frozen_transaction_does_not_stall_the_fleet(cluster: Cluster, pg: Database) -> None:
+    """A process frozen with its transaction open held its row locks for as long as it stayed
+    frozen, and every dispatcher and worker that needed them waited with it.  The server now
+    ends a session idle inside a transaction (``STEPQ_DB_IDLE_TRANSACTION_TIMEOUT_S``, here
+    5 s for the frozen one), its locks go, and the rest of the fleet finishes the set exactly."""
+    cluster.cli("synth", "--set", "fz", "--problems", "30", "--seed", "4", "--latency-s", "0.004")
+    cluster.cli("annotate", "--set", "fz", "--rollouts", "8")  # its work rows exist now
+    env = {**cluster.env, "STEPQ_DB_IDLE_TRANSACTION_TIMEOUT_S": "5"}
+    frozen = subprocess.Popen(
+        [sys.executable, "-c", FREEZE_MID_TRANSACTION, "fz"], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert frozen.stdout is not None and frozen.stdout.readline().strip() == "locked"
+        cluster.start_worker("healthy")
+        start_dispatcher(cluster)
+        wait_for(lambda: all_work_done(pg), 180, "the fleet to finish beside a frozen transaction")
+        assert frozen.poll() is None, "still frozen: the fleet finished without it"
+        assert_exact(pg, "fz", 8)
+    finally:
+        frozen.kill()
+        frozen.wait(timeout=10)

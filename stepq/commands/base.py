@@ -87,7 +87,7 @@ def open_db(settings: Settings, *, migrate: bool = False) -> Database:
         from stepq.migrations import upgrade
 
         upgrade(settings.database_url)
-    db = Database(settings.database_url)
+    db = Database(settings.database_url, guards=settings.session_guards())
     db.check()
     return db
 

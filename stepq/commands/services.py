@@ -112,7 +112,12 @@ def worker(
         # the engine stays warm for every task that process runs.
         # A connection for each thread that runs tasks, the write-behind thread and the heartbeat.
         threads = (concurrency if pool == "threads" else 1) + 2
-        database = Database(settings.database_url, pool_size=threads, synchronous_commit=settings.synchronous_commit)
+        database = Database(
+            settings.database_url,
+            pool_size=threads,
+            synchronous_commit=settings.synchronous_commit,
+            guards=settings.session_guards(),
+        )
         return WorkerRuntime(
             database,
             settings.worker_options(name, queue_worker=True),
