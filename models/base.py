@@ -20,6 +20,21 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
+_clock = {"offset_s": 0.0}
+
+
 def epoch() -> float:
-    """Wall-clock seconds; leases are epoch floats so both dialects compare them alike."""
-    return time.time()
+    """The database server's clock, in epoch seconds: this host's clock corrected by the
+    offset last measured against the server (``set_clock_offset``, on every new PostgreSQL
+    connection).  Every lease, deadline and timestamp stepq stores or compares is taken from
+    it, so a host whose clock is minutes off neither lets its own leases lapse at once nor
+    holds others' past their time.  Floats, so both dialects compare them alike."""
+    return time.time() + _clock["offset_s"]
+
+
+def set_clock_offset(seconds: float) -> None:
+    _clock["offset_s"] = seconds
+
+
+def clock_offset() -> float:
+    return _clock["offset_s"]

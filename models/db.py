@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -11,7 +13,10 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from stepq.models.base import clock_offset, set_clock_offset
 from stepq.models.errors import DatabaseError, masked
+
+log = logging.getLogger(__name__)
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -69,6 +74,28 @@ class SessionGuards:
         return {"keepalives": 1, "keepalives_idle": idle, "keepalives_interval": 10, "keepalives_count": 3}
 
 
+CLOCK_WARNING_S = 5.0
+
+
+def _measure_clock(dbapi_conn: Any, _record: Any) -> None:
+    """The server's clock against this host's, halfway through the round trip."""
+    cur = dbapi_conn.cursor()
+    try:
+        sent = time.time()
+        cur.execute("SELECT extract(epoch FROM clock_timestamp())")
+        server = float(cur.fetchone()[0])
+        offset = server - (sent + time.time()) / 2
+    finally:
+        cur.close()
+    if abs(offset) > CLOCK_WARNING_S and abs(offset - clock_offset()) > 1.0:
+        log.warning(
+            "this host's clock is %.0f s %s the database's; stepq keeps time by the database's",
+            abs(offset),
+            "behind" if offset > 0 else "ahead of",
+        )
+    set_clock_offset(offset)
+
+
 def make_engine(
     url: str, *, pool_size: int = 5, synchronous_commit: bool = True, guards: SessionGuards | None = None
 ) -> Engine:
@@ -86,7 +113,11 @@ def make_engine(
     guards = guards or SessionGuards()
     options = guards.server_options() + ([] if synchronous_commit else ["-c synchronous_commit=off"])
     args = {"options": " ".join(options), **guards.client_args()}
-    return create_engine(url, pool_size=pool_size, pool_pre_ping=True, max_overflow=pool_size, connect_args=args)
+    engine = create_engine(
+        url, pool_size=pool_size, pool_pre_ping=True, pool_recycle=1800, max_overflow=pool_size, connect_args=args
+    )  # recycled: each new connection measures the clock again
+    event.listen(engine, "connect", _measure_clock)
+    return engine
 
 
 class Database:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -315,3 +316,31 @@ def test_a_frozen_transaction_does_not_stall_the_fleet(cluster: Cluster, pg: Dat
     finally:
         frozen.kill()
         frozen.wait(timeout=10)
+
+
+def test_a_worker_whose_clock_is_behind_keeps_its_leases(cluster: Cluster, pg: Database, tmp_path: Path) -> None:
+    """A worker 310 s behind wrote leases that had expired before they were taken: it stored
+    nothing and items failed for good.  Leases now keep the database's time (the offset to the
+    server's clock, measured on every connection).  The skew is a stand-in for a host's clock:
+    ``time.time`` shifted in the worker process alone (``sitecustomize``)."""
+    site = tmp_path / "skew"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import time\n_host = time.time\ntime.time = lambda: _host() - 310.0\n")
+    cluster.cli("synth", "--set", "sk", "--problems", "30", "--seed", "7", "--latency-s", "0.004")
+    cluster.cli("annotate", "--set", "sk", "--rollouts", "8")
+    path = os.pathsep.join(p for p in (str(site), cluster.env.get("PYTHONPATH", "")) if p)
+    behind = Cluster({**cluster.env, "PYTHONPATH": path}, cluster.logs)
+    try:
+        behind.start_worker("behind")
+        start_dispatcher(cluster)
+        wait_for(lambda: all_work_done(pg), 180, "the skewed worker to finish the set")
+        assert_exact(pg, "sk", 8)
+        with pg.engine.connect() as conn:
+            retried = conn.execute(text("SELECT count(*) FROM rollout_work WHERE attempts > 1")).scalar_one()
+            workers = {w for (w,) in conn.execute(text("SELECT DISTINCT split_part(worker, '@', 1) FROM rollouts"))}
+        assert retried == 0, "no lease of the skewed worker expired under it"
+        assert workers == {"behind"}
+        log = (cluster.logs / "behind.log").read_text(errors="replace")
+        assert "clock is 310 s behind the database's" in log
+    finally:
+        behind.stop()
