@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -29,7 +30,8 @@ class WarmStop:
     hand goes back unharmed).  Neither spends an attempt.  A no-op off the main thread."""
 
     def __init__(self, echo: Callable[[str], None]) -> None:
-        self._echo, self._asked, self._previous = echo, False, None
+        self._echo, self._asked = echo, False
+        self._previous: Any = None
 
     def requested(self) -> bool:
         return self._asked

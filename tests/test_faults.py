@@ -344,3 +344,29 @@ def test_a_worker_whose_clock_is_behind_keeps_its_leases(cluster: Cluster, pg: D
         assert "clock is 310 s behind the database's" in log
     finally:
         behind.stop()
+
+
+def test_after_a_postgres_restart_nothing_waits_for_its_lease(
+    pg: Database, cluster: Cluster, private_pg: PrivatePostgres
+) -> None:
+    """With 300 s leases, items whose task died while PostgreSQL was restarting sat running
+    with no worker on them until their leases expired.  A task that cannot write its release
+    now owes it to the worker's heartbeat, which writes it once the database answers: the set
+    ends well inside one lease."""
+    long_leases = Cluster({**cluster.env, "STEPQ_LEASE_TTL_S": "300", "STEPQ_HEARTBEAT_S": "1"}, cluster.logs)
+    try:
+        long_leases.cli("synth", "--set", "rl", "--problems", "40", "--seed", "3", "--latency-s", "0.004")
+        long_leases.cli("annotate", "--set", "rl", "--rollouts", "8")
+        worker = long_leases.start_worker("w1")
+        dispatcher = start_dispatcher(long_leases)
+        wait_for(lambda: rollout_count(pg) > 200, 120, "the run to be under way")
+        private_pg.restart()
+        pg.engine.dispose()
+        restarted = time.monotonic()
+        wait_for(lambda: all_work_done(pg), 150, "every item done well inside one 300 s lease")
+        assert time.monotonic() - restarted < 150
+        assert dispatcher.poll() is None and worker.poll() is None
+        assert_exact(pg, "rl", 8)
+        assert _running(pg) == 0
+    finally:
+        long_leases.stop()

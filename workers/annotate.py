@@ -384,7 +384,7 @@ def run_work_items(rt: WorkerRuntime, work_ids: list[int]) -> dict[int, WorkOutc
             # whatever escaped (a database error loading the next item, a bug, SystemExit):
             # what this task claimed and did not finish goes back, with the error counted
             unsettled = [w for w in claimed if w not in outcomes]
-            queue.release_unfinished(rt.db, ROLLOUT_WORK, unsettled, rt.name, exc, rt.retry)
+            queue.release_unfinished(rt.db, ROLLOUT_WORK, unsettled, rt.name, exc, rt.retry, rt.held)
             raise
 
 

@@ -49,7 +49,9 @@ class Heartbeat:
         self.beats = 0
 
     def beat(self) -> int:
-        """One beat; returns how many leases it renewed."""
+        """One beat; returns how many leases it renewed.  Releases a task could not write (the
+        database was restarting) are written first."""
+        self.held.settle_owed()
         engine_s, grades = self.totals()
         with self.db.session() as s:
             renewed = self.held.renew(s, self.name, self.lease_ttl_s)

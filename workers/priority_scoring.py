@@ -104,5 +104,5 @@ def _run_scoring(rt: WorkerRuntime, job_id: int) -> str:
     except Exception as exc:  # an attempt counted, retried with backoff unless permanent
         return queue.fail(rt.db, PRIORITY_SCORINGS, job_id, rt.name, exc, rt.retry)
     except BaseException as exc:  # SystemExit, KeyboardInterrupt: released, then on its way
-        queue.release_unfinished(rt.db, PRIORITY_SCORINGS, [job_id], rt.name, exc, rt.retry)
+        queue.release_unfinished(rt.db, PRIORITY_SCORINGS, [job_id], rt.name, exc, rt.retry, rt.held)
         raise

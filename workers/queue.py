@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
@@ -100,23 +101,36 @@ def fail(
 
 
 def release_unfinished(
-    db: Database, table: JobTable, job_ids: Sequence[int], owner: str, exc: BaseException, policy: RetryPolicy
+    db: Database,
+    table: JobTable,
+    job_ids: Sequence[int],
+    owner: str,
+    exc: BaseException,
+    policy: RetryPolicy,
+    held: HeldJobs | None = None,
 ) -> None:
     """Whatever escaped a task (a database error, a bug, SystemExit): each job it claimed and
     did not settle fails or retries (an attempt counted, so a deterministic error cannot
-    loop); if even that cannot be written, the lease, no longer renewed, expires.  An
-    operator's stop (Ctrl-C: ``KeyboardInterrupt``) is no failure: the jobs go back unharmed."""
-    if isinstance(exc, KeyboardInterrupt):
-        try:
-            hand_back(db, {table: list(job_ids)}, owner)
-        except Exception as err:
-            log.warning("could not hand back %s jobs %s (%s); their leases will expire", table.name, job_ids, err)
-        return
+    loop).  An operator's stop (Ctrl-C: ``KeyboardInterrupt``) is no failure: the jobs go back
+    unharmed.  What cannot be written now (the database restarting) is owed to ``held``: the
+    process's heartbeat writes it as soon as the database answers, rather than leaving the jobs
+    running with nobody on them until their leases expire."""
+
+    def settle(job_id: int) -> None:
+        if isinstance(exc, KeyboardInterrupt):
+            hand_back(db, {table: [job_id]}, owner)
+        else:
+            fail(db, table, job_id, owner, exc, policy)
+
     for job_id in job_ids:
         try:
-            fail(db, table, job_id, owner, exc, policy)
+            settle(job_id)
         except Exception as err:
-            log.warning("could not release %s job %s (%s); its lease will expire", table.name, job_id, err)
+            if held is None:
+                log.warning("could not release %s job %s (%s); its lease will expire", table.name, job_id, err)
+            else:
+                log.warning("could not release %s job %s (%s); will once the database answers", table.name, job_id, err)
+                held.owe(partial(settle, job_id))
 
 
 def hand_back(db: Database, held: dict[JobTable, list[int]], owner: str) -> int:
@@ -137,6 +151,7 @@ class HeldJobs:
 
     def __init__(self) -> None:
         self._held: dict[JobTable, Counter[int]] = {}
+        self._owed: list[Callable[[], None]] = []
         self._lock = threading.Lock()
 
     @contextmanager
@@ -166,6 +181,25 @@ class HeldJobs:
     def __len__(self) -> int:
         with self._lock:
             return sum(len(ids) for ids in self._held.values())
+
+    def owe(self, settle: Callable[[], None]) -> None:
+        """A release that could not be written; ``settle_owed`` tries it again."""
+        with self._lock:
+            self._owed.append(settle)
+
+    def settle_owed(self) -> int:
+        """Write the owed releases that can be written now; returns how many were."""
+        with self._lock:
+            owed, self._owed = self._owed, []
+        done = 0
+        for settle in owed:
+            try:
+                settle()
+                done += 1
+            except Exception:
+                with self._lock:
+                    self._owed.append(settle)
+        return done
 
     def renew(self, session: Session, owner: str, ttl: float) -> int:
         """Extend the leases on every job held now; returns how many this process still holds."""

@@ -94,7 +94,7 @@ def _run_search(rt: WorkerRuntime, search_id: int) -> str:
     except Exception as exc:  # an attempt counted, retried with backoff unless permanent
         return queue.fail(rt.db, STEP_SEARCHES, search_id, rt.name, exc, rt.retry)
     except BaseException as exc:  # SystemExit, KeyboardInterrupt: released, then on its way
-        queue.release_unfinished(rt.db, STEP_SEARCHES, [search_id], rt.name, exc, rt.retry)
+        queue.release_unfinished(rt.db, STEP_SEARCHES, [search_id], rt.name, exc, rt.retry, rt.held)
         raise
 
 
