@@ -22,6 +22,7 @@ import redis
 from sqlalchemy import text
 
 from stepq.models import Database
+from stepq.models.errors import BrokerError
 from tests.helpers import (
     Cluster,
     all_work_done,
@@ -279,6 +280,7 @@ FREEZE_MID_TRANSACTION = """
 import os, signal, sys
 from sqlalchemy import text
 from stepq.models import Database
+from stepq.models.errors import BrokerError
 from stepq.settings import Settings
 
 settings = Settings.from_env()
@@ -370,3 +372,47 @@ def test_after_a_postgres_restart_nothing_waits_for_its_lease(
         assert _running(pg) == 0
     finally:
         long_leases.stop()
+
+
+def test_a_publish_that_fails_part_way_sends_no_message_twice(pg: Database, private_redis: PrivateRedis) -> None:
+    """Redis at its memory limit mid-publish: the messages that reached it stay queued and only
+    the rest go back to pending, so once Redis has room every job has exactly one message (853
+    messages for 600 jobs before: the sent ones were put back and published again)."""
+    from stepq.workers.annotation_config import configure_annotation
+    from stepq.workers.celery_app import CeleryOptions, create_app, outlets
+    from stepq.workers.dispatcher import Dispatcher, DispatchOptions
+    from stepq.workers.synthetic_set import synth_set
+
+    synth_set(pg, "full", problems=1000, seed=2)
+    configure_annotation(pg, "full", 4)
+    queue = f"stepq.test.full.{os.getpid()}"
+    app = create_app(CeleryOptions(broker_url=private_redis.url, queue=queue))
+    dispatcher = Dispatcher(
+        pg, outlets(app, 1), options=DispatchOptions(messages_per_worker=None, split_tail=False), name="full"
+    )
+    client = redis.Redis.from_url(private_redis.url)
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + 600_000)  # room for some
+    assert dispatcher.acquire()
+    with pytest.raises(BrokerError, match="jobs published"):
+        dispatcher.cycle()
+
+    def in_broker() -> list[int]:
+        return [
+            i
+            for raw in client.lrange(queue, 0, -1)
+            for i in json.loads(base64.b64decode(json.loads(raw)["body"]))[0][0]
+        ]
+
+    def queued() -> int:
+        with pg.engine.connect() as conn:
+            return conn.execute(text("SELECT count(*) FROM rollout_work WHERE state = 'queued'")).scalar_one()
+
+    sent = in_broker()
+    assert 0 < len(sent) < 1000, "the limit was hit part-way"
+    assert queued() == len(sent) == len(set(sent))
+    client.config_set("maxmemory", 0)
+    dispatcher.cycle()
+    everything = in_broker()
+    assert len(everything) == len(set(everything)) == 1000 == queued()
+    dispatcher.release()

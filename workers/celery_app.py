@@ -25,7 +25,7 @@ from celery import Celery, signals
 
 from stepq.workers import work_kinds
 from stepq.workers.annotate import WorkerRuntime
-from stepq.workers.queue import JobKind, Outlet
+from stepq.workers.queue import JobKind, Outlet, PartlyPublished
 from stepq.workers.work_kinds import KINDS, ROLLOUTS
 
 TASK_NAME = ROLLOUTS.task_name
@@ -138,19 +138,27 @@ def publisher(app: Celery, kind: JobKind = ROLLOUTS, per_message: int = 1) -> Ca
     queue: str = app.stepq_queue  # type: ignore[attr-defined]
 
     def publish(ids: Sequence[int]) -> None:
+        sent: list[int] = []
         with app.producer_or_acquire() as producer:
             _reachable(producer)
             for start in range(0, len(ids), per_message):
-                app.send_task(
-                    kind.task_name,
-                    args=[[int(i) for i in ids[start : start + per_message]]],
-                    queue=queue,
-                    exchange="",
-                    routing_key=queue,
-                    producer=producer,
-                    ignore_result=True,
-                    retry_policy=PUBLISH_RETRY,
-                )
+                part = [int(i) for i in ids[start : start + per_message]]
+                try:
+                    app.send_task(
+                        kind.task_name,
+                        args=[part],
+                        queue=queue,
+                        exchange="",
+                        routing_key=queue,
+                        producer=producer,
+                        ignore_result=True,
+                        retry_policy=PUBLISH_RETRY,
+                    )
+                except Exception as exc:
+                    if sent:
+                        raise PartlyPublished(sent, exc) from exc
+                    raise
+                sent += part
 
     return publish
 

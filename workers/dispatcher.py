@@ -39,7 +39,7 @@ from stepq.models.errors import BrokerError, Busy
 from stepq.workers.broker import JobsInBroker
 from stepq.workers.message_split import SmallMessages, split_messages, tail_threshold
 from stepq.workers.priority_rounds import SCORING_BATCH
-from stepq.workers.queue import Outlet
+from stepq.workers.queue import Outlet, PartlyPublished
 
 log = logging.getLogger("stepq.dispatcher")
 
@@ -174,16 +174,21 @@ class Dispatcher:
             messages = [kept for m in messages if (kept := [i for i in m if i in claimed])]
             if not messages:
                 break
+            sent: list[int] = []
             try:
                 if all(len(m) == per for m in messages[:-1]):
                     outlet.publish([i for m in messages for i in m])  # full messages (the last may be short)
                 else:
                     for m in messages:
                         outlet.publish(m)
+                        sent += m
             except Exception as exc:
-                with self.db.session() as s:
-                    jobs.unmark_queued(s, table, list(claimed))
-                raise BrokerError(f"cannot publish to the broker: {exc}") from exc
+                sent += exc.sent if isinstance(exc, PartlyPublished) else []
+                with self.db.session() as s:  # what reached the broker stays queued: no message twice
+                    jobs.unmark_queued(s, table, sorted(claimed - set(sent)))
+                raise BrokerError(
+                    f"cannot publish to the broker ({len(sent)} of {len(claimed)} jobs published): {exc}"
+                ) from exc
             self._small.add(table.name, messages, per)
             published += len(claimed)
             if len(ids) < limit or sum(map(len, messages)) < len(ids):

@@ -100,6 +100,16 @@ def fail(
     return outcome
 
 
+class PartlyPublished(Exception):
+    """A publish that failed part-way (the broker full or gone mid-batch): ``sent`` are the job
+    ids whose messages did reach the broker, so only the others go back to pending (putting
+    them all back published the sent ones twice)."""
+
+    def __init__(self, sent: Sequence[int], cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.sent = list(sent)
+
+
 def release_unfinished(
     db: Database,
     table: JobTable,
