@@ -232,7 +232,7 @@ def test_resegment_leaves_a_trajectory_annotated_without_rollouts(sqlite: Databa
         assert conn.execute(text("SELECT count(*) FROM chunk_labels")).scalar_one() == labels_before
 
 
-def test_a_set_planned_while_the_segmenter_runs_keeps_its_chunks(any_db: Database) -> None:
+def test_a_set_planned_while_the_segmenter_runs_keeps_its_chunks(any_db: Database, tmp_path: Path) -> None:
     """The eligibility check sits in the transaction that replaces the chunks: a set planned
     for annotation while the (slow) segmenting model ran is left as its work was planned."""
     from stepq.workers.annotation_config import configure_annotation
@@ -248,7 +248,7 @@ def test_a_set_planned_while_the_segmenter_runs_keeps_its_chunks(any_db: Databas
             configure_annotation(any_db, "race", 2)
             return super().generate(requests, params)
 
-    report = resegment_set(any_db, "race", "llm", segmenter=PlansMidway())
+    report = resegment_set(any_db, "race", "llm", segmenter=PlansMidway(), export_old=tmp_path / "old.jsonl")
     assert (report.resegmented, report.skipped_annotated) == (0, 4)
     with any_db.session() as s:
         assert {t.segmentation for t in s.scalars(select(Trajectory))} == {"step-markers"}
