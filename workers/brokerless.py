@@ -56,49 +56,44 @@ def run_in_process(
 
         raise Busy("another dispatcher is running against this database; stop it first")
     try:
-        return _drain(db, runtime, dispatcher, inbox, kinds, on_item, on_kind, stop, outcomes)
-    except BaseException:  # Ctrl-C, or anything else: what was published and not run is pending again
-        with db.session() as s:
-            for kind, ids in inbox:
-                jobs.unmark_queued(s, kind.table, ids)
-        raise
-    finally:
-        dispatcher.release()
-
-
-def _drain(
-    db: Database,
-    runtime: WorkerRuntime,
-    dispatcher: Dispatcher,
-    inbox: deque[tuple[JobKind, list[int]]],
-    kinds: Sequence[JobKind],
-    on_item: Callable[[int, str], None] | None,
-    on_kind: JobKind,
-    stop: Callable[[], bool] | None,
-    outcomes: dict[str, int],
-) -> dict[str, int]:
-    while True:  # each cycle publishes what is pending (retries included); none left: done
-        dispatcher.cycle()
-        if not inbox:
-            with db.session() as s:
-                wakes = [w for kind in kinds if (w := jobs.next_retry_at(s, kind.table)) is not None]
-            if not wakes:
-                break
-            time.sleep(min(max(0.0, min(wakes) - epoch()), 60.0))  # a retry is backing off
-            continue
-        while inbox:
-            if stop is not None and stop():
+        while True:  # each cycle publishes what is pending (retries included); none left: done
+            dispatcher.cycle()
+            if not inbox:
                 with db.session() as s:
-                    for kind, ids in inbox:
-                        jobs.unmark_queued(s, kind.table, ids)
-                inbox.clear()
-                return outcomes
-            kind, ids = inbox[0]  # left in the inbox while it runs: an interrupt puts it back
-            done = kind.handler()(runtime, ids)
-            inbox.popleft()
-            for job_id, status in done.items():
-                outcomes[status] = outcomes.get(status, 0) + 1
-                if on_item and kind is on_kind:
-                    on_item(job_id, status)
-            dispatcher.acquire()  # renew the lock between tasks
+                    wakes = [w for kind in kinds if (w := jobs.next_retry_at(s, kind.table)) is not None]
+                if not wakes:
+                    break
+                time.sleep(min(max(0.0, min(wakes) - epoch()), 60.0))  # a retry is backing off
+                continue
+            while inbox:
+                if stop is not None and stop():
+                    return outcomes
+                kind, ids = inbox[0]  # left in the inbox while it runs: an interrupt puts it back
+                done = kind.handler()(runtime, ids)
+                inbox.popleft()
+                for job_id, status in done.items():
+                    outcomes[status] = outcomes.get(status, 0) + 1
+                    if on_item and kind is on_kind:
+                        on_item(job_id, status)
+                dispatcher.acquire()  # renew the lock between tasks
+    finally:
+        pressed = _put_back(db, inbox)  # stopped, interrupted or failed: what was not run is pending again
+        dispatcher.release()
+        if pressed:
+            raise KeyboardInterrupt
     return outcomes
+
+
+def _put_back(db: Database, inbox: deque[tuple[JobKind, list[int]]]) -> bool:
+    """Published and not run -> pending.  A Ctrl-C arriving meanwhile (an operator's second
+    press lands here as often as not) does not cut it short; returns whether one came."""
+    pressed = False
+    while inbox:
+        try:
+            with db.session() as s:
+                for kind, ids in inbox:
+                    jobs.unmark_queued(s, kind.table, ids)
+            inbox.clear()
+        except KeyboardInterrupt:
+            pressed = True
+    return pressed
