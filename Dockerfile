@@ -4,12 +4,8 @@
 FROM python:3.11-slim
 ARG EXTRAS=flower
 WORKDIR /app
-COPY pyproject.toml README.md ./
-COPY stepq stepq
-COPY models models
-COPY workers workers
-COPY trainer trainer
-COPY migrations migrations
+# One copy of the tree: .dockerignore lets in only the package sources and their packaging.
+COPY . ./
 RUN pip install --no-cache-dir ".[${EXTRAS}]" \
     && useradd --create-home --uid 10001 stepq \
     && mkdir -p /runs && chown stepq /runs

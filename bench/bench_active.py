@@ -45,11 +45,11 @@ from bench.common import emit
 from bench.judge_heldout import processbench_f1, rank_auc, write_processbench
 from stepq.migrations import upgrade
 from stepq.models import Database, Rollout, TrainingRun, epoch
-from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.annotation_config import configure_annotation
-from stepq.workers.brokerless import run_in_process
-from stepq.workers.synthetic_policy import SyntheticPolicy
-from stepq.workers.synthetic_set import synth_set
+from stepq.workers.data.synthetic_policy import SyntheticPolicy
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.labelling.annotation_plans import configure_annotation
+from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 
 STRATEGIES = ("random", "uncertainty", "convincing-wrong")
 OP_ERROR_RATES = {"Add": 0.05, "Subtract": 0.1, "Multiply by": 0.3}

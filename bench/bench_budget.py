@@ -29,14 +29,14 @@ from bench.budget_replay import dead_stays_dead, load_pools
 from bench.common import emit
 from stepq.migrations import upgrade
 from stepq.models import Database
-from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.annotation_config import configure_annotation
-from stepq.workers.brokerless import run_in_process
-from stepq.workers.budget import Adaptive, parse_budget
-from stepq.workers.labels import LabelRule, label_chunks, parse_rule
-from stepq.workers.posterior import Prefix, p_positive
-from stepq.workers.synthetic_policy import SyntheticPolicy, parse_problem, trajectory_q
-from stepq.workers.synthetic_set import synth_set
+from stepq.workers.data.synthetic_policy import SyntheticPolicy, parse_problem, trajectory_q
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.labelling.annotation_plans import configure_annotation
+from stepq.workers.labelling.budget import Adaptive, parse_budget
+from stepq.workers.labelling.labels import LabelRule, label_chunks, parse_rule
+from stepq.workers.labelling.posterior import Prefix, p_positive
+from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 
 RULES = ["abs-q", "rel-ratio", "rel-effective"]
 DIFFICULTY = {"Add": 0.5, "Subtract": 1.0, "Multiply by": 3.0}
@@ -190,7 +190,7 @@ def measure(tmp: Path, strength: str, recovery: float, n: int, m: int, budget: s
     for spec in RULES:
         rule = parse_rule(spec)
         if spec != "abs-q":
-            from stepq.workers.qvalues import relabel_set
+            from stepq.workers.labelling.qvalues import relabel_set
 
             relabel_set(db, "exhaustive", rule)
             relabel_set(db, "exhaustive-2", rule)

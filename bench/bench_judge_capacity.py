@@ -105,10 +105,10 @@ def prepare_labels(out: Path, seed: int, cell: Cell, recovery_rate: float) -> di
     from stepq.models.snapshots import TRAIN, VALIDATION
     from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
     from stepq.trainer.snapshots.export import snapshot_records
-    from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-    from stepq.workers.annotation_config import configure_annotation
-    from stepq.workers.brokerless import run_in_process
-    from stepq.workers.synthetic_set import synth_set
+    from stepq.workers.data.synthetic_set import synth_set
+    from stepq.workers.jobqueue.in_process import run_in_process
+    from stepq.workers.labelling.annotation_plans import configure_annotation
+    from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
@@ -144,7 +144,7 @@ def prepare_labels(out: Path, seed: int, cell: Cell, recovery_rate: float) -> di
 
 
 def prepare_heldout(out: Path, seed: int, samples: int, recovery_rate: float, exclude: frozenset[str]) -> None:
-    from stepq.workers.synthetic_policy import SyntheticPolicy
+    from stepq.workers.data.synthetic_policy import SyntheticPolicy
 
     policy = SyntheticPolicy(error_rate=0.15, recovery_rate=recovery_rate, op_error_rates=tuple(OP_ERROR_RATES.items()))
     out.mkdir(parents=True, exist_ok=True)

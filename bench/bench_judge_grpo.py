@@ -66,9 +66,9 @@ RULES = {"abs-q": "abs-q", "rel-ratio": "rel-ratio:gamma=0.8", "rel-effective": 
 def base_judge(root: Path, train_rows: Sequence[dict[str, Any]], args: argparse.Namespace, seed: int) -> Path:
     """Pretrained on solutions, then the verdict format with random verdicts."""
     from stepq.trainer.tiny_model import build_tiny_llama, build_tiny_model
+    from stepq.workers.data.synthetic_policy import SyntheticPolicy, make_problem
+    from stepq.workers.data.synthetic_set import NUMBERS
     from stepq.workers.seeds import derive_seed
-    from stepq.workers.synthetic_policy import SyntheticPolicy, make_problem
-    from stepq.workers.synthetic_set import NUMBERS
 
     if args.backbone == "llama":
         base = build_tiny_llama(
@@ -108,7 +108,7 @@ def evaluate(
     from stepq.trainer.evaluation import processbench as pb
     from stepq.trainer.evaluation.judge_spec import JudgeSpec, build_judge
     from stepq.trainer.evaluation.judges import GenerativeScorer, StepItem
-    from stepq.trainer.generative_judge.settings import JudgeSettings
+    from stepq.trainer.generative_judge.judge_prompting import JudgeSettings
 
     settings = JudgeSettings(JUDGE_TEMPLATE, chat_template=False, max_tokens=max_tokens, source="benchmark")
     if not (model / "stepq-judge.json").exists():
@@ -220,11 +220,11 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
     from stepq.trainer.snapshots.export import snapshot_records
     from stepq.trainer.training.grpo import TrainOptions, train_judge
     from stepq.trainer.training.recipe import Recipe
-    from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-    from stepq.workers.annotation_config import configure_annotation
-    from stepq.workers.brokerless import run_in_process
-    from stepq.workers.synthetic_policy import SyntheticPolicy
-    from stepq.workers.synthetic_set import synth_set
+    from stepq.workers.data.synthetic_policy import SyntheticPolicy
+    from stepq.workers.data.synthetic_set import synth_set
+    from stepq.workers.jobqueue.in_process import run_in_process
+    from stepq.workers.labelling.annotation_plans import configure_annotation
+    from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 
     started = time.perf_counter()
     run_dir = root / f"seed{seed}-{rule_name}"

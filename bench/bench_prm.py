@@ -54,8 +54,7 @@ from stepq.trainer.prm.model import StepScorer
 from stepq.trainer.prm.train import OutcomeExample, train_prm
 from stepq.trainer.tiny_model import build_tiny_llama, build_tiny_model
 from stepq.trainer.training.recipe import Recipe
-from stepq.workers.seeds import derive_seed
-from stepq.workers.synthetic_policy import (
+from stepq.workers.data.synthetic_policy import (
     DEFAULT_NUMBERS,
     SMALL_NUMBERS,
     Numbers,
@@ -64,6 +63,7 @@ from stepq.workers.synthetic_policy import (
     make_problem,
     parse_problem,
 )
+from stepq.workers.seeds import derive_seed
 
 
 def auc(positives: Sequence[float], negatives: Sequence[float]) -> float:

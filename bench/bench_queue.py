@@ -29,13 +29,13 @@ from sqlalchemy import text
 
 from bench.common import REDIS_URL, emit, scratch_pg
 from stepq.models import Database, queries
-from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.annotation_config import configure_annotation
 from stepq.workers.backends import GenerationRequest, SamplingParams, make_backend
-from stepq.workers.brokerless import run_in_process
-from stepq.workers.grading import Grader
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.labelling.annotation_plans import configure_annotation
+from stepq.workers.labelling.grading import Grader
+from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 from stepq.workers.seeds import derive_seed
-from stepq.workers.synthetic_set import synth_set
 
 
 def _prepare(url: str, problems: int, m: int, latency: float, *, plan: bool = True) -> Database:

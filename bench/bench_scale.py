@@ -35,11 +35,11 @@ from bench.common import emit, scratch_pg
 from stepq.models import Database, jobs, queries
 from stepq.models.work import ROLLOUT_WORK
 from stepq.status import collect
-from stepq.workers.annotate import WorkerOptions, WorkerRuntime, run_work_item
 from stepq.workers.backends import Completion, GenerationRequest, SamplingParams
-from stepq.workers.dispatcher import Dispatcher, DispatchOptions
-from stepq.workers.queue import Outlet
-from stepq.workers.work_kinds import ROLLOUTS, SEARCHES
+from stepq.workers.jobqueue.dispatcher import Dispatcher, DispatchOptions
+from stepq.workers.jobqueue.registry import ROLLOUTS, SEARCHES
+from stepq.workers.jobqueue.runner import Outlet
+from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime, run_work_item
 
 CHUNKS = 7
 M = 16

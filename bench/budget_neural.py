@@ -33,16 +33,16 @@ from bench.budget_replay import by_evidence, change_interval, dead_stays_dead, l
 from bench.neural_policy import DEFAULT_CACHE, MAX_TOKENS, PROMPT, STRENGTHS, build_all
 from stepq.migrations import upgrade
 from stepq.models import Database
-from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.annotation_config import configure_annotation
 from stepq.workers.backends import SamplingParams
-from stepq.workers.brokerless import run_in_process
-from stepq.workers.budget import parse_budget
-from stepq.workers.labels import LabelRule, parse_rule
-from stepq.workers.policy_sampling import generate_trajectories
-from stepq.workers.qvalues import relabel_set
-from stepq.workers.synthetic_policy import step_is_right
-from stepq.workers.synthetic_set import synth_set
+from stepq.workers.data.policy_sampling import generate_trajectories
+from stepq.workers.data.synthetic_policy import step_is_right
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.labelling.annotation_plans import configure_annotation
+from stepq.workers.labelling.budget import parse_budget
+from stepq.workers.labelling.labels import LabelRule, parse_rule
+from stepq.workers.labelling.qvalues import relabel_set
+from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 
 SET = "neural"
 SAMPLING = {"max_tokens": MAX_TOKENS}

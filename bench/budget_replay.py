@@ -25,8 +25,8 @@ from typing import Any
 from sqlalchemy import text
 
 from stepq.models import Database
-from stepq.workers.budget import BudgetPolicy, Observation
-from stepq.workers.labels import LabelRule
+from stepq.workers.labelling.budget import BudgetPolicy, Observation
+from stepq.workers.labelling.labels import LabelRule
 
 Key = tuple[str, int]
 """(problem external id, chunk index from 1)."""

@@ -117,9 +117,9 @@ def pretrain_backbone(
     """A character-level Llama (head dimension 64) pretrained on correct synthetic solutions,
     so it computes the steps it will judge.  Returns the last loss."""
     from stepq.trainer.tiny_model import build_tiny_llama
+    from stepq.workers.data.synthetic_policy import SyntheticPolicy, make_problem
+    from stepq.workers.data.synthetic_set import NUMBERS
     from stepq.workers.seeds import derive_seed
-    from stepq.workers.synthetic_policy import SyntheticPolicy, make_problem
-    from stepq.workers.synthetic_set import NUMBERS
 
     build_tiny_llama(path, seed=seed, max_positions=1024, hidden_size=width, num_layers=layers)
     policy = SyntheticPolicy(error_rate=0.0, recovery_rate=0.0)

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import train_causal_lm
+from stepq.workers.data.synthetic_policy import SyntheticPolicy, make_problem
+from stepq.workers.data.synthetic_set import NUMBERS
 from stepq.workers.seeds import derive_seed
-from stepq.workers.synthetic_policy import SyntheticPolicy, make_problem
-from stepq.workers.synthetic_set import NUMBERS
 
 DEFAULT_CACHE = Path.home() / ".cache" / "stepq" / "bench-neural-policy"
 PROMPT = "Problem: {question}\nSolution:\n"

@@ -49,7 +49,7 @@ class ProblemSet(Base):
     dispatcher plans only flagged sets, so its cycle does not scan every trajectory."""
     priority_strategy: Mapped[str] = mapped_column(String(200), default="fifo", server_default="fifo")
     """In what order the set's trajectories get their rollouts (``stepq annotate --priority``,
-    ``workers/priority.py``): fifo, random, uncertainty or convincing-wrong, with
+    ``workers/priority/strategies.py``): fifo, random, uncertainty or convincing-wrong, with
     the judge behind it (e.g. ``uncertainty:run=3``, ``convincing-wrong:lineage=judge``)."""
     priority_aging_s: Mapped[float] = mapped_column(Float, default=86400.0, server_default="86400")
     """How far a priority of 1 moves work ahead of work planned later (``RolloutWork.dispatch_key``)."""

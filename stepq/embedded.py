@@ -15,11 +15,11 @@ from stepq.models.errors import Busy, ConfigError, Interrupted, NotFoundError, W
 from stepq.models.work import ROLLOUT_WORK
 from stepq.settings import Settings
 from stepq.status import collect, render
-from stepq.workers.annotate import WorkerRuntime
-from stepq.workers.annotation_config import configure_annotation
-from stepq.workers.brokerless import run_in_process
-from stepq.workers.grading import Grader
-from stepq.workers.synthetic_set import synth_set
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.labelling.annotation_plans import configure_annotation
+from stepq.workers.labelling.grading import Grader
+from stepq.workers.labelling.rollouts import WorkerRuntime
 
 DEFAULT_M = 8
 
@@ -58,8 +58,8 @@ def keep_settings(
     """The M to run with: the set's own once it has one.  A flag that would change a set's
     stored M, rule or budget is refused, naming the command that changes it on purpose: the
     obvious resume (``stepq run --set S``) must never relabel a set silently."""
-    from stepq.workers.budget import parse_budget
-    from stepq.workers.labels import parse_rule
+    from stepq.workers.labelling.budget import parse_budget
+    from stepq.workers.labelling.labels import parse_rule
 
     stored_m, stored_rule, stored_budget = stored
     changes = []

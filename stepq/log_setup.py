@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from stepq.models.errors import masked
-from stepq.workers.logcontext import LOG_CONTEXT
+from stepq.workers.jobqueue.logcontext import LOG_CONTEXT
 
 CONTEXT_FIELDS = ("worker", "set", "item")
 

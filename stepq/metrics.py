@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from stepq.models import Database, jobs, queries
 from stepq.models.work import ROLLOUT_WORK
 from stepq.status import WORKER_LIVE_S, collect
-from stepq.workers.dispatcher import DispatchOptions, broker_bound
+from stepq.workers.jobqueue.dispatcher import DispatchOptions, broker_bound
 
 STATES = ("pending", "queued", "running", "done", "failed")
 SILENT_FOR_S = 3600.0

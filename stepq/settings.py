@@ -11,9 +11,9 @@ from typing import Any
 
 from stepq.models.db import SessionGuards
 from stepq.models.errors import ConfigError
-from stepq.workers.annotate import WorkerOptions
-from stepq.workers.celery_app import DEFAULT_QUEUE, CeleryOptions
-from stepq.workers.dispatcher import DispatchOptions
+from stepq.workers.jobqueue.celery_app import DEFAULT_QUEUE, CeleryOptions
+from stepq.workers.jobqueue.dispatcher import DispatchOptions
+from stepq.workers.labelling.rollouts import WorkerOptions
 
 PREFIX = "STEPQ_"
 BROKER_SCHEMES = ("redis", "rediss", "amqp", "amqps", "pyamqp", "memory")

@@ -133,8 +133,8 @@ def table_counts(db: Database) -> dict[str, int]:
 def outlets(rollouts: Callable[..., None], searches: Callable[..., None] | None = None, per_message: int = 1) -> list:
     """A dispatcher's outlets publishing into test callables: rollout work ``per_message`` ids
     to a message, and (when given) step searches."""
-    from stepq.workers.queue import Outlet
-    from stepq.workers.work_kinds import ROLLOUTS, SEARCHES
+    from stepq.workers.jobqueue.registry import ROLLOUTS, SEARCHES
+    from stepq.workers.jobqueue.runner import Outlet
 
     out = [Outlet(ROLLOUTS, rollouts, per_message)]
     if searches is not None:

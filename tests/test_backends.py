@@ -13,16 +13,16 @@ from typing import Any
 import pytest
 
 from stepq.models import Database, queries
-from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.annotation_config import configure_annotation
 from stepq.workers.backends import GenerationBackend, GenerationRequest, SamplingParams, make_backend
 from stepq.workers.backends.hf import HFBackend, cut_at_stop
 from stepq.workers.backends.openai_server import OpenAICompletionsBackend, ServerError, build_calls, parse_response
 from stepq.workers.backends.synthetic_server import FailurePlan, SyntheticCompletionsServer
 from stepq.workers.backends.vllm_engine import build_engine_calls, read_engine_outputs
-from stepq.workers.brokerless import run_in_process
-from stepq.workers.synthetic_policy import PROMPT_TEMPLATE, SyntheticPolicy, make_problem
-from stepq.workers.synthetic_set import synth_set
+from stepq.workers.data.synthetic_policy import PROMPT_TEMPLATE, SyntheticPolicy, make_problem
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.labelling.annotation_plans import configure_annotation
+from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 
 CTX = PROMPT_TEMPLATE.format(question=make_problem(1).question)
 

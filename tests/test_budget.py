@@ -9,8 +9,8 @@ import pytest
 
 from stepq.models.errors import ConfigError
 from stepq.models.problems import ProblemSet
-from stepq.workers.budget import Adaptive, Exhaustive, Observation, parse_budget
-from stepq.workers.labels import parse_rule
+from stepq.workers.labelling.budget import Adaptive, Exhaustive, Observation, parse_budget
+from stepq.workers.labelling.labels import parse_rule
 
 ABS = parse_rule("abs-q")
 RATIO = parse_rule("rel-ratio")
@@ -178,7 +178,7 @@ def test_probes_check_the_dead_prefix_assumption_and_correct_the_labels() -> Non
 
 
 def test_the_probed_share_is_a_fixed_draw() -> None:
-    from stepq.workers.budget import probed
+    from stepq.workers.labelling.budget import probed
 
     picks = [probed(f"t{i}", k, 0.1) for i in range(2000) for k in range(5)]
     assert 0.08 < sum(picks) / len(picks) < 0.12
@@ -215,7 +215,7 @@ def test_cost_aware_search_finds_every_boundary_exactly(n: int) -> None:
 
 
 def test_cost_aware_search_leans_to_the_cheap_end() -> None:
-    from stepq.workers.dead_prefix_search import search_point
+    from stepq.workers.labelling.dead_prefix_probe import search_point
 
     # Prefixes 1, 2, 3 unknown between alive 0 and dead 4 of a 4-chunk trajectory, the first
     # dead one equally likely 1..4; expected chunks written per sample, by first probe:
@@ -253,7 +253,7 @@ def test_a_set_pinned_before_the_cost_aware_search_keeps_its_budget() -> None:
 
 
 def test_the_answer_surplus_is_read_from_the_trajectory_itself() -> None:
-    from stepq.workers.dead_prefix_search import answer_surplus, search_point
+    from stepq.workers.labelling.dead_prefix_probe import answer_surplus, search_point
 
     # steps of 22 characters, the last with its answer 52: 52 / 22 - 1 = 1.36, in halves 1.5
     assert answer_surplus([22, 22, 22, 52]) == 1.5
@@ -295,7 +295,7 @@ def test_sibling_evidence_never_exceeds_m() -> None:
 
 
 def test_the_stop_asks_more_gain_of_dear_samples() -> None:
-    from stepq.workers.dead_prefix_search import stop_scale
+    from stepq.workers.labelling.dead_prefix_probe import stop_scale
 
     # 5 chunks, no answer surplus: prefixes 0..4 write 5, 4, 3, 2, 1 chunks (mean 3)
     assert stop_scale(1, 5) == 4.5 / 3, "chunk 1 samples prefixes 0 and 1"
@@ -308,7 +308,7 @@ def test_the_stop_asks_more_gain_of_dear_samples() -> None:
 def test_a_cost_weighted_stop_stops_early_chunks_sooner_and_late_ones_later(rule: object) -> None:
     """Same evidence, both stops: wherever they disagree, the cost-weighted one stopped on a
     dear (early) chunk or sampled on a cheap (late) one, never the other way round."""
-    from stepq.workers.dead_prefix_search import stop_scale
+    from stepq.workers.labelling.dead_prefix_probe import stop_scale
 
     rng = random.Random(11)
     disagreements = 0

@@ -12,7 +12,7 @@ import pytest
 
 from stepq.models import Database
 from stepq.settings import Settings
-from stepq.workers.synthetic_set import synth_set
+from stepq.workers.data.synthetic_set import synth_set
 from tests.helpers import clean_env, run_stepq
 
 

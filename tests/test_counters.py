@@ -13,15 +13,15 @@ from pathlib import Path
 from sqlalchemy import text
 
 from stepq.models import Database, queries
-from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.annotation_config import configure_annotation
-from stepq.workers.brokerless import run_in_process
-from stepq.workers.grading import Grader
-from stepq.workers.labels import parse_rule
-from stepq.workers.policy_sampling import resegment_set
-from stepq.workers.qvalues import relabel_set
-from stepq.workers.regrade import regrade_set
-from stepq.workers.synthetic_set import synth_set
+from stepq.workers.data.policy_sampling import resegment_set
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.labelling.annotation_plans import configure_annotation
+from stepq.workers.labelling.grading import Grader
+from stepq.workers.labelling.labels import parse_rule
+from stepq.workers.labelling.qvalues import relabel_set
+from stepq.workers.labelling.regrade import regrade_set
+from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 from tests.helpers import outlets
 
 FIELDS = (
@@ -125,7 +125,7 @@ def test_counters_follow_every_write(pg: Database, tmp_path: Path) -> None:
 
 
 def test_dispatcher_plans_only_flagged_sets(pg: Database) -> None:
-    from stepq.workers.dispatcher import Dispatcher
+    from stepq.workers.jobqueue.dispatcher import Dispatcher
 
     synth_set(pg, "p", problems=4, seed=1)
     configure_annotation(pg, "p", 2)

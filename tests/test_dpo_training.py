@@ -15,10 +15,10 @@ from stepq.trainer.preferences.dpo import load_preferences, train_dpo
 from stepq.trainer.preferences.export import export_preferences, preference_records
 from stepq.trainer.tiny_model import build_tiny_model
 from stepq.trainer.training.recipe import Recipe
-from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.annotation_config import configure_annotation
-from stepq.workers.brokerless import run_in_process
-from stepq.workers.synthetic_set import synth_set
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.labelling.annotation_plans import configure_annotation
+from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 from tests.helpers import clean_env, run_stepq
 
 pytestmark = pytest.mark.integration

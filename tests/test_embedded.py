@@ -10,11 +10,11 @@ from sqlalchemy import func, select, text
 
 from stepq.models import Database, Problem, ProblemSet, Rollout, Trajectory, jobs, queries
 from stepq.models.work import ROLLOUT_WORK
-from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.annotation_config import configure_annotation
-from stepq.workers.brokerless import run_in_process
-from stepq.workers.labels import parse_rule
-from stepq.workers.synthetic_set import synth_set
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.labelling.annotation_plans import configure_annotation
+from stepq.workers.labelling.labels import parse_rule
+from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 from tests.helpers import table_counts
 from tests.pipeline_checks import assert_exact, label_accuracy
 
@@ -161,7 +161,7 @@ def test_sibling_trajectories_stand_in_for_rollouts_of_the_prefixes_they_share(a
     outcomes are samples of the prompt (and of any first chunks they share), so prefix 0
     needs fewer rollouts of its own; the labels keep their accuracy, and relabelling from
     the stored rollouts (which reads the siblings too) decides exactly the same."""
-    from stepq.workers.qvalues import relabel_set
+    from stepq.workers.labelling.qvalues import relabel_set
 
     drawn: dict[str, int] = {}
     for name, budget in (("alone", "adaptive:sib=0"), ("sib", "adaptive")):
@@ -193,7 +193,7 @@ def test_a_new_rule_on_an_adaptive_set_samples_only_what_it_needs(sqlite: Databa
     run_in_process(sqlite, _runtime(sqlite))
     with sqlite.session() as s:
         first = {r.id for r in s.scalars(select(Rollout))}
-    from stepq.workers.qvalues import relabel_set
+    from stepq.workers.labelling.qvalues import relabel_set
 
     report = relabel_set(sqlite, "a", parse_rule("rel-ratio"))
     assert report.undecided > 0, "Abs-Q's samples do not settle every Rel-Ratio label"
@@ -322,7 +322,7 @@ def test_adaptive_labels_hold_where_the_policy_recovers(sqlite: Database, rule: 
     from sqlalchemy import text
 
     from stepq.workers.backends.synthetic import SyntheticBackend
-    from stepq.workers.synthetic_policy import exact_labels
+    from stepq.workers.data.synthetic_policy import exact_labels
 
     config = {"error_rate": 0.1, "recovery_rate": 0.2, "op_error_rates": {"Add": 0.05, "Multiply by": 0.3}}
     policy = SyntheticBackend.from_config(config).policy

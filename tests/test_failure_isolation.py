@@ -20,12 +20,12 @@ from stepq.models.errors import GenerationError
 from stepq.models.jobs import JobTable
 from stepq.models.search import STEP_SEARCHES
 from stepq.models.work import ROLLOUT_WORK
-from stepq.workers.annotate import WorkerOptions, WorkerRuntime, run_work_item, run_work_items
-from stepq.workers.annotation_config import configure_annotation
 from stepq.workers.backends import Completion, GenerationRequest, SamplingParams
 from stepq.workers.backends.synthetic import SyntheticBackend
-from stepq.workers.queue import RetryPolicy
-from stepq.workers.synthetic_set import synth_set
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.jobqueue.runner import RetryPolicy
+from stepq.workers.labelling.annotation_plans import configure_annotation
+from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime, run_work_item, run_work_items
 from tests.pipeline_checks import assert_exact
 
 

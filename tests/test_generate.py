@@ -11,16 +11,16 @@ from sqlalchemy import func, select, text
 
 from stepq.models import Database, Problem, RolloutWork, Trajectory, queries
 from stepq.models.errors import ConfigError
-from stepq.workers.annotation_config import configure_annotation
 from stepq.workers.backends import Completion, GenerationRequest, SamplingParams, make_backend
 from stepq.workers.backends.openai_server import OpenAICompletionsBackend
 from stepq.workers.backends.synthetic_server import SyntheticCompletionsServer
-from stepq.workers.ingest import FieldMap, ingest_file
-from stepq.workers.llm_segment import SEGMENT_PROMPT, boundaries, segment_with_model
-from stepq.workers.policy_sampling import generate_trajectories
-from stepq.workers.prompts import TEMPLATES, load_template, render
-from stepq.workers.segmentation import split_step_markers
-from stepq.workers.synthetic_policy import make_problem
+from stepq.workers.data.ingest import FieldMap, ingest_file
+from stepq.workers.data.llm_segment import SEGMENT_PROMPT, boundaries, segment_with_model
+from stepq.workers.data.policy_sampling import generate_trajectories
+from stepq.workers.data.prompts import TEMPLATES, load_template, render
+from stepq.workers.data.segmentation import split_step_markers
+from stepq.workers.data.synthetic_policy import make_problem
+from stepq.workers.labelling.annotation_plans import configure_annotation
 
 
 def _problems(db: Database, tmp_path: Path, n: int = 12) -> None:
@@ -173,9 +173,9 @@ def test_templates() -> None:
 
 
 def test_resegment_touches_only_trajectories_without_rollouts(sqlite: Database, tmp_path: Path) -> None:
-    from stepq.workers.annotate import WorkerOptions, WorkerRuntime, run_work_item
-    from stepq.workers.policy_sampling import resegment_set
-    from stepq.workers.synthetic_set import synth_set
+    from stepq.workers.data.policy_sampling import resegment_set
+    from stepq.workers.data.synthetic_set import synth_set
+    from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime, run_work_item
 
     synth_set(sqlite, "r", problems=6, seed=3)
     with sqlite.session() as s:
@@ -208,11 +208,11 @@ def test_resegment_touches_only_trajectories_without_rollouts(sqlite: Database, 
 def test_resegment_leaves_a_trajectory_annotated_without_rollouts(sqlite: Database, tmp_path: Path) -> None:
     """The adaptive budget labels a right trajectory from its own outcome, with no rollout:
     it is annotated all the same, and its chunks and labels must stay."""
-    from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-    from stepq.workers.annotation_config import configure_annotation
-    from stepq.workers.brokerless import run_in_process
-    from stepq.workers.policy_sampling import resegment_set
-    from stepq.workers.synthetic_set import synth_set
+    from stepq.workers.data.policy_sampling import resegment_set
+    from stepq.workers.data.synthetic_set import synth_set
+    from stepq.workers.jobqueue.in_process import run_in_process
+    from stepq.workers.labelling.annotation_plans import configure_annotation
+    from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 
     synth_set(sqlite, "a", problems=12, seed=3)
     configure_annotation(sqlite, "a", 8, budget="adaptive")
@@ -235,9 +235,9 @@ def test_resegment_leaves_a_trajectory_annotated_without_rollouts(sqlite: Databa
 def test_a_set_planned_while_the_segmenter_runs_keeps_its_chunks(any_db: Database, tmp_path: Path) -> None:
     """The eligibility check sits in the transaction that replaces the chunks: a set planned
     for annotation while the (slow) segmenting model ran is left as its work was planned."""
-    from stepq.workers.annotation_config import configure_annotation
-    from stepq.workers.policy_sampling import resegment_set
-    from stepq.workers.synthetic_set import synth_set
+    from stepq.workers.data.policy_sampling import resegment_set
+    from stepq.workers.data.synthetic_set import synth_set
+    from stepq.workers.labelling.annotation_plans import configure_annotation
 
     synth_set(any_db, "race", problems=4, seed=3)
 

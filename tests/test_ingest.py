@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from stepq.cli import main
 from stepq.models import Chunk, Database, Problem, ProblemSet, Trajectory
-from stepq.workers.ingest import FieldMap, ingest_file
+from stepq.workers.data.ingest import FieldMap, ingest_file
 from tests.helpers import DATA, table_counts
 
 
@@ -84,7 +84,7 @@ def test_processbench_steps_become_chunks_as_given(any_db: Database) -> None:
     assert [c.ground_truth for c in chunks] == [i < first["label"] or first["label"] == -1 for i in range(len(chunks))]
     assert ingest_file(any_db, PROCESSBENCH, "pb", fields).new_trajectories == 0
     from stepq.models.errors import ConfigError
-    from stepq.workers.annotation_config import configure_annotation
+    from stepq.workers.labelling.annotation_plans import configure_annotation
 
     with pytest.raises(ConfigError, match="12 problems without a reference answer"):
         configure_annotation(any_db, "pb", 8)
@@ -95,7 +95,7 @@ def test_segment_refuses_given_steps_unless_they_are_exported_first(any_db: Data
     per-step truth label without a word.  Refused; with --export-old the old chunks and their
     truth are written out first, and only then re-cut."""
     from stepq.models.errors import ConfigError
-    from stepq.workers.policy_sampling import resegment_set
+    from stepq.workers.data.policy_sampling import resegment_set
 
     fields = FieldMap(answer=None, steps="steps", outcome="final_answer_correct", first_error="label")
     raw = {r["id"]: r for r in json.loads(PROCESSBENCH.read_text())}

@@ -172,7 +172,7 @@ class RecordingJudge:
 @pytest.mark.unit
 def test_chunk_reset_cuts_candidates_with_the_sets_segmentation() -> None:
     from stepq.trainer.evaluation.chunk_reset import PolicyProblem, chunk_reset
-    from stepq.workers.segmentation import segment
+    from stepq.workers.data.segmentation import segment
 
     solution = "<chunk>First, 2 + 3.\n\nThat is 5.</chunk>\n<chunk>So the answer is \\boxed{5}.</chunk>"
     trained_on = list(segment(solution, "chunk-tags").chunks)

@@ -7,8 +7,8 @@ import itertools
 import pytest
 
 from stepq.models.errors import ConfigError
-from stepq.workers.labels import abs_q, best_of_4, label_chunks, parse_rule, rel_effective, rel_ratio
-from stepq.workers.qvalues import QEstimate, estimates, rollout_counts
+from stepq.workers.labelling.labels import abs_q, best_of_4, label_chunks, parse_rule, rel_effective, rel_ratio
+from stepq.workers.labelling.qvalues import QEstimate, estimates, rollout_counts
 
 GRID = [i / 16 for i in range(17)]
 

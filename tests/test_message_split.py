@@ -1,5 +1,5 @@
 """The tail of a backlog: smaller messages as a set drains, and the bound still counted in
-messages (``workers/message_split.py``)."""
+messages (``workers/jobqueue/message_split.py``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 
 from stepq.models import Database, jobs, queries
 from stepq.models.work import ROLLOUT_WORK
-from stepq.workers.annotation_config import configure_annotation
-from stepq.workers.dispatcher import Dispatcher, DispatchOptions
-from stepq.workers.message_split import SmallMessages, split_messages, tail_threshold
-from stepq.workers.synthetic_set import synth_set
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.jobqueue.dispatcher import Dispatcher, DispatchOptions
+from stepq.workers.jobqueue.message_split import SmallMessages, split_messages, tail_threshold
+from stepq.workers.labelling.annotation_plans import configure_annotation
 from tests.helpers import outlets
 
 

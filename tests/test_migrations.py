@@ -15,7 +15,7 @@ from sqlalchemy import create_engine, inspect, make_url, text
 
 from stepq.migrations import alembic_config, current
 from stepq.models import Base, Database
-from stepq.workers.budget import Adaptive
+from stepq.workers.labelling.budget import Adaptive
 from tests.helpers import PG_SERVER
 
 

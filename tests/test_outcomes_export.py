@@ -11,10 +11,10 @@ from sqlalchemy import text
 from stepq.models import Database
 from stepq.models.errors import ConfigError
 from stepq.trainer.outcomes.export import OutcomeFilter, continuation_steps, export_outcomes, outcome_records
-from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.annotation_config import configure_annotation
-from stepq.workers.brokerless import run_in_process
-from stepq.workers.synthetic_set import synth_set
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.labelling.annotation_plans import configure_annotation
+from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 
 
 def test_continuation_steps() -> None:

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from stepq.workers.labels import parse_rule
-from stepq.workers.posterior import GRID, Prefix, p_positive, settling_gain
+from stepq.workers.labelling.labels import parse_rule
+from stepq.workers.labelling.posterior import GRID, Prefix, p_positive, settling_gain
 
 RATIO = parse_rule("rel-ratio")
 EFFECTIVE = parse_rule("rel-effective")

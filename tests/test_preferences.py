@@ -11,10 +11,10 @@ from stepq.models import Database
 from stepq.models.errors import ConfigError
 from stepq.trainer.preferences.export import export_preferences, preference_records
 from stepq.trainer.preferences.pairs import ScoredTrajectory, prompt_of, q_pairs
-from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.annotation_config import configure_annotation
-from stepq.workers.brokerless import run_in_process
-from stepq.workers.synthetic_set import synth_set
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.labelling.annotation_plans import configure_annotation
+from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 from tests.helpers import clean_env, run_stepq
 
 
@@ -92,7 +92,7 @@ def test_exported_pairs_point_from_the_higher_q_step_to_the_lower(sqlite: Databa
     the synthetic truth chosen steps are right more often than rejected ones."""
     import json
 
-    from stepq.workers.synthetic_policy import step_is_right
+    from stepq.workers.data.synthetic_policy import step_is_right
 
     synth_set(sqlite, "dir", problems=12, seed=4, trajectories_per_problem=4, error_rate=0.2)
     configure_annotation(sqlite, "dir", 8)

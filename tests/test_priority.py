@@ -6,7 +6,7 @@ import pytest
 
 from stepq.models.errors import ConfigError
 from stepq.models.jobs import take_in_turn
-from stepq.workers.priority import (
+from stepq.workers.priority.strategies import (
     Strategy,
     convincing_wrong,
     dispatch_key,

@@ -13,11 +13,11 @@ from sqlalchemy import select
 from stepq.models import Database, PriorityRound, RolloutWork, queries
 from stepq.trainer.tiny_model import build_tiny_model
 from stepq.trainer.training.continuous import ServiceOptions, serve
-from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.annotation_config import configure_annotation
-from stepq.workers.brokerless import run_in_process
-from stepq.workers.synthetic_set import synth_set
-from stepq.workers.work_kinds import SCORINGS
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.jobqueue.registry import SCORINGS
+from stepq.workers.labelling.annotation_plans import configure_annotation
+from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 from tests.trainer_helpers import tiny_recipe
 
 pytestmark = pytest.mark.slow

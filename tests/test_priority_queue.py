@@ -16,13 +16,13 @@ from stepq.models.work import ROLLOUT_WORK
 from stepq.trainer.prm.model import StepScorer
 from stepq.trainer.prm.train import set_outcomes, train_prm
 from stepq.trainer.tiny_model import build_tiny_model
-from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.annotation_config import configure_annotation
-from stepq.workers.brokerless import run_in_process
-from stepq.workers.dispatcher import Dispatcher, DispatchOptions
-from stepq.workers.priority import convincing_wrong, random_priority, uncertainty
-from stepq.workers.synthetic_set import synth_set
-from stepq.workers.work_kinds import SCORINGS
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.jobqueue.dispatcher import Dispatcher, DispatchOptions
+from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.jobqueue.registry import SCORINGS
+from stepq.workers.labelling.annotation_plans import configure_annotation
+from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
+from stepq.workers.priority.strategies import convincing_wrong, random_priority, uncertainty
 from tests.helpers import outlets
 from tests.test_prm_training import _recipe
 

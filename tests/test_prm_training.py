@@ -26,10 +26,10 @@ from stepq.trainer.prm.train import (
 from stepq.trainer.tiny_model import build_tiny_model
 from stepq.trainer.training.recipe import Recipe
 from stepq.trainer.training.runs import TrainOptions
-from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.annotation_config import configure_annotation
-from stepq.workers.brokerless import run_in_process
-from stepq.workers.synthetic_set import synth_set
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.labelling.annotation_plans import configure_annotation
+from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 from tests.helpers import DATA, clean_env, run_stepq
 
 SAMPLE = DATA / "processbench_gsm8k_sample.json"
@@ -232,7 +232,7 @@ def test_short_first_curriculum_draws_short_solutions_then_every_solution() -> N
 
 def _synthetic_processbench(path: Path, n: int, seed: int) -> Path:
     """ProcessBench-format samples of the synthetic policy, labelled by its step truth."""
-    from stepq.workers.synthetic_policy import SyntheticPolicy, ground_truth, make_problem
+    from stepq.workers.data.synthetic_policy import SyntheticPolicy, ground_truth, make_problem
 
     policy = SyntheticPolicy(error_rate=0.3, recovery_rate=0.0)
     samples = []

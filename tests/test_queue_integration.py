@@ -103,8 +103,8 @@ def test_adaptive_budget_through_the_queue_survives_a_kill(cluster: Cluster, pg:
         ["annotate", "--set", "adapt", "--rollouts", "16", "--budget", "adaptive", "--rule", "rel-effective"],
     ):
         subprocess.run([sys.executable, "-m", "stepq", *cmd], env=local, check=True, capture_output=True)
-    from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-    from stepq.workers.brokerless import run_in_process
+    from stepq.workers.jobqueue.in_process import run_in_process
+    from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 
     other = Database(local["STEPQ_DATABASE_URL"])
     run_in_process(other, WorkerRuntime(other, WorkerOptions(batch_rollouts=16, name="local")))

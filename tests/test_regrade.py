@@ -9,14 +9,14 @@ from pathlib import Path
 from sqlalchemy import text
 
 from stepq.models import Database
-from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.annotation_config import configure_annotation
-from stepq.workers.brokerless import run_in_process
-from stepq.workers.grading import Grader
-from stepq.workers.labels import parse_rule
-from stepq.workers.qvalues import relabel_set
-from stepq.workers.regrade import regrade_set
-from stepq.workers.synthetic_set import synth_set
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.labelling.annotation_plans import configure_annotation
+from stepq.workers.labelling.grading import Grader
+from stepq.workers.labelling.labels import parse_rule
+from stepq.workers.labelling.qvalues import relabel_set
+from stepq.workers.labelling.regrade import regrade_set
+from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 from tests.helpers import clean_env, run_stepq
 
 

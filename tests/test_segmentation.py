@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stepq.workers.segmentation import (
+from stepq.workers.data.segmentation import (
     SegmentationError,
     join_steps,
     segment,

@@ -15,8 +15,8 @@ from sqlalchemy import text
 from stepq.models import Database
 from stepq.trainer.tiny_model import build_tiny_model
 from stepq.workers.backends import GenerationRequest, SamplingParams, make_backend
+from stepq.workers.data.segmentation import next_chunk
 from stepq.workers.search.step_search import SearchSpec, candidate_seeds
-from stepq.workers.segmentation import next_chunk
 from tests.helpers import DATA, clean_env, run_stepq
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -16,11 +16,11 @@ from stepq.models.trajectories import Trajectory
 from stepq.trainer.snapshots.balance import LabelledChunk, balance, plan_snapshot, validation_problems
 from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
 from stepq.trainer.snapshots.export import export_snapshot
-from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.annotation_config import configure_annotation
-from stepq.workers.brokerless import run_in_process
-from stepq.workers.labels import parse_rule
-from stepq.workers.synthetic_set import synth_set
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.labelling.annotation_plans import configure_annotation
+from stepq.workers.labelling.labels import parse_rule
+from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 from tests.trainer_helpers import annotated_set
 
 
@@ -120,7 +120,7 @@ def test_snapshot_on_postgres_is_balanced_reproducible_and_immutable(pg: Databas
     synth_set(pg, "s", problems=60, seed=1, error_rate=0.25, recovery_rate=0.0)
     configure_annotation(pg, "s", 16)
     run_in_process(pg, WorkerRuntime(pg, WorkerOptions(batch_rollouts=64, name="more2")))
-    from stepq.workers.qvalues import relabel_set
+    from stepq.workers.labelling.qvalues import relabel_set
 
     relabel_set(pg, "s", parse_rule("rel-ratio:gamma=0.8"))
     relabel_set(pg, "s", parse_rule("abs-q"))
@@ -184,9 +184,9 @@ def test_a_snapshot_keeps_its_text_through_an_ingest_update(any_db: Database, tm
     from click.testing import CliRunner
 
     from stepq.cli import main
-    from stepq.workers.grading import Grader
-    from stepq.workers.ingest import FieldMap, ingest_file
-    from stepq.workers.regrade import regrade_trajectories
+    from stepq.workers.data.ingest import FieldMap, ingest_file
+    from stepq.workers.labelling.grading import Grader
+    from stepq.workers.labelling.regrade import regrade_trajectories
     from tests.test_ingest import _annotated_by_hand, _records, _write
 
     source = _write(tmp_path / "v1.jsonl", _records())

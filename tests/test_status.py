@@ -7,10 +7,10 @@ import time
 from stepq.models import Database, jobs, queries
 from stepq.models.work import ROLLOUT_WORK
 from stepq.status import collect, render
-from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.annotation_config import configure_annotation
-from stepq.workers.brokerless import run_in_process
-from stepq.workers.synthetic_set import synth_set
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.labelling.annotation_plans import configure_annotation
+from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 
 
 def test_rate_and_eta_use_the_real_elapsed_time(any_db: Database) -> None:
@@ -22,7 +22,7 @@ def test_rate_and_eta_use_the_real_elapsed_time(any_db: Database) -> None:
     half = WorkerRuntime(any_db, WorkerOptions(name="t"))
     with any_db.session() as s:
         ids = jobs.pending_ids(s, ROLLOUT_WORK, 10)
-    from stepq.workers.annotate import run_work_items
+    from stepq.workers.labelling.rollouts import run_work_items
 
     run_work_items(half, ids)
     before = time.time()

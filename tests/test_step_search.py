@@ -14,6 +14,7 @@ from sqlalchemy import select, text, update
 
 from stepq.models import Database, Problem
 from stepq.models.search import ADVANCE, FINISH, RESAMPLE, ROLLBACK
+from stepq.workers.data.synthetic_policy import step_is_right
 from stepq.workers.search.pairwise import (
     Comparison,
     SyntheticPairwiseOracle,
@@ -27,7 +28,6 @@ from stepq.workers.search.pairwise import (
     winners,
 )
 from stepq.workers.search.step_search import replay, surviving_pairs
-from stepq.workers.synthetic_policy import step_is_right
 from tests.helpers import Cluster, clean_env, outlets, run_stepq, wait_for
 
 
@@ -261,8 +261,8 @@ def test_step_search_through_the_queue_survives_a_sigkill(
 
 def test_a_failing_search_gives_up_after_max_attempts_and_a_hand_back_costs_none(sqlite: Database) -> None:
     from stepq.models.search import StepSearch
+    from stepq.workers.data.synthetic_set import synth_set
     from stepq.workers.search.plan import SearchPlan, start_search
-    from stepq.workers.synthetic_set import synth_set
 
     synth_set(sqlite, "f", problems=1, seed=1)
     assert start_search(sqlite, SearchPlan("f", "n")) == 1
@@ -275,7 +275,7 @@ def test_a_failing_search_gives_up_after_max_attempts_and_a_hand_back_costs_none
 
     from stepq.models import jobs
     from stepq.models.search import STEP_SEARCHES
-    from stepq.workers.queue import RetryPolicy
+    from stepq.workers.jobqueue.runner import RetryPolicy
 
     with sqlite.session() as s:
         (sid,) = jobs.mark_queued(s, STEP_SEARCHES, jobs.pending_ids(s, STEP_SEARCHES, 10), 0.0)
@@ -314,7 +314,7 @@ def test_render_never_substitutes_inside_the_text_it_inserts() -> None:
 
 
 def _step_lines_set(db: Database, problems: int = 6) -> None:
-    from stepq.workers.synthetic_set import synth_set
+    from stepq.workers.data.synthetic_set import synth_set
 
     # one line a step, as a policy asked for "Step n:" lines writes: no blank line between steps
     synth_set(db, "lines", problems=problems, seed=3, error_rate=0.3, step_separator="\n")
@@ -326,9 +326,9 @@ def test_a_search_takes_one_turn_per_step_of_the_policy(sqlite: Database) -> Non
     first blank line, every candidate would be the whole rest of the solution."""
     from stepq.models import queries
     from stepq.models.search import StepSearch
-    from stepq.workers.annotate import WorkerOptions, WorkerRuntime
+    from stepq.workers.data.synthetic_policy import parse_problem
+    from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
     from stepq.workers.search.plan import SearchPlan, run_searches_here, start_search
-    from stepq.workers.synthetic_policy import parse_problem
 
     _step_lines_set(sqlite)
     assert start_search(sqlite, SearchPlan("lines", "n", width=4)) == 6
@@ -359,9 +359,9 @@ def test_a_search_samples_as_the_method_does_and_records_it(sqlite: Database) ->
     (its max tokens stay); the search's prompt is the one the set's trajectories saw."""
     from stepq.models.search import StepSearch
     from stepq.models.trajectories import Trajectory
-    from stepq.workers.annotate import WorkerOptions, WorkerRuntime
     from stepq.workers.backends import SamplingParams
     from stepq.workers.backends.synthetic import SyntheticBackend
+    from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
     from stepq.workers.search.plan import SearchPlan, run_searches_here, start_search
 
     _step_lines_set(sqlite, problems=2)
@@ -410,9 +410,9 @@ def test_searches_share_the_brokers_bound_with_rollout_work(sqlite: Database) ->
     """300 pending searches and no worker: one cycle publishes no more than the bound (2
     messages per live worker, at least 2), and queued rollout work counts against it too.
     A search whose message is lost is published again once the queue is seen empty."""
-    from stepq.workers.dispatcher import Dispatcher, DispatchOptions
+    from stepq.workers.data.synthetic_set import synth_set
+    from stepq.workers.jobqueue.dispatcher import Dispatcher, DispatchOptions
     from stepq.workers.search.plan import SearchPlan, start_search
-    from stepq.workers.synthetic_set import synth_set
 
     synth_set(sqlite, "b", problems=300, seed=1)
     assert start_search(sqlite, SearchPlan("b", "n")) == 300
@@ -434,7 +434,7 @@ def test_searches_share_the_brokers_bound_with_rollout_work(sqlite: Database) ->
     depth[0] = 0  # the broker lost them
     dispatcher.cycle()
     assert len(searches) == 4 and sorted(searches[2:]) == sorted(searches[:2]), "republished, once"
-    from stepq.workers.annotation_config import configure_annotation
+    from stepq.workers.labelling.annotation_plans import configure_annotation
 
     configure_annotation(sqlite, "b", 2)  # 300 rollout items pending now, the bound already full
     dispatcher.cycle()
@@ -473,8 +473,8 @@ def test_a_search_without_trajectories_applies_the_models_chat_template(sqlite: 
     from stepq.models import queries
     from stepq.models.search import StepSearch
     from stepq.trainer.tiny_model import build_tiny_llama
-    from stepq.workers.prompts import STEP_TEMPLATE
-    from stepq.workers.prompts import render as render_prompt
+    from stepq.workers.data.prompts import STEP_TEMPLATE
+    from stepq.workers.data.prompts import render as render_prompt
     from stepq.workers.search.plan import SearchPlan, start_search
 
     model = build_tiny_llama(tmp_path / "m")

@@ -9,10 +9,8 @@ from pathlib import Path
 from sqlalchemy import text
 
 from stepq.workers.backends import GenerationRequest, SamplingParams, make_backend
-from stepq.workers.grading import Grader
-from stepq.workers.seeds import derive_seed
-from stepq.workers.segmentation import segment
-from stepq.workers.synthetic_policy import (
+from stepq.workers.data.segmentation import segment
+from stepq.workers.data.synthetic_policy import (
     PROMPT_TEMPLATE,
     SMALL_NUMBERS,
     SyntheticPolicy,
@@ -23,6 +21,8 @@ from stepq.workers.synthetic_policy import (
     parse_problem,
     true_q,
 )
+from stepq.workers.labelling.grading import Grader
+from stepq.workers.seeds import derive_seed
 
 
 def test_problems_round_trip_through_their_prompt() -> None:
@@ -137,7 +137,7 @@ HARD_MULTIPLY = SyntheticPolicy(
 
 
 def test_exact_q_with_per_operation_rates_and_recovery_matches_monte_carlo() -> None:
-    from stepq.workers.synthetic_policy import trajectory_q
+    from stepq.workers.data.synthetic_policy import trajectory_q
 
     checked = 0
     for seed in range(40):
@@ -171,7 +171,7 @@ def test_per_operation_rates_make_steps_differ_in_difficulty() -> None:
 
 
 def test_recovery_makes_q_non_monotone() -> None:
-    from stepq.workers.synthetic_policy import trajectory_q
+    from stepq.workers.data.synthetic_policy import trajectory_q
 
     rises = 0
     for seed in range(300):
@@ -210,10 +210,10 @@ def test_a_synthetic_set_of_small_numbers_is_annotated_from_its_own_problems(tmp
     from stepq.migrations import upgrade
     from stepq.models import Database
     from stepq.models.errors import ConfigError
-    from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-    from stepq.workers.annotation_config import configure_annotation
-    from stepq.workers.brokerless import run_in_process
-    from stepq.workers.synthetic_set import synth_set
+    from stepq.workers.data.synthetic_set import synth_set
+    from stepq.workers.jobqueue.in_process import run_in_process
+    from stepq.workers.labelling.annotation_plans import configure_annotation
+    from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 
     url = f"sqlite:///{tmp_path / 's.db'}"
     upgrade(url)

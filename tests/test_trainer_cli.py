@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from stepq.cli import main
 from stepq.models import Database
-from stepq.workers.synthetic_set import synth_set
+from stepq.workers.data.synthetic_set import synth_set
 from tests.trainer_helpers import annotated_set
 
 
@@ -68,8 +68,8 @@ def test_eval_step_search_keeps_the_judges_pick_each_step(sqlite: Database, monk
     from stepq.trainer.evaluation.validation import _policy_problems
     from stepq.workers.backends import SamplingParams
     from stepq.workers.backends.synthetic import SyntheticBackend
+    from stepq.workers.data.synthetic_policy import parse_problem
     from stepq.workers.search.pairwise import PairQuestion
-    from stepq.workers.synthetic_policy import parse_problem
 
     synth_set(sqlite, "tts", problems=40, seed=5, error_rate=0.25, recovery_rate=0.0, step_separator="\n")
     report = json.loads(_run(monkeypatch, sqlite, "eval", "step-search", "--set", "tts", "--width", "4", "--json"))

@@ -19,10 +19,10 @@ from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
 from stepq.trainer.tiny_model import build_tiny_model
 from stepq.trainer.training.grpo import TrainOptions, train_judge
 from stepq.trainer.training.recipe import Recipe
-from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.annotation_config import configure_annotation
-from stepq.workers.brokerless import run_in_process
-from stepq.workers.synthetic_set import synth_set
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.labelling.annotation_plans import configure_annotation
+from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 from tests.helpers import DATA, clean_env, run_stepq, wait_for
 from tests.trainer_helpers import annotated_set, tiny_recipe
 

@@ -11,10 +11,10 @@ from sqlalchemy import update
 
 from stepq.models import Database, RolloutWork, jobs, queries
 from stepq.models.work import ROLLOUT_WORK
-from stepq.workers.annotate import WorkerOptions, WorkerRuntime, next_batch, run_work_item
-from stepq.workers.dispatcher import Dispatcher, DispatchOptions
-from stepq.workers.synthetic_set import synth_set
-from stepq.workers.work_kinds import ROLLOUTS
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.jobqueue.dispatcher import Dispatcher, DispatchOptions
+from stepq.workers.jobqueue.registry import ROLLOUTS
+from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime, next_batch, run_work_item
 from tests.helpers import outlets
 
 

@@ -1,5 +1,5 @@
 """Write-behind: a trajectory's last batch committed on a background thread while the next
-task generates, the job held (its lease renewed) until then (``workers/write_behind.py``)."""
+task generates, the job held (its lease renewed) until then (``workers/jobqueue/write_behind.py``)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from sqlalchemy import select
 from stepq.migrations import upgrade
 from stepq.models import Database, Rollout, jobs
 from stepq.models.work import ROLLOUT_WORK
-from stepq.workers.annotate import WorkerOptions, WorkerRuntime, run_work_items
-from stepq.workers.annotation_config import configure_annotation
-from stepq.workers.queue import HeldJobs
-from stepq.workers.synthetic_set import synth_set
-from stepq.workers.write_behind import WriteBehind
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.jobqueue.runner import HeldJobs
+from stepq.workers.jobqueue.write_behind import WriteBehind
+from stepq.workers.labelling.annotation_plans import configure_annotation
+from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime, run_work_items
 from tests.pipeline_checks import assert_exact
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from stepq.models import Database
-from stepq.workers.annotate import WorkerOptions, WorkerRuntime
-from stepq.workers.annotation_config import configure_annotation
-from stepq.workers.brokerless import run_in_process
-from stepq.workers.synthetic_set import synth_set
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.labelling.annotation_plans import configure_annotation
+from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 
 
 def annotated_set(db: Database, name: str = "s", problems: int = 40, m: int = 8, seed: int = 1) -> None:

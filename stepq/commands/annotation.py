@@ -76,7 +76,7 @@ def annotate(
     priority_aging_s: float | None,
 ) -> None:
     """Set a problem set's budget and plan its missing rollouts (only what is missing)."""
-    from stepq.workers.annotation_config import configure_annotation
+    from stepq.workers.labelling.annotation_plans import configure_annotation
 
     settings = load_settings()
     config = backend_config(model, base_url, backend_options)
@@ -118,8 +118,8 @@ def annotate(
 @friendly
 def label(set_name: str, rule: str, make_default: bool) -> None:
     """Recompute labels for a rule from stored rollouts, without sampling again."""
-    from stepq.workers.labels import parse_rule
-    from stepq.workers.qvalues import relabel_set
+    from stepq.workers.labelling.labels import parse_rule
+    from stepq.workers.labelling.qvalues import relabel_set
 
     parsed = parse_rule(rule)
     report = relabel_set(open_db(load_settings()), set_name, parsed, make_default=make_default)
@@ -143,8 +143,8 @@ def label(set_name: str, rule: str, make_default: bool) -> None:
 @friendly
 def regrade(set_name: str, only: str) -> None:
     """Re-grade stored answers (no sampling) and update Q-values and labels."""
-    from stepq.workers.grading import Grader
-    from stepq.workers.regrade import regrade_set
+    from stepq.workers.labelling.grading import Grader
+    from stepq.workers.labelling.regrade import regrade_set
 
     settings = load_settings()
     grader = Grader(timeout_s=settings.grade_timeout_s)
@@ -168,7 +168,7 @@ def retry(set_name: str | None) -> None:
     """Give failed jobs (work items, step searches) another round of attempts (after fixing
     what made them fail)."""
     from stepq.models import queries
-    from stepq.workers.work_kinds import retry_failed
+    from stepq.workers.jobqueue.registry import retry_failed
 
     database = open_db(load_settings())
     with database.session() as s:
@@ -189,7 +189,7 @@ def status(as_json: bool, watch: bool, interval: float, verbose: bool) -> None:
     """Progress per problem set: rollouts done/planned, labels, rate, ETA, troubles, workers."""
     from stepq.status import collect, render
     from stepq.status import watch as watch_status
-    from stepq.workers.broker import redis_queue_depth
+    from stepq.workers.jobqueue.broker_contents import redis_queue_depth
 
     settings = load_settings()
     database = open_db(settings)

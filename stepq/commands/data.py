@@ -65,7 +65,7 @@ def ingest(
 ) -> None:
     """Add problems (and given trajectories) from a JSONL file, a JSON array, or (--hf) a
     Hugging Face dataset."""
-    from stepq.workers.ingest import FieldMap, ingest_file, read_dataset
+    from stepq.workers.data.ingest import FieldMap, ingest_file, read_dataset
 
     settings = load_settings()
     database = open_db(settings, migrate=settings.embedded)
@@ -134,7 +134,7 @@ def synth(
     slip_rate: float,
 ) -> None:
     """Create a synthetic arithmetic problem set with policy trajectories of known truth."""
-    from stepq.workers.synthetic_set import synth_set
+    from stepq.workers.data.synthetic_set import synth_set
 
     settings = load_settings()
     database = open_db(settings, migrate=settings.embedded)
@@ -216,8 +216,8 @@ def generate(
 ) -> None:
     """Sample K policy trajectories per problem (only the missing ones), then segment them."""
     from stepq.workers.backends import SamplingParams
-    from stepq.workers.policy_sampling import generate_trajectories, set_policy
-    from stepq.workers.prompts import load_template
+    from stepq.workers.data.policy_sampling import generate_trajectories, set_policy
+    from stepq.workers.data.prompts import load_template
 
     settings = load_settings()
     database = open_db(settings, migrate=settings.embedded)
@@ -281,7 +281,7 @@ def segment(
 ) -> None:
     """Segment a set's not-yet-annotated trajectories again, e.g. with a model (--method llm)."""
     from stepq.models.errors import ConfigError
-    from stepq.workers.policy_sampling import resegment_set
+    from stepq.workers.data.policy_sampling import resegment_set
 
     if method == "llm" and backend is None:
         raise ConfigError("--method llm needs --backend (and --model) for the segmenting model")

@@ -164,7 +164,7 @@ def search_start(
 @friendly
 def search_run() -> None:
     """Run every pending search in this process (the embedded default; no broker)."""
-    from stepq.workers.annotate import WorkerRuntime
+    from stepq.workers.labelling.rollouts import WorkerRuntime
     from stepq.workers.search.plan import run_searches_here
 
     settings = load_settings()

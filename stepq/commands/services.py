@@ -82,10 +82,10 @@ def worker(
     backend_options: tuple[str, ...],
 ) -> None:
     """Run a Celery worker that pulls rollout work (one per GPU, concurrency 1)."""
-    from stepq.workers.annotate import WorkerRuntime
     from stepq.workers.backends import check_config, check_installed, make_backend
-    from stepq.workers.celery_app import create_app, wait_for_broker
-    from stepq.workers.grading import Grader
+    from stepq.workers.jobqueue.celery_app import create_app, wait_for_broker
+    from stepq.workers.labelling.grading import Grader
+    from stepq.workers.labelling.rollouts import WorkerRuntime
 
     settings = load_settings()
     setup_logging(loglevel or settings.log_level, settings.log_format)
@@ -150,9 +150,9 @@ def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
     """Publish missing work (rollouts, step searches) to the broker; only one dispatcher
     acts at a time."""
     from stepq.models.wakeup import WorkListener
-    from stepq.workers.broker import redis_jobs_in_broker, redis_queue_depth
-    from stepq.workers.celery_app import create_app, outlets, wait_for_broker
-    from stepq.workers.dispatcher import Dispatcher
+    from stepq.workers.jobqueue.broker_contents import redis_jobs_in_broker, redis_queue_depth
+    from stepq.workers.jobqueue.celery_app import create_app, outlets, wait_for_broker
+    from stepq.workers.jobqueue.dispatcher import Dispatcher
 
     settings = load_settings()
     setup_logging(settings.log_level, settings.log_format)
@@ -192,7 +192,7 @@ def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
 def flower(port: int, address: str, basic_auth: str | None) -> None:
     """Celery's Flower dashboard for the stepq queue (needs the 'flower' extra)."""
     from stepq.models.errors import ConfigError
-    from stepq.workers.celery_app import create_app
+    from stepq.workers.jobqueue.celery_app import create_app
 
     if address not in ("127.0.0.1", "localhost", "::1") and not basic_auth:
         raise ConfigError(
@@ -222,7 +222,7 @@ def metrics(port: int, address: str) -> None:
     from prometheus_client.registry import CollectorRegistry
 
     from stepq.metrics import StepqCollector
-    from stepq.workers.broker import redis_queue_depth
+    from stepq.workers.jobqueue.broker_contents import redis_queue_depth
 
     settings = load_settings()
     setup_logging(settings.log_level, settings.log_format)

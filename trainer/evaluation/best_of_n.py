@@ -103,8 +103,8 @@ def synthetic_candidates(
     problems: int, n: int, seed: int = 0, error_rate: float = 0.3, recovery_rate: float = 0.0
 ) -> list[tuple[str, list[Candidate]]]:
     """N samples of the synthetic policy for each of ``problems`` problems (question, samples)."""
+    from stepq.workers.data.synthetic_policy import SyntheticPolicy, make_problem
     from stepq.workers.seeds import derive_seed
-    from stepq.workers.synthetic_policy import SyntheticPolicy, make_problem
 
     policy = SyntheticPolicy(error_rate=error_rate, recovery_rate=recovery_rate)
     rng = random.Random(seed)

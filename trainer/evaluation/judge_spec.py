@@ -16,7 +16,7 @@ from typing import Any
 
 from stepq.models.errors import ConfigError, InputError
 from stepq.trainer.evaluation import judges
-from stepq.trainer.generative_judge.settings import JudgeSettings, settings_for_model
+from stepq.trainer.generative_judge.judge_prompting import JudgeSettings, settings_for_model
 
 KINDS = ("model", "prm", "oracle", "label-oracle", "accept-all", "scores")
 SCORE_BY = ("verdict", *judges.SCORE_BY)

@@ -21,7 +21,7 @@ from typing import Any
 
 from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
-from stepq.workers.segmentation import SegmentationError, segment
+from stepq.workers.data.segmentation import SegmentationError, segment
 
 PAPER_PASS_RATE = (0.2, 0.8)
 """Questions kept by the paper: "the correct percentage of the rollout model's responses

@@ -12,7 +12,7 @@ from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
 from stepq.trainer.snapshots.balance import LabelledChunk, content_hash, plan_snapshot
 from stepq.trainer.snapshots.first_error import until_first_dead
-from stepq.workers.labels import parse_rule
+from stepq.workers.labelling.labels import parse_rule
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from stepq.trainer.training.grpo import FINAL, TrainOptions, train_judge
 from stepq.trainer.training.launch import train_command
 from stepq.trainer.training.recipe import Recipe
 from stepq.trainer.training.records import process_owner
-from stepq.workers.labels import parse_rule
-from stepq.workers.priority_rounds import follow_lineage
+from stepq.workers.labelling.labels import parse_rule
+from stepq.workers.priority.rounds import follow_lineage
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ from typing import Any
 from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
 from stepq.models.snapshots import TRAIN
+from stepq.trainer.generative_judge.judge_prompting import FILE as JUDGE_SETTINGS
+from stepq.trainer.generative_judge.judge_prompting import settings_for_training
 from stepq.trainer.generative_judge.prompt import JudgePrompt
 from stepq.trainer.generative_judge.rewards import get_rewards
-from stepq.trainer.generative_judge.settings import FILE as JUDGE_SETTINGS
-from stepq.trainer.generative_judge.settings import settings_for_training
 from stepq.trainer.snapshots.export import snapshot_records
 from stepq.trainer.training.ranks import current_rank
 from stepq.trainer.training.recipe import Recipe

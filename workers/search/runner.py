@@ -12,9 +12,9 @@ from stepq.models import jobs, queries
 from stepq.models.errors import ConfigError
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.search import FINISH, STEP_SEARCHES, StepSearch
-from stepq.workers import queue
-from stepq.workers.annotate import WorkerRuntime
 from stepq.workers.backends import GenerationBackend, SamplingParams
+from stepq.workers.jobqueue import runner as queue
+from stepq.workers.labelling.rollouts import WorkerRuntime
 from stepq.workers.search.pairwise import VERDICT_BY, ModelPairwiseJudge, PairwiseJudge, SyntheticPairwiseOracle
 from stepq.workers.search.step_search import SearchSpec, next_turn, replay
 

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 
 from stepq.models.search import ADVANCE, FINISH, RESAMPLE, ROLLBACK
 from stepq.workers.backends.base import GenerationBackend, GenerationRequest, SamplingParams
+from stepq.workers.data.segmentation import next_chunk
 from stepq.workers.search.pairwise import (
     EACH_VERDICT,
     PairQuestion,
@@ -32,7 +33,6 @@ from stepq.workers.search.pairwise import (
     score_candidates,
 )
 from stepq.workers.seeds import derive_seed
-from stepq.workers.segmentation import next_chunk
 
 
 @dataclass(frozen=True)

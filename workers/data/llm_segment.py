@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from stepq.workers.backends import GenerationBackend, GenerationRequest, SamplingParams
+from stepq.workers.data.segmentation import CHUNK_CLOSE, CHUNK_OPEN, Segmentation, cut_at, segment, strip_chunk_tags
 from stepq.workers.seeds import derive_seed
-from stepq.workers.segmentation import CHUNK_CLOSE, CHUNK_OPEN, Segmentation, cut_at, segment, strip_chunk_tags
 
 SEGMENT_PROMPT = (
     "Split the solution below into reasoning chunks by inserting <chunk> and </chunk> tags. "

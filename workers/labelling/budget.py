@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from stepq.models.errors import ConfigError
-from stepq.workers.dead_prefix_search import answer_surplus, search_point, stop_scale
-from stepq.workers.labels import LabelRule, label_chunks
-from stepq.workers.posterior import Prefix, p_positive, settling_gain
+from stepq.workers.labelling.dead_prefix_probe import answer_surplus, search_point, stop_scale
+from stepq.workers.labelling.labels import LabelRule, label_chunks
+from stepq.workers.labelling.posterior import Prefix, p_positive, settling_gain
 from stepq.workers.seeds import derive_seed
 
 

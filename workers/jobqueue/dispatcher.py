@@ -36,10 +36,10 @@ from typing import Any
 
 from stepq.models import Database, epoch, jobs, queries
 from stepq.models.errors import BrokerError, Busy
-from stepq.workers.broker import JobsInBroker
-from stepq.workers.message_split import SmallMessages, split_messages, tail_threshold
-from stepq.workers.priority_rounds import SCORING_BATCH
-from stepq.workers.queue import Outlet, PartlyPublished
+from stepq.workers.jobqueue.broker_contents import JobsInBroker
+from stepq.workers.jobqueue.message_split import SmallMessages, split_messages, tail_threshold
+from stepq.workers.jobqueue.runner import Outlet, PartlyPublished
+from stepq.workers.priority.rounds import SCORING_BATCH
 
 log = logging.getLogger("stepq.dispatcher")
 

@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from stepq.models import Database, epoch, jobs
-from stepq.workers.annotate import WorkerRuntime
-from stepq.workers.dispatcher import Dispatcher, DispatchOptions
-from stepq.workers.queue import JobKind
-from stepq.workers.work_kinds import ROLLOUTS, SCORINGS, outlets
+from stepq.workers.jobqueue.dispatcher import Dispatcher, DispatchOptions
+from stepq.workers.jobqueue.registry import ROLLOUTS, SCORINGS, outlets
+from stepq.workers.jobqueue.runner import JobKind
+from stepq.workers.labelling.rollouts import WorkerRuntime
 
 
 def run_in_process(

@@ -10,8 +10,8 @@ from sqlalchemy.orm import Session
 
 from stepq.models import Database, queries
 from stepq.models.trajectories import Chunk, Trajectory
-from stepq.workers.budget import BudgetPolicy, Decision, Observation, parse_budget
-from stepq.workers.labels import LabelRule
+from stepq.workers.labelling.budget import BudgetPolicy, Decision, Observation, parse_budget
+from stepq.workers.labelling.labels import LabelRule
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 A round resolves the strategy's judge to one finished training run (``run=N`` as named,
 ``lineage=NAME`` its latest finished run now), records what the set had spent and labelled,
-and leaves the scoring itself to queue jobs (``workers/priority_scoring.py``), so a million
+and leaves the scoring itself to queue jobs (``workers/priority/scoring.py``), so a million
 waiting trajectories are scored by the fleet, resumably, not by the command that asked.
 """
 
@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from stepq.models import ProblemSet, TrainingRun, queries
 from stepq.models.errors import ConfigError, NotFoundError
 from stepq.models.training import RUN_DONE
-from stepq.workers.priority import FIFO, Strategy, parse_strategy
+from stepq.workers.priority.strategies import FIFO, Strategy, parse_strategy
 
 SCORING_BATCH = 256
 """Waiting trajectories per scoring job: one judge call's worth, a lease's worth of work."""

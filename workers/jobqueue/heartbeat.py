@@ -17,8 +17,8 @@ import threading
 from collections.abc import Callable
 
 from stepq.models import Database, queries
-from stepq.workers.logcontext import bind
-from stepq.workers.queue import HeldJobs
+from stepq.workers.jobqueue.logcontext import bind
+from stepq.workers.jobqueue.runner import HeldJobs
 
 log = logging.getLogger("stepq.worker")
 

@@ -15,13 +15,13 @@ from pathlib import Path
 
 from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
-from stepq.workers.annotation_config import require_synthetic_problems
 from stepq.workers.backends import GenerationBackend, GenerationRequest, SamplingParams, generator_id
-from stepq.workers.grading import Grader, extract_boxed
-from stepq.workers.llm_segment import segment_with_model
-from stepq.workers.prompts import render
+from stepq.workers.data.llm_segment import segment_with_model
+from stepq.workers.data.prompts import render
+from stepq.workers.data.segmentation import Segmentation, segment
+from stepq.workers.labelling.annotation_plans import require_synthetic_problems
+from stepq.workers.labelling.grading import Grader, extract_boxed
 from stepq.workers.seeds import derive_seed
-from stepq.workers.segmentation import Segmentation, segment
 
 
 @dataclass(frozen=True)

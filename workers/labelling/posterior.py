@@ -24,7 +24,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from stepq.workers.labels import LabelRule
+from stepq.workers.labelling.labels import LabelRule
 
 GRID = 32
 LINK_WIDTH = 0.5

@@ -11,15 +11,15 @@ from stepq.models.errors import ConfigError
 from stepq.models.problems import Problem
 from stepq.workers.backends import SamplingParams, generator_id
 from stepq.workers.backends.synthetic import SyntheticBackend
-from stepq.workers.seeds import derive_seed
-from stepq.workers.segmentation import segment
-from stepq.workers.synthetic_policy import (
+from stepq.workers.data.segmentation import segment
+from stepq.workers.data.synthetic_policy import (
     DEFAULT_NUMBERS,
     PROMPT_TEMPLATE,
     SMALL_NUMBERS,
     ground_truth,
     make_problem,
 )
+from stepq.workers.seeds import derive_seed
 
 
 @dataclass(frozen=True)

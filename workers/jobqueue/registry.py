@@ -17,14 +17,14 @@ from stepq.models import jobs
 from stepq.models.prioritization import PRIORITY_SCORINGS
 from stepq.models.search import STEP_SEARCHES
 from stepq.models.work import ROLLOUT_WORK
-from stepq.workers.queue import Handler, JobKind, Outlet
+from stepq.workers.jobqueue.runner import Handler, JobKind, Outlet
 
 if TYPE_CHECKING:
-    from stepq.workers.annotate import WorkerRuntime
+    from stepq.workers.labelling.rollouts import WorkerRuntime
 
 
 def _rollouts() -> Handler:
-    from stepq.workers.annotate import run_work_items
+    from stepq.workers.labelling.rollouts import run_work_items
 
     def run(rt: WorkerRuntime, ids: list[int]) -> dict[int, str]:
         return {i: outcome.status for i, outcome in run_work_items(rt, ids).items()}
@@ -33,7 +33,7 @@ def _rollouts() -> Handler:
 
 
 def _scorings() -> Handler:
-    from stepq.workers.priority_scoring import run_scorings
+    from stepq.workers.priority.scoring import run_scorings
 
     return run_scorings
 

@@ -26,7 +26,7 @@ from stepq.models.errors import ConfigError, GenerationError
 from stepq.models.jobs import JobTable
 
 if TYPE_CHECKING:
-    from stepq.workers.annotate import WorkerRuntime
+    from stepq.workers.labelling.rollouts import WorkerRuntime
 
 log = logging.getLogger("stepq.worker")
 

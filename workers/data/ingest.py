@@ -20,8 +20,8 @@ from stepq.models import Database, queries
 from stepq.models.errors import InputError
 from stepq.models.problems import Problem
 from stepq.models.trajectories import GIVEN_STEPS
-from stepq.workers.grading import Grader, extract_boxed
-from stepq.workers.segmentation import join_steps
+from stepq.workers.data.segmentation import join_steps
+from stepq.workers.labelling.grading import Grader, extract_boxed
 
 QUESTION_FIELDS = ("problem", "question", "prompt")
 ID_FIELDS = ("unique_id", "id", "idx")
@@ -368,7 +368,7 @@ def ingest_file(
         if regrade_ids:
             queries.regrade_outcomes(s, regrade_ids, lambda text, ref: bool(grader.grade(text, ref).reward))
     if regrade_ids:
-        from stepq.workers.regrade import regrade_trajectories
+        from stepq.workers.labelling.regrade import regrade_trajectories
 
         regrade_trajectories(db, set_name, regrade_ids, grader)
     return IngestReport(len(records), new_problems, new_trajs, len(changed))

@@ -23,10 +23,10 @@ from typing import Any
 
 from celery import Celery, signals
 
-from stepq.workers import work_kinds
-from stepq.workers.annotate import WorkerRuntime
-from stepq.workers.queue import JobKind, Outlet, PartlyPublished
-from stepq.workers.work_kinds import KINDS, ROLLOUTS
+from stepq.workers.jobqueue import registry as work_kinds
+from stepq.workers.jobqueue.registry import KINDS, ROLLOUTS
+from stepq.workers.jobqueue.runner import JobKind, Outlet, PartlyPublished
+from stepq.workers.labelling.rollouts import WorkerRuntime
 
 TASK_NAME = ROLLOUTS.task_name
 DEFAULT_QUEUE = "stepq.rollouts"

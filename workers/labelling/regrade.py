@@ -12,10 +12,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from stepq.models import Database, queries
-from stepq.workers.budget import parse_budget
-from stepq.workers.grading import Grader
-from stepq.workers.labels import parse_rule
-from stepq.workers.qvalues import TrajectoryLabeller
+from stepq.workers.labelling.budget import parse_budget
+from stepq.workers.labelling.grading import Grader
+from stepq.workers.labelling.labels import parse_rule
+from stepq.workers.labelling.qvalues import TrajectoryLabeller
 
 ONLY = {"timeouts": ("timeout",), "errors": ("timeout", "error"), "all": None}
 

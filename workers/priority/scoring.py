@@ -1,5 +1,5 @@
 """Queue work: score a range of a set's waiting trajectories with a round's judge and write
-their priorities (``workers/priority.py`` turns scores into priorities).
+their priorities (``workers/priority/strategies.py`` turns scores into priorities).
 
 A scoring job is a job like any other (claimed under a lease the heartbeat renews, failed or
 retried with backoff, handed back when the process stops); it reads the waiting work of its
@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 from stepq.models import PriorityRound, PriorityScoring, ProblemSet, TrainingRun, jobs, queries
 from stepq.models.errors import ConfigError
 from stepq.models.prioritization import PRIORITY_SCORINGS
-from stepq.workers import queue
-from stepq.workers.priority import Strategy, dispatch_key, parse_strategy, priority
+from stepq.workers.jobqueue import runner as queue
+from stepq.workers.priority.strategies import Strategy, dispatch_key, parse_strategy, priority
 
 if TYPE_CHECKING:
-    from stepq.workers.annotate import WorkerRuntime
+    from stepq.workers.labelling.rollouts import WorkerRuntime
 
 log = logging.getLogger("stepq.worker")
 

@@ -230,7 +230,7 @@ def trajectory_q(policy: SyntheticPolicy, problem: ArithmeticProblem, steps: Seq
 def exact_labels(policy: SyntheticPolicy, prompt: str, seed: int, rule: Any) -> list[bool | None]:
     """The true labels of a synthetic trajectory under a rule: the rule on its exact Q-values
     (the trajectory re-drawn from its prompt and seed)."""
-    from stepq.workers.labels import label_chunks
+    from stepq.workers.labelling.labels import label_chunks
 
     problem = parse_problem(prompt)
     steps = policy.continue_steps(problem, 0, problem.start, random.Random(seed))

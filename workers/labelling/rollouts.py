@@ -26,7 +26,6 @@ from stepq.models.errors import ConfigError, GenerationError, LeaseLost
 from stepq.models.problems import ProblemSet
 from stepq.models.rollouts import Rollout
 from stepq.models.work import ROLLOUT_WORK
-from stepq.workers import queue
 from stepq.workers.backends import (
     Completion,
     GenerationBackend,
@@ -35,15 +34,16 @@ from stepq.workers.backends import (
     generator_id,
     make_backend,
 )
-from stepq.workers.budget import parse_budget
-from stepq.workers.grading import Grader
-from stepq.workers.heartbeat import Heartbeat
-from stepq.workers.labels import parse_rule
-from stepq.workers.logcontext import bind
-from stepq.workers.queue import HeldJobs, RetryPolicy
-from stepq.workers.qvalues import TrajectoryLabeller
+from stepq.workers.jobqueue import runner as queue
+from stepq.workers.jobqueue.heartbeat import Heartbeat
+from stepq.workers.jobqueue.logcontext import bind
+from stepq.workers.jobqueue.runner import HeldJobs, RetryPolicy
+from stepq.workers.jobqueue.write_behind import WriteBehind
+from stepq.workers.labelling.budget import parse_budget
+from stepq.workers.labelling.grading import Grader
+from stepq.workers.labelling.labels import parse_rule
+from stepq.workers.labelling.qvalues import TrajectoryLabeller
 from stepq.workers.seeds import derive_seed
-from stepq.workers.write_behind import WriteBehind
 
 log = logging.getLogger("stepq.worker")
 GENERATE_TIMEOUT_EXIT = 69

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from stepq.models.jobs import JobTable
-from stepq.workers.queue import HeldJobs
+from stepq.workers.jobqueue.runner import HeldJobs
 
 log = logging.getLogger("stepq.worker")
 
