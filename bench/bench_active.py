@@ -43,13 +43,14 @@ from sqlalchemy import func, select, text
 
 from bench.common import emit
 from bench.judge_heldout import processbench_f1, rank_auc, write_processbench
+from stepq.assembly import worker_runtime
 from stepq.migrations import upgrade
 from stepq.models import Database, Rollout, TrainingRun, epoch
-from stepq.workers.data.synthetic_policy import SyntheticPolicy
+from stepq.workers.backends.synthetic_policy import SyntheticPolicy
 from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.in_process import run_in_process
+from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.labelling.annotation_plans import configure_annotation
-from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 
 STRATEGIES = ("random", "uncertainty", "convincing-wrong")
 OP_ERROR_RATES = {"Add": 0.05, "Subtract": 0.1, "Multiply by": 0.3}
@@ -199,7 +200,11 @@ def run_arm(
     synth_set(db, "pool", problems=args.pool, seed=seed, **POLICY)  # type: ignore[arg-type]
     configure_annotation(db, "pool", args.rollouts, priority=f"random:seed={seed}")
     judges: dict[int, DigitJudge] = {}
-    runtime = WorkerRuntime(db, WorkerOptions(batch_rollouts=256, name="bench"), judge_override=judges.__getitem__)
+    runtime = worker_runtime(
+        db,
+        WorkerOptions(batch_rollouts=256, name="bench"),
+        judge_factory=lambda run_id, _strategy: judges[run_id],
+    )
     curve = []
     try:
         for k in range(1, args.rounds + 1):

@@ -27,16 +27,17 @@ from sqlalchemy import text
 
 from bench.budget_replay import dead_stays_dead, load_pools
 from bench.common import emit
+from stepq.assembly import worker_runtime
 from stepq.migrations import upgrade
 from stepq.models import Database
-from stepq.workers.data.synthetic_policy import SyntheticPolicy, parse_problem, trajectory_q
+from stepq.workers.backends.synthetic_policy import SyntheticPolicy, parse_problem, trajectory_q
 from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.in_process import run_in_process
+from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.labelling.annotation_plans import configure_annotation
 from stepq.workers.labelling.budget import Adaptive, parse_budget
 from stepq.workers.labelling.labels import LabelRule, label_chunks, parse_rule
 from stepq.workers.labelling.posterior import Prefix, p_positive
-from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 
 RULES = ["abs-q", "rel-ratio", "rel-effective"]
 DIFFICULTY = {"Add": 0.5, "Subtract": 1.0, "Multiply by": 3.0}
@@ -78,7 +79,7 @@ def annotate(
             conn.execute(text("UPDATE problem_sets SET seed = :s WHERE name = :n"), {"s": rollout_seed, "n": name})
     configure_annotation(db, name, m, rule=rule.key, budget=budget)
     start = time.perf_counter()
-    run_in_process(db, WorkerRuntime(db, WorkerOptions(batch_rollouts=256, name="bench")))
+    run_in_process(db, worker_runtime(db, WorkerOptions(batch_rollouts=256, name="bench")))
     return time.perf_counter() - start
 
 

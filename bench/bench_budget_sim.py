@@ -21,7 +21,7 @@ from typing import Any
 
 from bench.bench_budget import RULES, SETTINGS, policy_config
 from bench.common import emit
-from stepq.workers.data.synthetic_policy import SyntheticPolicy, make_problem, trajectory_q
+from stepq.workers.backends.synthetic_policy import SyntheticPolicy, make_problem, trajectory_q
 from stepq.workers.labelling.budget import BudgetPolicy, Exhaustive, Observation, parse_budget
 from stepq.workers.labelling.labels import LabelRule, label_chunks, parse_rule
 from stepq.workers.seeds import derive_seed

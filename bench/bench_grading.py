@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from bench.common import emit
-from stepq.workers.data.synthetic_policy import PROMPT_TEMPLATE, SyntheticPolicy, make_problem
-from stepq.workers.labelling.grading import Grader
+from stepq.workers.backends.synthetic_policy import PROMPT_TEMPLATE, SyntheticPolicy, make_problem
+from stepq.workers.grading.grader import Grader
 
 # MATH-500 ships in data/ (data/README.md); STEPQ_DATA_DIR names another folder holding
 # math500_test.jsonl.

@@ -19,7 +19,7 @@ from stepq.trainer.evaluation.chunk_reset import PolicyProblem, chunk_reset
 from stepq.trainer.evaluation.judges import AcceptAll, StepItem, SyntheticOracle
 from stepq.workers.backends.base import SamplingParams
 from stepq.workers.backends.synthetic import SyntheticBackend
-from stepq.workers.data.synthetic_policy import PROMPT_TEMPLATE, make_problem
+from stepq.workers.backends.synthetic_policy import PROMPT_TEMPLATE, make_problem
 from stepq.workers.seeds import derive_seed
 
 

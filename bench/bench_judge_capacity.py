@@ -100,15 +100,16 @@ def _load(path: Path) -> Any:
 def prepare_labels(out: Path, seed: int, cell: Cell, recovery_rate: float) -> dict[str, Any]:
     """Annotate a synthetic set through the real task code (SQLite, in process) and write its
     snapshot's rows, each with its Monte Carlo label and its synthetic truth."""
+    from stepq.assembly import worker_runtime
     from stepq.migrations import upgrade
     from stepq.models import Database
     from stepq.models.snapshots import TRAIN, VALIDATION
     from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
     from stepq.trainer.snapshots.export import snapshot_records
     from stepq.workers.data.synthetic_set import synth_set
-    from stepq.workers.jobqueue.in_process import run_in_process
+    from stepq.workers.in_process import run_in_process
+    from stepq.workers.jobqueue.runtime import WorkerOptions
     from stepq.workers.labelling.annotation_plans import configure_annotation
-    from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
@@ -127,7 +128,7 @@ def prepare_labels(out: Path, seed: int, cell: Cell, recovery_rate: float) -> di
             numbers="small",
         )
         configure_annotation(db, "judge", cell.m, rule="abs-q")
-        run_in_process(db, WorkerRuntime(db, WorkerOptions(batch_rollouts=256, name="bench")))
+        run_in_process(db, worker_runtime(db, WorkerOptions(batch_rollouts=256, name="bench")))
         spec = SnapshotSpec(
             ("judge",), "abs-q", val_fraction=0.2, seed=seed, until_first_error=cell.form == "first-dead"
         )
@@ -144,7 +145,7 @@ def prepare_labels(out: Path, seed: int, cell: Cell, recovery_rate: float) -> di
 
 
 def prepare_heldout(out: Path, seed: int, samples: int, recovery_rate: float, exclude: frozenset[str]) -> None:
-    from stepq.workers.data.synthetic_policy import SyntheticPolicy
+    from stepq.workers.backends.synthetic_policy import SyntheticPolicy
 
     policy = SyntheticPolicy(error_rate=0.15, recovery_rate=recovery_rate, op_error_rates=tuple(OP_ERROR_RATES.items()))
     out.mkdir(parents=True, exist_ok=True)

@@ -66,7 +66,7 @@ RULES = {"abs-q": "abs-q", "rel-ratio": "rel-ratio:gamma=0.8", "rel-effective": 
 def base_judge(root: Path, train_rows: Sequence[dict[str, Any]], args: argparse.Namespace, seed: int) -> Path:
     """Pretrained on solutions, then the verdict format with random verdicts."""
     from stepq.trainer.tiny_model import build_tiny_llama, build_tiny_model
-    from stepq.workers.data.synthetic_policy import SyntheticPolicy, make_problem
+    from stepq.workers.backends.synthetic_policy import SyntheticPolicy, make_problem
     from stepq.workers.data.synthetic_set import NUMBERS
     from stepq.workers.seeds import derive_seed
 
@@ -212,6 +212,7 @@ trainer:
 
 
 def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    from stepq.assembly import worker_runtime
     from stepq.migrations import upgrade
     from stepq.models import Database
     from stepq.models.snapshots import TRAIN, VALIDATION
@@ -220,11 +221,11 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
     from stepq.trainer.snapshots.export import snapshot_records
     from stepq.trainer.training.grpo import TrainOptions, train_judge
     from stepq.trainer.training.recipe import Recipe
-    from stepq.workers.data.synthetic_policy import SyntheticPolicy
+    from stepq.workers.backends.synthetic_policy import SyntheticPolicy
     from stepq.workers.data.synthetic_set import synth_set
-    from stepq.workers.jobqueue.in_process import run_in_process
+    from stepq.workers.in_process import run_in_process
+    from stepq.workers.jobqueue.runtime import WorkerOptions
     from stepq.workers.labelling.annotation_plans import configure_annotation
-    from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 
     started = time.perf_counter()
     run_dir = root / f"seed{seed}-{rule_name}"
@@ -243,7 +244,7 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
         numbers=args.numbers,
     )
     configure_annotation(db, "judge", args.rollouts, rule=RULES[rule_name])
-    run_in_process(db, WorkerRuntime(db, WorkerOptions(batch_rollouts=256, name="bench")))
+    run_in_process(db, worker_runtime(db, WorkerOptions(batch_rollouts=256, name="bench")))
     spec = SnapshotSpec(
         ("judge",), RULES[rule_name], val_fraction=0.2, seed=seed, until_first_error=args.form == "first-dead"
     )

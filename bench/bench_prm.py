@@ -54,7 +54,7 @@ from stepq.trainer.prm.model import StepScorer
 from stepq.trainer.prm.train import OutcomeExample, train_prm
 from stepq.trainer.tiny_model import build_tiny_llama, build_tiny_model
 from stepq.trainer.training.recipe import Recipe
-from stepq.workers.data.synthetic_policy import (
+from stepq.workers.backends.synthetic_policy import (
     DEFAULT_NUMBERS,
     SMALL_NUMBERS,
     Numbers,

@@ -28,13 +28,14 @@ import redis
 from sqlalchemy import text
 
 from bench.common import REDIS_URL, emit, scratch_pg
+from stepq.assembly import worker_runtime
 from stepq.models import Database, queries
 from stepq.workers.backends import GenerationRequest, SamplingParams, make_backend
 from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.grading.grader import Grader
+from stepq.workers.in_process import run_in_process
+from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.labelling.annotation_plans import configure_annotation
-from stepq.workers.labelling.grading import Grader
-from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 from stepq.workers.seeds import derive_seed
 
 
@@ -79,7 +80,7 @@ def in_process(db: Database, m: int, batch: int) -> tuple[int, float]:
 
 def embedded(db: Database, batch: int) -> tuple[int, float]:
     start = time.perf_counter()
-    run_in_process(db, WorkerRuntime(db, WorkerOptions(batch_rollouts=batch, name="bench")))
+    run_in_process(db, worker_runtime(db, WorkerOptions(batch_rollouts=batch, name="bench")))
     return _count(db), time.perf_counter() - start
 
 

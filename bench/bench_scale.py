@@ -32,14 +32,16 @@ from collections.abc import Callable, Iterator, Sequence
 from sqlalchemy import text
 
 from bench.common import emit, scratch_pg
+from stepq.assembly import worker_runtime
 from stepq.models import Database, jobs, queries
 from stepq.models.work import ROLLOUT_WORK
 from stepq.status import collect
 from stepq.workers.backends import Completion, GenerationRequest, SamplingParams
 from stepq.workers.jobqueue.dispatcher import Dispatcher, DispatchOptions
-from stepq.workers.jobqueue.registry import ROLLOUTS, SEARCHES
-from stepq.workers.jobqueue.runner import Outlet
-from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime, run_work_item
+from stepq.workers.jobqueue.kinds import Outlet
+from stepq.workers.jobqueue.runtime import WorkerOptions
+from stepq.workers.kinds import ROLLOUTS, SEARCHES
+from stepq.workers.labelling.rollouts import run_work_item
 
 CHUNKS = 7
 M = 16
@@ -238,7 +240,7 @@ def measure(rollouts: int, repeat: int) -> dict[str, float | int]:
             dispatcher.cycle()
 
         cycle_s = _median(one_cycle, repeat)
-        rt = WorkerRuntime(db, WorkerOptions(name="bench", batch_rollouts=PER_TRAJECTORY), backend_override=Instant())
+        rt = worker_runtime(db, WorkerOptions(name="bench", batch_rollouts=PER_TRAJECTORY), backend=Instant())
         with db.session() as s:
             todo = jobs.pending_ids(s, ROLLOUT_WORK, repeat)
         task_times = []

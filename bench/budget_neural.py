@@ -31,18 +31,19 @@ from sqlalchemy import text
 from bench.bench_budget import RULES, accuracy, count, labels
 from bench.budget_replay import by_evidence, change_interval, dead_stays_dead, load_pools, replay
 from bench.neural_policy import DEFAULT_CACHE, MAX_TOKENS, PROMPT, STRENGTHS, build_all
+from stepq.assembly import worker_runtime
 from stepq.migrations import upgrade
 from stepq.models import Database
 from stepq.workers.backends import SamplingParams
+from stepq.workers.backends.synthetic_policy import step_is_right
 from stepq.workers.data.policy_sampling import generate_trajectories
-from stepq.workers.data.synthetic_policy import step_is_right
 from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.in_process import run_in_process
+from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.labelling.annotation_plans import configure_annotation
 from stepq.workers.labelling.budget import parse_budget
 from stepq.workers.labelling.labels import LabelRule, parse_rule
 from stepq.workers.labelling.qvalues import relabel_set
-from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 
 SET = "neural"
 SAMPLING = {"max_tokens": MAX_TOKENS}
@@ -80,7 +81,7 @@ def annotate_copy(
         db, SET, m, rule=rule.key, budget=budget, backend="hf", backend_config=backend_config(model), sampling=SAMPLING
     )
     started = time.perf_counter()
-    run_in_process(db, WorkerRuntime(db, WorkerOptions(batch_rollouts=256, name="bench")))
+    run_in_process(db, worker_runtime(db, WorkerOptions(batch_rollouts=256, name="bench")))
     return db, time.perf_counter() - started
 
 

@@ -117,7 +117,7 @@ def pretrain_backbone(
     """A character-level Llama (head dimension 64) pretrained on correct synthetic solutions,
     so it computes the steps it will judge.  Returns the last loss."""
     from stepq.trainer.tiny_model import build_tiny_llama
-    from stepq.workers.data.synthetic_policy import SyntheticPolicy, make_problem
+    from stepq.workers.backends.synthetic_policy import SyntheticPolicy, make_problem
     from stepq.workers.data.synthetic_set import NUMBERS
     from stepq.workers.seeds import derive_seed
 

@@ -44,7 +44,7 @@ def recomputed_analysis(chunk: str) -> str:
 def resolved_analysis(problem: str, steps: int) -> str:
     """The problem re-solved, correctly, up to the judged step (the equations a model
     pretrained on solutions writes anyway)."""
-    from stepq.workers.data.synthetic_policy import SyntheticPolicy, parse_problem
+    from stepq.workers.backends.synthetic_policy import SyntheticPolicy, parse_problem
 
     problem_ = parse_problem(f"Problem: {problem}")
     correct = SyntheticPolicy(error_rate=0.0, recovery_rate=0.0).solve(problem_, 0)
@@ -68,7 +68,7 @@ def judge_answer(row: Mapping[str, Any], verdict: str, analysis: str) -> str:
 
 def step_truth(row: Mapping[str, Any]) -> bool:
     """Whether the judged step and every step before it are right (the synthetic truth)."""
-    from stepq.workers.data.synthetic_policy import step_is_right
+    from stepq.workers.backends.synthetic_policy import step_is_right
 
     right = step_is_right(row["problem"], row["history"], row["chunk"])
     if right is None:

@@ -96,7 +96,7 @@ def write_processbench(
     """Held-out samples: fresh problems (another seed tag; none whose question is in
     ``exclude``, the annotated set's), one solution each, the label the first step the
     synthetic truth says is wrong (-1 if none)."""
-    from stepq.workers.data.synthetic_policy import ground_truth, make_problem
+    from stepq.workers.backends.synthetic_policy import ground_truth, make_problem
     from stepq.workers.data.synthetic_set import NUMBERS
     from stepq.workers.seeds import derive_seed
 

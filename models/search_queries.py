@@ -10,12 +10,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from stepq.models import jobs
 from stepq.models.base import epoch
 from stepq.models.errors import NotFoundError
 from stepq.models.jobs import PENDING
 from stepq.models.problems import Problem
-from stepq.models.search import STEP_SEARCHES, SearchTurn, StepSearch
+from stepq.models.search import SearchTurn, StepSearch
 from stepq.models.sql import _insert, insert_ignore
 from stepq.models.trajectories import Trajectory
 from stepq.models.wakeup import announce
@@ -70,20 +69,11 @@ def search_turns(session: Session, search_id: int) -> list[SearchTurn]:
     return list(session.scalars(select(SearchTurn).where(SearchTurn.search_id == search_id).order_by(SearchTurn.turn)))
 
 
-def record_turn(
-    session: Session, search_id: int, owner: str, ttl: float, turn: dict[str, Any], outcome: str | None
-) -> bool:
-    """Write one turn and renew the lease, only while ``owner`` holds it; ``outcome`` ends the
-    search.  False when the lease was lost (another worker has the search now)."""
-    if outcome is not None:
-        held = jobs.finish(session, STEP_SEARCHES, search_id, owner, outcome=outcome)
-    else:
-        held = bool(jobs.renew(session, STEP_SEARCHES, [search_id], owner, ttl))
-    if not held:
-        return False
+def record_turn(session: Session, search_id: int, turn: dict[str, Any]) -> None:
+    """Write one turn (in the transaction that renews or ends the search's lease: the runner's
+    fence, so a turn lands only while its writer holds the search)."""
     stmt = _insert(session, SearchTurn.__table__).on_conflict_do_nothing()
     session.connection().execute(stmt, [{"search_id": search_id, "created_at": epoch(), **turn}])
-    return True
 
 
 def search_progress(session: Session) -> list[dict[str, Any]]:

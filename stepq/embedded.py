@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from stepq.assembly import configured_runtime, kinds_of
 from stepq.migrations import upgrade
 from stepq.models import Database, jobs, queries
 from stepq.models.errors import Busy, ConfigError, Interrupted, NotFoundError, WorkFailed
@@ -16,10 +17,10 @@ from stepq.models.work import ROLLOUT_WORK
 from stepq.settings import Settings
 from stepq.status import collect, render
 from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.in_process import run_in_process
 from stepq.workers.labelling.annotation_plans import configure_annotation
-from stepq.workers.labelling.grading import Grader
-from stepq.workers.labelling.rollouts import WorkerRuntime
+from stepq.workers.labelling.rollouts import ROLLOUTS
+from stepq.workers.priority.scoring import SCORINGS
 
 DEFAULT_M = 8
 
@@ -117,7 +118,7 @@ def run_embedded(
     configure_annotation(db, set_name, m, rule=rule, budget=budget)
     with db.session() as s:
         total = len(queries.set_trajectory_ids(s, queries.get_set(s, set_name).id))
-    runtime = WorkerRuntime(db, settings.worker_options("embedded"), Grader(timeout_s=settings.grade_timeout_s))
+    runtime = configured_runtime(settings, db, "embedded")
     stop = WarmStop(echo)
     with (
         stop,
@@ -130,6 +131,7 @@ def run_embedded(
             outcomes = run_in_process(
                 db,
                 runtime,
+                kinds=kinds_of(settings, [ROLLOUTS, SCORINGS]),
                 on_item=lambda _id, _st: bar.advance(task),
                 options=settings.dispatch_options(),
                 items_per_task=settings.items_per_task,

@@ -11,9 +11,11 @@ from typing import Any
 
 from stepq.models.db import SessionGuards
 from stepq.models.errors import ConfigError
-from stepq.workers.jobqueue.celery_app import DEFAULT_QUEUE, CeleryOptions
+from stepq.workers.celery_app import DEFAULT_QUEUE, CeleryOptions
 from stepq.workers.jobqueue.dispatcher import DispatchOptions
-from stepq.workers.labelling.rollouts import WorkerOptions
+from stepq.workers.jobqueue.kinds import JobKind, RetryPolicy, with_retry
+from stepq.workers.jobqueue.runtime import WorkerOptions
+from stepq.workers.kinds import KINDS
 
 PREFIX = "STEPQ_"
 BROKER_SCHEMES = ("redis", "rediss", "amqp", "amqps", "pyamqp", "memory")
@@ -192,12 +194,15 @@ class Settings:
             store_text=self.store_rollout_text,
             lease_ttl_s=self.lease_ttl_s,
             batch_rollouts=self.batch_rollouts,
-            max_attempts=self.max_attempts,
             name=name,
             heartbeat_s=self.heartbeat_s,
-            retry_backoff_s=self.retry_backoff_s,
             generate_timeout_s=self.generate_timeout_s,
         )
+
+    def job_kinds(self) -> tuple[JobKind, ...]:
+        """Every kind of queue work under the settings' retry policy: what the worker's fail
+        path and the dispatcher's lease expiry both read, so they give up at the same count."""
+        return with_retry(KINDS, RetryPolicy(self.max_attempts, self.retry_backoff_s))
 
     def celery_options(self) -> CeleryOptions:
         return CeleryOptions(self.broker_url, self.queue, self.visibility_timeout_s)
@@ -205,7 +210,6 @@ class Settings:
     def dispatch_options(self) -> DispatchOptions:
         return DispatchOptions(
             lock_ttl_s=max(10.0, 5 * self.dispatch_interval_s),
-            max_attempts=self.max_attempts,
             requeue_after_s=self.requeue_after_s,
             lost_grace_s=self.lost_grace_s,
             messages_per_worker=self.messages_per_worker,

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import text
 
@@ -130,15 +131,21 @@ def table_counts(db: Database) -> dict[str, int]:
         return {t: int(conn.execute(text(f"SELECT count(*) FROM {t}")).scalar_one()) for t in TABLES}
 
 
-def outlets(rollouts: Callable[..., None], searches: Callable[..., None] | None = None, per_message: int = 1) -> list:
+def outlets(
+    rollouts: Callable[..., None],
+    searches: Callable[..., None] | None = None,
+    per_message: int = 1,
+    retry: Any = None,
+) -> list:
     """A dispatcher's outlets publishing into test callables: rollout work ``per_message`` ids
-    to a message, and (when given) step searches."""
-    from stepq.workers.jobqueue.registry import ROLLOUTS, SEARCHES
-    from stepq.workers.jobqueue.runner import Outlet
+    to a message, and (when given) step searches; ``retry``: the kinds' retry policy."""
+    from stepq.workers.jobqueue.kinds import Outlet, with_retry
+    from stepq.workers.kinds import ROLLOUTS, SEARCHES
 
-    out = [Outlet(ROLLOUTS, rollouts, per_message)]
+    rollout_kind, search_kind = with_retry([ROLLOUTS, SEARCHES], retry) if retry is not None else (ROLLOUTS, SEARCHES)
+    out = [Outlet(rollout_kind, rollouts, per_message)]
     if searches is not None:
-        out.append(Outlet(SEARCHES, searches, 1))
+        out.append(Outlet(search_kind, searches, 1))
     return out
 
 

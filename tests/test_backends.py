@@ -12,17 +12,18 @@ from typing import Any
 
 import pytest
 
+from stepq.assembly import worker_runtime
 from stepq.models import Database, queries
 from stepq.workers.backends import GenerationBackend, GenerationRequest, SamplingParams, make_backend
 from stepq.workers.backends.hf import HFBackend, cut_at_stop
 from stepq.workers.backends.openai_server import OpenAICompletionsBackend, ServerError, build_calls, parse_response
+from stepq.workers.backends.synthetic_policy import PROMPT_TEMPLATE, SyntheticPolicy, make_problem
 from stepq.workers.backends.synthetic_server import FailurePlan, SyntheticCompletionsServer
 from stepq.workers.backends.vllm_engine import build_engine_calls, read_engine_outputs
-from stepq.workers.data.synthetic_policy import PROMPT_TEMPLATE, SyntheticPolicy, make_problem
 from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.in_process import run_in_process
+from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.labelling.annotation_plans import configure_annotation
-from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 
 CTX = PROMPT_TEMPLATE.format(question=make_problem(1).question)
 
@@ -272,7 +273,7 @@ def test_rollouts_continue_the_exact_trajectory_prefix(
         inner = HFBackend(str(tiny_model), batch_size=8)
         received = _spy_on_model_inputs(inner)
     backend = Recording(inner)
-    run_in_process(sqlite, WorkerRuntime(sqlite, WorkerOptions(name="t"), backend_override=backend))
+    run_in_process(sqlite, worker_runtime(sqlite, WorkerOptions(name="t"), backend=backend))
     expected = set()
     with sqlite.session() as s:
         for tid in queries.set_trajectory_ids(s, queries.get_set(s, "x").id):

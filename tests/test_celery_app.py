@@ -10,9 +10,9 @@ import uuid
 import redis
 
 from stepq.settings import Settings
+from stepq.workers.celery_app import TASK_NAME, CeleryOptions, create_app, publisher
 from stepq.workers.jobqueue.broker_contents import redis_queue_depth
-from stepq.workers.jobqueue.celery_app import TASK_NAME, CeleryOptions, create_app, publisher
-from stepq.workers.jobqueue.registry import SEARCHES
+from stepq.workers.kinds import SEARCHES
 from tests.helpers import REDIS_URL
 
 
@@ -49,7 +49,7 @@ def test_the_broker_says_which_jobs_its_messages_carry(redis_client: redis.Redis
     from kombu import Connection
 
     from stepq.workers.jobqueue.broker_contents import RESERVED_FOR_S, redis_jobs_in_broker
-    from stepq.workers.jobqueue.registry import ROLLOUTS
+    from stepq.workers.kinds import ROLLOUTS
 
     queue = f"stepq.test.{uuid.uuid4().hex[:6]}"
     app = create_app(CeleryOptions(REDIS_URL, queue))

@@ -12,16 +12,17 @@ from pathlib import Path
 
 from sqlalchemy import text
 
+from stepq.assembly import worker_runtime
 from stepq.models import Database, queries
 from stepq.workers.data.policy_sampling import resegment_set
 from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.grading.grader import Grader
+from stepq.workers.in_process import run_in_process
+from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.labelling.annotation_plans import configure_annotation
-from stepq.workers.labelling.grading import Grader
 from stepq.workers.labelling.labels import parse_rule
 from stepq.workers.labelling.qvalues import relabel_set
 from stepq.workers.labelling.regrade import regrade_set
-from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 from tests.helpers import outlets
 
 FIELDS = (
@@ -92,7 +93,7 @@ def test_counters_follow_every_write(pg: Database, tmp_path: Path) -> None:
     configure_annotation(pg, "a", 4)
     configure_annotation(pg, "b", 8, budget="adaptive")
     _assert_counters_match_the_tables(pg)  # pending items counted
-    rt = WorkerRuntime(pg, WorkerOptions(name="t", batch_rollouts=8))
+    rt = worker_runtime(pg, WorkerOptions(name="t", batch_rollouts=8))
     run_in_process(pg, rt)
     _assert_counters_match_the_tables(pg)
     configure_annotation(pg, "a", 6)  # raised M: done -> pending, more rollouts

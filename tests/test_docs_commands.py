@@ -180,7 +180,7 @@ def test_the_documented_exit_codes_are_the_codes_stepq_exits_with() -> None:
     tree's codes, the internal error's and a hung worker's."""
     from stepq.commands.base import INTERNAL_ERROR
     from stepq.models import errors
-    from stepq.workers.labelling.rollouts import GENERATE_TIMEOUT_EXIT
+    from stepq.workers.jobqueue.runtime import GENERATE_TIMEOUT_EXIT
 
     def subclasses(cls: type) -> set[type]:
         return {cls}.union(*(subclasses(c) for c in cls.__subclasses__()))

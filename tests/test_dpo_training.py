@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from stepq.assembly import worker_runtime
 from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
 from stepq.trainer.preferences.dpo import load_preferences, train_dpo
@@ -16,9 +17,9 @@ from stepq.trainer.preferences.export import export_preferences, preference_reco
 from stepq.trainer.tiny_model import build_tiny_model
 from stepq.trainer.training.recipe import Recipe
 from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.in_process import run_in_process
+from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.labelling.annotation_plans import configure_annotation
-from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 from tests.helpers import clean_env, run_stepq
 
 pytestmark = pytest.mark.integration
@@ -35,7 +36,7 @@ def _recipe_text(model: Path, max_steps: int = 2) -> str:
 def _pairs_set(db: Database) -> None:
     synth_set(db, "pref", problems=8, seed=2, trajectories_per_problem=4, error_rate=0.25)
     configure_annotation(db, "pref", 8)
-    run_in_process(db, WorkerRuntime(db, WorkerOptions(name="t")))
+    run_in_process(db, worker_runtime(db, WorkerOptions(name="t")))
 
 
 def test_dpo_run_on_q_derived_pairs_is_recorded(pg: Database, tmp_path: Path) -> None:

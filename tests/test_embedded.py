@@ -8,13 +8,16 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select, text
 
+from stepq.assembly import worker_runtime
 from stepq.models import Database, Problem, ProblemSet, Rollout, Trajectory, jobs, queries
 from stepq.models.work import ROLLOUT_WORK
 from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.in_process import run_in_process
+from stepq.workers.jobqueue.kinds import RetryPolicy, with_retry
+from stepq.workers.jobqueue.runtime import WorkerOptions, WorkerRuntime
+from stepq.workers.kinds import KINDS
 from stepq.workers.labelling.annotation_plans import configure_annotation
 from stepq.workers.labelling.labels import parse_rule
-from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 from tests.helpers import table_counts
 from tests.pipeline_checks import assert_exact, label_accuracy
 
@@ -24,7 +27,7 @@ def _annotate(db: Database, name: str, m: int, **kw: str) -> None:
 
 
 def _runtime(db: Database) -> WorkerRuntime:
-    return WorkerRuntime(db, WorkerOptions(batch_rollouts=32, name="test"))
+    return worker_runtime(db, WorkerOptions(batch_rollouts=32, name="test"))
 
 
 def test_in_process_run_is_exact_and_rerun_is_a_no_op(any_db: Database) -> None:
@@ -112,9 +115,9 @@ def test_a_failing_backend_marks_work_failed_after_max_attempts(sqlite: Database
         def close(self) -> None:
             pass
 
-    rt = WorkerRuntime(sqlite, WorkerOptions(max_attempts=2, name="t", retry_backoff_s=0.2), backend_override=Broken())
+    rt = worker_runtime(sqlite, WorkerOptions(name="t"), backend=Broken())
     started = time.monotonic()
-    outcomes = run_in_process(sqlite, rt)
+    outcomes = run_in_process(sqlite, rt, kinds=with_retry(KINDS, RetryPolicy(max_attempts=2, backoff_s=0.2)))
     assert outcomes == {"retry": 2, "failed": 2}
     assert time.monotonic() - started >= 0.2, "the retry waited out its backoff"
     with sqlite.session() as s:
@@ -243,12 +246,12 @@ def test_interrupted_adaptive_work_resumes_to_the_same_result(sqlite: Database, 
         def close(self) -> None:
             pass
 
-    flaky = WorkerRuntime(
+    flaky = worker_runtime(
         sqlite,
-        WorkerOptions(batch_rollouts=32, name="flaky", max_attempts=50, retry_backoff_s=0.01),
-        backend_override=Flaky(),
+        WorkerOptions(batch_rollouts=32, name="flaky"),
+        backend=Flaky(),
     )
-    outcomes = run_in_process(sqlite, flaky)
+    outcomes = run_in_process(sqlite, flaky, kinds=with_retry(KINDS, RetryPolicy(max_attempts=50, backoff_s=0.01)))
     assert outcomes.get("retry", 0) > 0 and "failed" not in outcomes
     assert _labels(sqlite, "r") == _labels(other, "r")
     with sqlite.session() as s, other.session() as o:
@@ -265,7 +268,7 @@ def queries_set(db: Database, name: str):  # type: ignore[no-untyped-def]
 def test_rollout_text_can_be_dropped(sqlite: Database) -> None:
     synth_set(sqlite, "t", problems=3, seed=1)
     _annotate(sqlite, "t", 2)
-    run_in_process(sqlite, WorkerRuntime(sqlite, WorkerOptions(name="t", store_text=False)))
+    run_in_process(sqlite, worker_runtime(sqlite, WorkerOptions(name="t", store_text=False)))
     with sqlite.session() as s:
         rows = list(s.scalars(select(Rollout)))
     assert rows and all(r.text == "" and r.final_answer for r in rows)
@@ -292,7 +295,7 @@ def test_several_items_per_task_share_engine_calls(sqlite: Database) -> None:
         def close(self) -> None:
             pass
 
-    rt = WorkerRuntime(sqlite, WorkerOptions(batch_rollouts=32, name="g"), backend_override=Counting())
+    rt = worker_runtime(sqlite, WorkerOptions(batch_rollouts=32, name="g"), backend=Counting())
     assert run_in_process(sqlite, rt, items_per_task=4) == {"done": 8}
     assert max(calls) > 1, "one engine call served several trajectories"
     together = _labels(sqlite, "g")
@@ -322,7 +325,7 @@ def test_adaptive_labels_hold_where_the_policy_recovers(sqlite: Database, rule: 
     from sqlalchemy import text
 
     from stepq.workers.backends.synthetic import SyntheticBackend
-    from stepq.workers.data.synthetic_policy import exact_labels
+    from stepq.workers.data.synthetic_set import exact_labels
 
     config = {"error_rate": 0.1, "recovery_rate": 0.2, "op_error_rates": {"Add": 0.05, "Multiply by": 0.3}}
     policy = SyntheticBackend.from_config(config).policy

@@ -11,10 +11,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import pytest
 from sqlalchemy import select
 
+from stepq.assembly import worker_runtime
 from stepq.models import ChunkLabel, Database, Rollout, RolloutWork, jobs, queries
 from stepq.models.errors import GenerationError
 from stepq.models.jobs import JobTable
@@ -23,9 +25,10 @@ from stepq.models.work import ROLLOUT_WORK
 from stepq.workers.backends import Completion, GenerationRequest, SamplingParams
 from stepq.workers.backends.synthetic import SyntheticBackend
 from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.jobqueue.runner import RetryPolicy
+from stepq.workers.jobqueue.kinds import RetryPolicy
+from stepq.workers.jobqueue.runtime import WorkerOptions, WorkerRuntime
 from stepq.workers.labelling.annotation_plans import configure_annotation
-from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime, run_work_item, run_work_items
+from stepq.workers.labelling.rollouts import ROLLOUTS, run_work_item, run_work_items
 from tests.pipeline_checks import assert_exact
 
 
@@ -100,7 +103,7 @@ def _claimed_while_running(
 def test_heartbeat_keeps_the_lease_through_a_generate_call_longer_than_it(pg: Database) -> None:
     (work_id,) = _setup(pg, problems=1)
     options = WorkerOptions(name="slow", lease_ttl_s=1.0, batch_rollouts=1000)
-    rt = WorkerRuntime(pg, options, backend_override=Slow(delay_s=2.5)).start()
+    rt = worker_runtime(pg, options, backend=Slow(delay_s=2.5)).start()
     stolen = _claimed_while_running(
         lambda: run_work_item(rt, work_id).status, lambda: _claim(pg, ROLLOUT_WORK, work_id), rt
     )
@@ -112,7 +115,7 @@ def test_heartbeat_keeps_the_lease_through_a_generate_call_longer_than_it(pg: Da
 def test_without_a_heartbeat_that_lease_is_lost(pg: Database) -> None:
     """The same run with no heartbeat: the lease runs out during generate (the old defect)."""
     (work_id,) = _setup(pg, problems=1)
-    rt = WorkerRuntime(pg, WorkerOptions(name="slow", lease_ttl_s=1.0, batch_rollouts=1000), backend_override=Slow(2.5))
+    rt = worker_runtime(pg, WorkerOptions(name="slow", lease_ttl_s=1.0, batch_rollouts=1000), backend=Slow(2.5))
     result: list[str] = []
     t = threading.Thread(target=lambda: result.append(run_work_item(rt, work_id).status))
     t.start()
@@ -134,7 +137,7 @@ def test_heartbeat_keeps_a_step_search_through_a_turn_longer_than_its_lease(pg: 
     assert start_search(pg, SearchPlan("f", "n", max_turns=1)) == 1
     with pg.session() as s:
         (search_id,) = jobs.mark_queued(s, STEP_SEARCHES, jobs.pending_ids(s, STEP_SEARCHES, 10), time.time())
-    rt = WorkerRuntime(pg, WorkerOptions(name="slow", lease_ttl_s=1.0), backend_override=Slow(delay_s=2.5)).start()
+    rt = worker_runtime(pg, WorkerOptions(name="slow", lease_ttl_s=1.0), backend=Slow(delay_s=2.5)).start()
     stolen = _claimed_while_running(lambda: run_search(rt, search_id), lambda: _claim(pg, STEP_SEARCHES, search_id), rt)
     assert stolen == ("done", False), "the heartbeat renewed the search's lease during the turn"
     with pg.session() as s:
@@ -142,15 +145,15 @@ def test_heartbeat_keeps_a_step_search_through_a_turn_longer_than_its_lease(pg: 
 
 
 def test_lease_owners_are_unique_per_process_even_with_one_name(pg: Database) -> None:
-    a = WorkerRuntime(pg, WorkerOptions(name="gpu"))
-    b = WorkerRuntime(pg, WorkerOptions(name="gpu"))
+    a = worker_runtime(pg, WorkerOptions(name="gpu"))
+    b = worker_runtime(pg, WorkerOptions(name="gpu"))
     assert a.name != b.name and a.name.startswith("gpu@") and a.label == b.label == "gpu"
 
 
 def test_a_permanent_failure_fails_only_its_own_item_at_once(pg: Database) -> None:
     ids = _setup(pg, problems=3)
     backend = FailsOn(_question(pg, ids[1]), permanent=True)
-    rt = WorkerRuntime(pg, WorkerOptions(name="w", max_attempts=5), backend_override=backend)
+    rt = worker_runtime(pg, WorkerOptions(name="w"), backend=backend)
     outcomes = run_work_items(rt, ids)
     assert {i: o.status for i, o in outcomes.items()} == {ids[0]: "done", ids[1]: "failed", ids[2]: "done"}
     bad = _item(pg, ids[1])
@@ -162,9 +165,9 @@ def test_a_permanent_failure_fails_only_its_own_item_at_once(pg: Database) -> No
 def test_a_transient_failure_retries_only_its_item_after_a_backoff(pg: Database) -> None:
     ids = _setup(pg, problems=3)
     backend = FailsOn(_question(pg, ids[0]), permanent=False)
-    rt = WorkerRuntime(pg, WorkerOptions(name="w", retry_backoff_s=30), backend_override=backend)
+    rt = worker_runtime(pg, WorkerOptions(name="w"), backend=backend)
     before = time.time()
-    outcomes = run_work_items(rt, ids)
+    outcomes = run_work_items(rt, ids, replace(ROLLOUTS, retry=RetryPolicy(backoff_s=30)))
     assert {i: o.status for i, o in outcomes.items()} == {ids[0]: "retry", ids[1]: "done", ids[2]: "done"}
     item = _item(pg, ids[0])
     assert item.state == "pending" and item.retry_at is not None and item.retry_at >= before + 30
@@ -192,7 +195,7 @@ def test_a_rule_change_while_an_item_runs_reaches_it(any_db: Database) -> None:
     with any_db.session() as s:
         assert jobs.finish(s, ROLLOUT_WORK, work_id, "old")
     assert _item(any_db, work_id).state == "pending", "it ran under the old rule: it runs again"
-    assert run_work_item(WorkerRuntime(any_db, WorkerOptions(name="new")), work_id).status == "done"
+    assert run_work_item(worker_runtime(any_db, WorkerOptions(name="new")), work_id).status == "done"
     with any_db.session() as s:
         pset = queries.get_set(s, "f")
         rules = {r for (r,) in s.execute(select(ChunkLabel.rule))}
@@ -210,7 +213,7 @@ def test_raising_m_while_an_item_runs_keeps_its_lease_and_reruns_it(any_db: Data
 
 def test_a_worker_with_another_generator_refuses_the_trajectory(any_db: Database) -> None:
     (work_id,) = _setup(any_db, problems=1, m=2)
-    assert run_work_item(WorkerRuntime(any_db, WorkerOptions(name="a")), work_id).status == "done"
+    assert run_work_item(worker_runtime(any_db, WorkerOptions(name="a")), work_id).status == "done"
     configure_annotation(any_db, "f", 4)
 
     class Other(SyntheticBackend):
@@ -218,7 +221,7 @@ def test_a_worker_with_another_generator_refuses_the_trajectory(any_db: Database
         def generator(self) -> str:
             return "another-model"
 
-    rt = WorkerRuntime(any_db, WorkerOptions(name="b"), backend_override=Other())
+    rt = worker_runtime(any_db, WorkerOptions(name="b"), backend=Other())
     assert run_work_item(rt, work_id).status == "retry"
     item = _item(any_db, work_id)
     assert item.last_error is not None and "was sampled by synthetic" in item.last_error
@@ -232,7 +235,7 @@ def test_an_error_escaping_a_task_after_its_claims_leaves_nothing_running(any_db
     escapes the task, and both items, already claimed, are released with the error counted
     (an attempt, a backoff), not left running with a lease the heartbeat renews for ever."""
     first, second = _setup(any_db, problems=2)[:2]
-    rt = WorkerRuntime(any_db, WorkerOptions(name="w", lease_ttl_s=300))
+    rt = worker_runtime(any_db, WorkerOptions(name="w", lease_ttl_s=300))
     original = queries.load_work_contexts
 
     def broken(session: object, trajectory_ids: object) -> object:
@@ -254,12 +257,12 @@ def test_an_error_escaping_a_task_after_its_claims_leaves_nothing_running(any_db
 def test_the_heartbeat_renews_only_what_running_tasks_hold(any_db: Database) -> None:
     """An item this process claimed but no task holds (a task that died) is not renewed."""
     held, orphan = _setup(any_db, problems=2)[:2]
-    rt = WorkerRuntime(any_db, WorkerOptions(name="w", lease_ttl_s=300))
+    rt = worker_runtime(any_db, WorkerOptions(name="w", lease_ttl_s=300))
     with any_db.session() as s:
         assert jobs.claim(s, ROLLOUT_WORK, held, rt.name, 300)
         assert jobs.claim(s, ROLLOUT_WORK, orphan, rt.name, 300)
     assert rt.heartbeat.beat() == 0
-    with rt.held.holding(ROLLOUT_WORK, [held]):
+    with rt.held.holding(ROLLOUTS, [held]):
         assert rt.heartbeat.beat() == 1
     assert rt.heartbeat.beat() == 0
     rt.close()

@@ -9,17 +9,18 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select, text
 
+from stepq.assembly import worker_runtime
 from stepq.models import Database, Problem, RolloutWork, Trajectory, queries
 from stepq.models.errors import ConfigError
 from stepq.workers.backends import Completion, GenerationRequest, SamplingParams, make_backend
 from stepq.workers.backends.openai_server import OpenAICompletionsBackend
+from stepq.workers.backends.synthetic_policy import make_problem
 from stepq.workers.backends.synthetic_server import SyntheticCompletionsServer
 from stepq.workers.data.ingest import FieldMap, ingest_file
 from stepq.workers.data.llm_segment import SEGMENT_PROMPT, boundaries, segment_with_model
 from stepq.workers.data.policy_sampling import generate_trajectories
 from stepq.workers.data.prompts import TEMPLATES, load_template, render
 from stepq.workers.data.segmentation import split_step_markers
-from stepq.workers.data.synthetic_policy import make_problem
 from stepq.workers.labelling.annotation_plans import configure_annotation
 
 
@@ -173,9 +174,11 @@ def test_templates() -> None:
 
 
 def test_resegment_touches_only_trajectories_without_rollouts(sqlite: Database, tmp_path: Path) -> None:
+    from stepq.assembly import worker_runtime
     from stepq.workers.data.policy_sampling import resegment_set
     from stepq.workers.data.synthetic_set import synth_set
-    from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime, run_work_item
+    from stepq.workers.jobqueue.runtime import WorkerOptions
+    from stepq.workers.labelling.rollouts import run_work_item
 
     synth_set(sqlite, "r", problems=6, seed=3)
     with sqlite.session() as s:
@@ -193,7 +196,7 @@ def test_resegment_touches_only_trajectories_without_rollouts(sqlite: Database, 
             )
             .returning(RolloutWork.__table__.c.id)
         ).scalar_one()
-    assert run_work_item(WorkerRuntime(sqlite, WorkerOptions(name="t")), work_id).status == "done"
+    assert run_work_item(worker_runtime(sqlite, WorkerOptions(name="t")), work_id).status == "done"
     # synthetic chunks carry their truth: re-cut only with the old chunks written out first
     report = resegment_set(sqlite, "r", "llm", segmenter=StandInSegmenter(), export_old=tmp_path / "old.jsonl")
     assert (report.resegmented, report.skipped_annotated, report.exported) == (5, 1, 5)
@@ -210,13 +213,13 @@ def test_resegment_leaves_a_trajectory_annotated_without_rollouts(sqlite: Databa
     it is annotated all the same, and its chunks and labels must stay."""
     from stepq.workers.data.policy_sampling import resegment_set
     from stepq.workers.data.synthetic_set import synth_set
-    from stepq.workers.jobqueue.in_process import run_in_process
+    from stepq.workers.in_process import run_in_process
+    from stepq.workers.jobqueue.runtime import WorkerOptions
     from stepq.workers.labelling.annotation_plans import configure_annotation
-    from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 
     synth_set(sqlite, "a", problems=12, seed=3)
     configure_annotation(sqlite, "a", 8, budget="adaptive")
-    run_in_process(sqlite, WorkerRuntime(sqlite, WorkerOptions(name="t")))
+    run_in_process(sqlite, worker_runtime(sqlite, WorkerOptions(name="t")))
     with sqlite.engine.connect() as conn:
         bare = conn.execute(
             text(

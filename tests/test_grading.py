@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from stepq.workers.labelling.grading import Grader, extract_boxed, normalize
-from stepq.workers.labelling.verify_process import GoldCache
+from stepq.workers.grading.grader import Grader, extract_boxed, normalize
+from stepq.workers.grading.verify_process import GoldCache
 
 
 @pytest.fixture(scope="module")

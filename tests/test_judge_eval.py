@@ -16,8 +16,8 @@ from stepq.trainer.generative_judge.prompt import JudgePrompt, parse_verdict, re
 from stepq.trainer.generative_judge.rewards import REWARDS, format_reward, get_rewards, verdict_match
 from stepq.workers.backends.base import SamplingParams
 from stepq.workers.backends.synthetic import SyntheticBackend
+from stepq.workers.backends.synthetic_policy import PROMPT_TEMPLATE, SyntheticPolicy, ground_truth, make_problem
 from stepq.workers.data.segmentation import first_chunk
-from stepq.workers.data.synthetic_policy import PROMPT_TEMPLATE, SyntheticPolicy, ground_truth, make_problem
 from stepq.workers.seeds import derive_seed
 from tests.helpers import DATA
 

@@ -17,6 +17,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
+from stepq.assembly import worker_runtime
 from stepq.log_setup import JsonFormatter
 from stepq.metrics import StepqCollector
 from stepq.models import Database, jobs, queries
@@ -26,10 +27,11 @@ from stepq.status import watch
 from stepq.workers.backends import Completion, GenerationRequest, SamplingParams
 from stepq.workers.backends.synthetic import SyntheticBackend
 from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.dispatcher import Dispatcher
-from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.labelling.annotation_plans import configure_annotation
-from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime, run_work_items
+from stepq.workers.labelling.rollouts import run_work_items
 from tests.helpers import clean_env, outlets
 
 
@@ -45,7 +47,7 @@ def _samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, st
 def test_metrics_report_what_the_tables_hold(pg: Database) -> None:
     synth_set(pg, "m", problems=6, seed=3)
     configure_annotation(pg, "m", 4)
-    rt = WorkerRuntime(pg, WorkerOptions(name="metered")).start()
+    rt = worker_runtime(pg, WorkerOptions(name="metered")).start()
     try:
         run_in_process(pg, rt)
         rt.heartbeat.beat()
@@ -155,7 +157,7 @@ def test_json_log_lines_name_the_worker_set_and_item(sqlite: Database) -> None:
     logger = logging.getLogger("stepq")
     logger.addHandler(handler)
     try:
-        rt = WorkerRuntime(sqlite, WorkerOptions(name="json"), backend_override=_FailsAll())
+        rt = worker_runtime(sqlite, WorkerOptions(name="json"), backend=_FailsAll())
         run_work_items(rt, [work_id])
     finally:
         logger.removeHandler(handler)
@@ -182,7 +184,7 @@ def test_status_shows_failed_and_retrying_items_with_the_last_error(sqlite: Data
     configure_annotation(sqlite, "t", 2)
     with sqlite.session() as s:
         ids = jobs.pending_ids(s, ROLLOUT_WORK, 5)
-    rt = WorkerRuntime(sqlite, WorkerOptions(name="x", max_attempts=5), backend_override=_FailsAll())
+    rt = worker_runtime(sqlite, WorkerOptions(name="x"), backend=_FailsAll())
     run_work_items(rt, ids[:1])
     Dispatcher(sqlite, outlets(lambda ids: None)).cycle()
     (row,) = collect(sqlite)["sets"]

@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
+from stepq.assembly import worker_runtime
 from stepq.models import Database
 from stepq.models.errors import ConfigError
 from stepq.trainer.outcomes.export import OutcomeFilter, continuation_steps, export_outcomes, outcome_records
 from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.in_process import run_in_process
+from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.labelling.annotation_plans import configure_annotation
-from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 
 
 def test_continuation_steps() -> None:
@@ -37,7 +38,7 @@ def test_every_graded_solution_is_exported_with_its_outcome(sqlite: Database, tm
         export_outcomes(sqlite, "empty", tmp_path / "none")
     synth_set(sqlite, "o", problems=5, seed=4)
     configure_annotation(sqlite, "o", 4)
-    run_in_process(sqlite, WorkerRuntime(sqlite, WorkerOptions(name="t")))
+    run_in_process(sqlite, worker_runtime(sqlite, WorkerOptions(name="t")))
     everything = OutcomeFilter(pass_rate=None, prefix_rollouts=True)
     counts = export_outcomes(sqlite, "o", tmp_path / "out", everything)
     with sqlite.engine.connect() as conn:
@@ -65,7 +66,7 @@ def test_every_graded_solution_is_exported_with_its_outcome(sqlite: Database, tm
 def _annotated(db: Database, name: str, problems: int) -> None:
     synth_set(db, name, problems=problems, seed=7, error_rate=0.3)
     configure_annotation(db, name, 4)
-    run_in_process(db, WorkerRuntime(db, WorkerOptions(name="t")))
+    run_in_process(db, worker_runtime(db, WorkerOptions(name="t")))
 
 
 def test_solutions_without_a_parseable_answer_are_dropped_unless_kept_as_wrong(sqlite: Database) -> None:

@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from stepq.assembly import worker_runtime
 from stepq.models import Database, PriorityRound, RolloutWork, queries
 from stepq.trainer.tiny_model import build_tiny_model
 from stepq.trainer.training.continuous import ServiceOptions, serve
 from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.jobqueue.in_process import run_in_process
-from stepq.workers.jobqueue.registry import SCORINGS
+from stepq.workers.in_process import run_in_process
+from stepq.workers.jobqueue.runtime import WorkerOptions
+from stepq.workers.kinds import SCORINGS
 from stepq.workers.labelling.annotation_plans import configure_annotation
-from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 from tests.trainer_helpers import tiny_recipe
 
 pytestmark = pytest.mark.slow
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.slow
 def _label(db: Database, problems: int) -> None:
     synth_set(db, "s", problems=problems, seed=1, error_rate=0.25, recovery_rate=0.0)
     configure_annotation(db, "s", 4)
-    run_in_process(db, WorkerRuntime(db, WorkerOptions(batch_rollouts=64, name="annotator")))
+    run_in_process(db, worker_runtime(db, WorkerOptions(batch_rollouts=64, name="annotator")))
 
 
 def test_each_new_judge_of_the_lineage_reorders_the_sets_that_follow_it(pg: Database, tmp_path: Path) -> None:
@@ -73,7 +74,7 @@ def test_each_new_judge_of_the_lineage_reorders_the_sets_that_follow_it(pg: Data
 
     with pg.session() as s:
         queries.pause_set(s, "pool", False)
-    run_in_process(pg, WorkerRuntime(pg, WorkerOptions(name="scorer")), kinds=[SCORINGS])
+    run_in_process(pg, worker_runtime(pg, WorkerOptions(name="scorer")), kinds=[SCORINGS])
     with pg.session() as s:
         placed = s.execute(
             select(RolloutWork.priority, RolloutWork.priority_round_id).where(RolloutWork.problem_set_id == pool_id)

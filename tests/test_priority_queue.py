@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, text, update
 
+from stepq.assembly import worker_runtime
 from stepq.models import Database, PriorityRound, PriorityScoring, RolloutWork, jobs, queries
 from stepq.models.errors import ConfigError, NotFoundError
 from stepq.models.work import ROLLOUT_WORK
@@ -17,11 +18,11 @@ from stepq.trainer.prm.model import StepScorer
 from stepq.trainer.prm.train import set_outcomes, train_prm
 from stepq.trainer.tiny_model import build_tiny_model
 from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.dispatcher import Dispatcher, DispatchOptions
-from stepq.workers.jobqueue.in_process import run_in_process
-from stepq.workers.jobqueue.registry import SCORINGS
+from stepq.workers.jobqueue.runtime import WorkerOptions, WorkerRuntime
+from stepq.workers.kinds import SCORINGS
 from stepq.workers.labelling.annotation_plans import configure_annotation
-from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 from stepq.workers.priority.strategies import convincing_wrong, random_priority, uncertainty
 from tests.helpers import outlets
 from tests.test_prm_training import _recipe
@@ -48,7 +49,7 @@ def _next_published(db: Database, limit: int = 1000) -> list[int]:
 
 
 def _runtime(db: Database) -> WorkerRuntime:
-    return WorkerRuntime(db, WorkerOptions(name="t", retry_backoff_s=0.01))
+    return worker_runtime(db, WorkerOptions(name="t"))
 
 
 def test_random_priority_orders_what_is_published(any_db: Database) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from stepq.assembly import worker_runtime
 from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
 from stepq.trainer.prm.model import StepScorer, encode
@@ -27,9 +28,9 @@ from stepq.trainer.tiny_model import build_tiny_model
 from stepq.trainer.training.recipe import Recipe
 from stepq.trainer.training.runs import TrainOptions
 from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.in_process import run_in_process
+from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.labelling.annotation_plans import configure_annotation
-from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 from tests.helpers import DATA, clean_env, run_stepq
 
 SAMPLE = DATA / "processbench_gsm8k_sample.json"
@@ -48,7 +49,7 @@ def _recipe(
 def _set(db: Database, name: str = "o") -> None:
     synth_set(db, name, problems=6, seed=4, trajectories_per_problem=2, error_rate=0.3)
     configure_annotation(db, name, 4)
-    run_in_process(db, WorkerRuntime(db, WorkerOptions(name="t")))
+    run_in_process(db, worker_runtime(db, WorkerOptions(name="t")))
 
 
 def test_encoding_marks_each_steps_last_token(tmp_path: Path) -> None:
@@ -232,7 +233,7 @@ def test_short_first_curriculum_draws_short_solutions_then_every_solution() -> N
 
 def _synthetic_processbench(path: Path, n: int, seed: int) -> Path:
     """ProcessBench-format samples of the synthetic policy, labelled by its step truth."""
-    from stepq.workers.data.synthetic_policy import SyntheticPolicy, ground_truth, make_problem
+    from stepq.workers.backends.synthetic_policy import SyntheticPolicy, ground_truth, make_problem
 
     policy = SyntheticPolicy(error_rate=0.3, recovery_rate=0.0)
     samples = []

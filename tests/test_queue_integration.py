@@ -103,11 +103,12 @@ def test_adaptive_budget_through_the_queue_survives_a_kill(cluster: Cluster, pg:
         ["annotate", "--set", "adapt", "--rollouts", "16", "--budget", "adaptive", "--rule", "rel-effective"],
     ):
         subprocess.run([sys.executable, "-m", "stepq", *cmd], env=local, check=True, capture_output=True)
-    from stepq.workers.jobqueue.in_process import run_in_process
-    from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
+    from stepq.assembly import worker_runtime
+    from stepq.workers.in_process import run_in_process
+    from stepq.workers.jobqueue.runtime import WorkerOptions
 
     other = Database(local["STEPQ_DATABASE_URL"])
-    run_in_process(other, WorkerRuntime(other, WorkerOptions(batch_rollouts=16, name="local")))
+    run_in_process(other, worker_runtime(other, WorkerOptions(batch_rollouts=16, name="local")))
     query = (
         "SELECT p.external_id, r.prefix_len, r.sample_idx, r.reward FROM rollouts r "
         "JOIN trajectories t ON t.id = r.trajectory_id JOIN problems p ON p.id = t.problem_id"

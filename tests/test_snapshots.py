@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, text
 
+from stepq.assembly import worker_runtime
 from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
 from stepq.models.problems import Problem
@@ -17,10 +18,10 @@ from stepq.trainer.snapshots.balance import LabelledChunk, balance, plan_snapsho
 from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
 from stepq.trainer.snapshots.export import export_snapshot
 from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.in_process import run_in_process
+from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.labelling.annotation_plans import configure_annotation
 from stepq.workers.labelling.labels import parse_rule
-from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 from tests.trainer_helpers import annotated_set
 
 
@@ -116,10 +117,10 @@ def test_snapshot_on_postgres_is_balanced_reproducible_and_immutable(pg: Databas
     before = _snapshot_rows(pg, first)
     # more annotation (raise M: labels and Q-values change) and a relabel under another rule
     configure_annotation(pg, "s", 16)
-    run_in_process(pg, WorkerRuntime(pg, WorkerOptions(batch_rollouts=64, name="more")))
+    run_in_process(pg, worker_runtime(pg, WorkerOptions(batch_rollouts=64, name="more")))
     synth_set(pg, "s", problems=60, seed=1, error_rate=0.25, recovery_rate=0.0)
     configure_annotation(pg, "s", 16)
-    run_in_process(pg, WorkerRuntime(pg, WorkerOptions(batch_rollouts=64, name="more2")))
+    run_in_process(pg, worker_runtime(pg, WorkerOptions(batch_rollouts=64, name="more2")))
     from stepq.workers.labelling.qvalues import relabel_set
 
     relabel_set(pg, "s", parse_rule("rel-ratio:gamma=0.8"))
@@ -185,7 +186,7 @@ def test_a_snapshot_keeps_its_text_through_an_ingest_update(any_db: Database, tm
 
     from stepq.cli import main
     from stepq.workers.data.ingest import FieldMap, ingest_file
-    from stepq.workers.labelling.grading import Grader
+    from stepq.workers.grading.grader import Grader
     from stepq.workers.labelling.regrade import regrade_trajectories
     from tests.test_ingest import _annotated_by_hand, _records, _write
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import time
 
+from stepq.assembly import worker_runtime
 from stepq.models import Database, jobs, queries
 from stepq.models.work import ROLLOUT_WORK
 from stepq.status import collect, render
 from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.in_process import run_in_process
+from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.labelling.annotation_plans import configure_annotation
-from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
+from stepq.workers.labelling.rollouts import ROLLOUTS
 
 
 def test_rate_and_eta_use_the_real_elapsed_time(any_db: Database) -> None:
@@ -19,7 +21,7 @@ def test_rate_and_eta_use_the_real_elapsed_time(any_db: Database) -> None:
     sampled_at = time.time() - 10.0
     with any_db.session() as s:
         queries.record_progress(s, sampled_at)  # the dispatcher's sample, 10 s ago: 0 rollouts
-    half = WorkerRuntime(any_db, WorkerOptions(name="t"))
+    half = worker_runtime(any_db, WorkerOptions(name="t"))
     with any_db.session() as s:
         ids = jobs.pending_ids(s, ROLLOUT_WORK, 10)
     from stepq.workers.labelling.rollouts import run_work_items
@@ -48,12 +50,12 @@ def test_no_recent_sample_means_no_rate_rather_than_a_wrong_one(any_db: Database
 
 
 def test_live_busy_and_idle_workers(pg: Database) -> None:
-    idle = WorkerRuntime(pg, WorkerOptions(name="idle")).start()
-    busy = WorkerRuntime(pg, WorkerOptions(name="busy"))
-    gone = WorkerRuntime(pg, WorkerOptions(name="gone")).start()
+    idle = worker_runtime(pg, WorkerOptions(name="idle")).start()
+    busy = worker_runtime(pg, WorkerOptions(name="busy"))
+    gone = worker_runtime(pg, WorkerOptions(name="gone")).start()
     gone.close()  # a clean exit: not live any more
     try:
-        with busy.held.holding(ROLLOUT_WORK, [1, 2]):
+        with busy.held.holding(ROLLOUTS, [1, 2]):
             busy.start()
             report = collect(pg)
     finally:
@@ -72,7 +74,7 @@ def test_tokens_spent_per_labelled_chunk_and_saved_by_the_budget(any_db: Databas
 
     synth_set(any_db, "t", problems=12, seed=3, error_rate=0.3)
     configure_annotation(any_db, "t", 8, budget="adaptive")
-    run_in_process(any_db, WorkerRuntime(any_db, WorkerOptions(name="t")))
+    run_in_process(any_db, worker_runtime(any_db, WorkerOptions(name="t")))
     with any_db.engine.connect() as conn:
         tokens, prompt, rollouts = conn.execute(
             text("SELECT sum(tokens), sum(prompt_tokens), count(*) FROM rollouts")
@@ -95,7 +97,7 @@ def test_the_status_table_fits_100_columns_and_verbose_shows_every_one(sqlite: D
 
     synth_set(sqlite, "a-long-set-name-x", problems=30, seed=3, error_rate=0.3)
     configure_annotation(sqlite, "a-long-set-name-x", 16, rule="rel-effective:alpha=0.4", budget="adaptive")
-    run_in_process(sqlite, WorkerRuntime(sqlite, WorkerOptions(name="t")))
+    run_in_process(sqlite, worker_runtime(sqlite, WorkerOptions(name="t")))
     with sqlite.engine.begin() as conn:  # a long error message, as a failed item keeps it
         from sqlalchemy import text
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, text, update
 
+from stepq.assembly import worker_runtime
 from stepq.models import Database, Problem
 from stepq.models.search import ADVANCE, FINISH, RESAMPLE, ROLLBACK
-from stepq.workers.data.synthetic_policy import step_is_right
+from stepq.workers.backends.synthetic_policy import step_is_right
 from stepq.workers.search.pairwise import (
     Comparison,
     SyntheticPairwiseOracle,
@@ -275,7 +276,7 @@ def test_a_failing_search_gives_up_after_max_attempts_and_a_hand_back_costs_none
 
     from stepq.models import jobs
     from stepq.models.search import STEP_SEARCHES
-    from stepq.workers.jobqueue.runner import RetryPolicy
+    from stepq.workers.jobqueue.kinds import RetryPolicy
 
     with sqlite.session() as s:
         (sid,) = jobs.mark_queued(s, STEP_SEARCHES, jobs.pending_ids(s, STEP_SEARCHES, 10), 0.0)
@@ -324,15 +325,17 @@ def test_a_search_takes_one_turn_per_step_of_the_policy(sqlite: Database) -> Non
     """Candidates are cut with the set's own segmentation ("Step n:" markers here), so a
     search takes one turn per step and every pair is one step against another: cut at the
     first blank line, every candidate would be the whole rest of the solution."""
+    from stepq.assembly import worker_runtime
     from stepq.models import queries
     from stepq.models.search import StepSearch
-    from stepq.workers.data.synthetic_policy import parse_problem
-    from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
-    from stepq.workers.search.plan import SearchPlan, run_searches_here, start_search
+    from stepq.workers.backends.synthetic_policy import parse_problem
+    from stepq.workers.in_process import run_searches_here
+    from stepq.workers.jobqueue.runtime import WorkerOptions
+    from stepq.workers.search.plan import SearchPlan, start_search
 
     _step_lines_set(sqlite)
     assert start_search(sqlite, SearchPlan("lines", "n", width=4)) == 6
-    rt = WorkerRuntime(sqlite, WorkerOptions(name="t"))
+    rt = worker_runtime(sqlite, WorkerOptions(name="t"))
     try:
         assert run_searches_here(sqlite, rt) == {"done": 6}
     finally:
@@ -361,8 +364,9 @@ def test_a_search_samples_as_the_method_does_and_records_it(sqlite: Database) ->
     from stepq.models.trajectories import Trajectory
     from stepq.workers.backends import SamplingParams
     from stepq.workers.backends.synthetic import SyntheticBackend
-    from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
-    from stepq.workers.search.plan import SearchPlan, run_searches_here, start_search
+    from stepq.workers.in_process import run_searches_here
+    from stepq.workers.jobqueue.runtime import WorkerOptions
+    from stepq.workers.search.plan import SearchPlan, start_search
 
     _step_lines_set(sqlite, problems=2)
     with sqlite.session() as s:
@@ -377,7 +381,7 @@ def test_a_search_samples_as_the_method_does_and_records_it(sqlite: Database) ->
             seen.append(params)
             return super().generate(requests, params)
 
-    rt = WorkerRuntime(sqlite, WorkerOptions(name="t"), backend_override=Recording(step_separator="\n"))
+    rt = worker_runtime(sqlite, WorkerOptions(name="t"), backend=Recording(step_separator="\n"))
     try:
         run_searches_here(sqlite, rt)
     finally:

@@ -9,8 +9,7 @@ from pathlib import Path
 from sqlalchemy import text
 
 from stepq.workers.backends import GenerationRequest, SamplingParams, make_backend
-from stepq.workers.data.segmentation import segment
-from stepq.workers.data.synthetic_policy import (
+from stepq.workers.backends.synthetic_policy import (
     PROMPT_TEMPLATE,
     SMALL_NUMBERS,
     SyntheticPolicy,
@@ -21,7 +20,8 @@ from stepq.workers.data.synthetic_policy import (
     parse_problem,
     true_q,
 )
-from stepq.workers.labelling.grading import Grader
+from stepq.workers.data.segmentation import segment
+from stepq.workers.grading.grader import Grader
 from stepq.workers.seeds import derive_seed
 
 
@@ -137,7 +137,7 @@ HARD_MULTIPLY = SyntheticPolicy(
 
 
 def test_exact_q_with_per_operation_rates_and_recovery_matches_monte_carlo() -> None:
-    from stepq.workers.data.synthetic_policy import trajectory_q
+    from stepq.workers.backends.synthetic_policy import trajectory_q
 
     checked = 0
     for seed in range(40):
@@ -171,7 +171,7 @@ def test_per_operation_rates_make_steps_differ_in_difficulty() -> None:
 
 
 def test_recovery_makes_q_non_monotone() -> None:
-    from stepq.workers.data.synthetic_policy import trajectory_q
+    from stepq.workers.backends.synthetic_policy import trajectory_q
 
     rises = 0
     for seed in range(300):
@@ -207,13 +207,14 @@ def test_a_synthetic_set_of_small_numbers_is_annotated_from_its_own_problems(tmp
 
     import pytest
 
+    from stepq.assembly import worker_runtime
     from stepq.migrations import upgrade
     from stepq.models import Database
     from stepq.models.errors import ConfigError
     from stepq.workers.data.synthetic_set import synth_set
-    from stepq.workers.jobqueue.in_process import run_in_process
+    from stepq.workers.in_process import run_in_process
+    from stepq.workers.jobqueue.runtime import WorkerOptions
     from stepq.workers.labelling.annotation_plans import configure_annotation
-    from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 
     url = f"sqlite:///{tmp_path / 's.db'}"
     upgrade(url)
@@ -222,7 +223,7 @@ def test_a_synthetic_set_of_small_numbers_is_annotated_from_its_own_problems(tmp
     with pytest.raises(ConfigError, match="same settings"):
         synth_set(db, "small", problems=7, seed=1)
     configure_annotation(db, "small", 2)
-    run_in_process(db, WorkerRuntime(db, WorkerOptions(name="t")))
+    run_in_process(db, worker_runtime(db, WorkerOptions(name="t")))
     with db.engine.connect() as conn:
         questions = [q for (q,) in conn.execute(text("SELECT question FROM problems"))]
         rollouts = conn.execute(text("SELECT count(*) FROM rollouts")).scalar_one()

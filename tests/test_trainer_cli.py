@@ -68,7 +68,7 @@ def test_eval_step_search_keeps_the_judges_pick_each_step(sqlite: Database, monk
     from stepq.trainer.evaluation.validation import _policy_problems
     from stepq.workers.backends import SamplingParams
     from stepq.workers.backends.synthetic import SyntheticBackend
-    from stepq.workers.data.synthetic_policy import parse_problem
+    from stepq.workers.backends.synthetic_policy import parse_problem
     from stepq.workers.search.pairwise import PairQuestion
 
     synth_set(sqlite, "tts", problems=40, seed=5, error_rate=0.25, recovery_rate=0.0, step_separator="\n")

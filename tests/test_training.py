@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from stepq.assembly import worker_runtime
 from stepq.models import Database, queries
 from stepq.trainer.evaluation.judge_spec import JudgeSpec, build_judge
 from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
@@ -20,9 +21,9 @@ from stepq.trainer.tiny_model import build_tiny_model
 from stepq.trainer.training.grpo import TrainOptions, train_judge
 from stepq.trainer.training.recipe import Recipe
 from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.jobqueue.in_process import run_in_process
+from stepq.workers.in_process import run_in_process
+from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.labelling.annotation_plans import configure_annotation
-from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime
 from tests.helpers import DATA, clean_env, run_stepq, wait_for
 from tests.trainer_helpers import annotated_set, tiny_recipe
 
@@ -202,7 +203,7 @@ def test_trainer_service_trains_when_labels_appear_and_resumes_after_sigkill(
         with pg.session() as s:
             assert queries.snapshot_summaries(s) == [], "no labels yet: nothing to snapshot"
         configure_annotation(pg, "s", 8)
-        run_in_process(pg, WorkerRuntime(pg, WorkerOptions(batch_rollouts=64, name="annotator")))
+        run_in_process(pg, worker_runtime(pg, WorkerOptions(batch_rollouts=64, name="annotator")))
 
         def checkpointed() -> bool:
             with pg.session() as s:

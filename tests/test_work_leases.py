@@ -9,12 +9,15 @@ from collections.abc import Sequence
 import pytest
 from sqlalchemy import update
 
+from stepq.assembly import worker_runtime
 from stepq.models import Database, RolloutWork, jobs, queries
 from stepq.models.work import ROLLOUT_WORK
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.jobqueue.dispatcher import Dispatcher, DispatchOptions
-from stepq.workers.jobqueue.registry import ROLLOUTS
-from stepq.workers.labelling.rollouts import WorkerOptions, WorkerRuntime, next_batch, run_work_item
+from stepq.workers.jobqueue.kinds import RetryPolicy
+from stepq.workers.jobqueue.runtime import WorkerOptions
+from stepq.workers.kinds import ROLLOUTS
+from stepq.workers.labelling.rollouts import next_batch, run_work_item
 from tests.helpers import outlets
 
 
@@ -52,7 +55,7 @@ def test_claim_is_exclusive_until_the_lease_expires(any_db: Database) -> None:
 
 def test_a_redelivered_task_is_a_no_op(any_db: Database) -> None:
     _setup(any_db)
-    rt = WorkerRuntime(any_db, WorkerOptions(name="x"))
+    rt = worker_runtime(any_db, WorkerOptions(name="x"))
     with any_db.session() as s:
         wid = jobs.pending_ids(s, ROLLOUT_WORK, 1)[0]
     assert run_work_item(rt, wid).status == "done"
@@ -66,7 +69,7 @@ def test_concurrent_deliveries_write_each_rollout_once(pg: Database) -> None:
     results: list[str] = []
 
     def deliver(name: str) -> None:
-        results.append(run_work_item(WorkerRuntime(pg, WorkerOptions(name=name, batch_rollouts=4)), wid).status)
+        results.append(run_work_item(worker_runtime(pg, WorkerOptions(name=name, batch_rollouts=4)), wid).status)
 
     threads = [threading.Thread(target=deliver, args=(f"t{i}",)) for i in range(4)]
     for t in threads:
@@ -82,7 +85,7 @@ def test_concurrent_deliveries_write_each_rollout_once(pg: Database) -> None:
 def test_expired_leases_are_rescheduled_and_give_up_after_max_attempts(any_db: Database) -> None:
     _setup(any_db, problems=1)
     published: list[int] = []
-    d = Dispatcher(any_db, outlets(published.extend), options=DispatchOptions(max_attempts=2))
+    d = Dispatcher(any_db, outlets(published.extend, retry=RetryPolicy(max_attempts=2)))
     assert d.cycle().published == 1
     wid = published[0]
     with any_db.session() as s:
@@ -181,7 +184,7 @@ def test_a_messages_contexts_load_together_as_each_alone(any_db: Database) -> No
     """The bulk loader a task uses reads what the one-trajectory loader reads: chunks in
     order, every stored reward, the generator, the problem and its set."""
     _setup(any_db, problems=4, m=2)
-    rt = WorkerRuntime(any_db, WorkerOptions(name="w"))
+    rt = worker_runtime(any_db, WorkerOptions(name="w"))
     with any_db.session() as s:
         ids = jobs.pending_ids(s, ROLLOUT_WORK, 10)
     run_work_item(rt, ids[0])  # one trajectory has rollouts (and a generator)

@@ -143,7 +143,7 @@ def label(set_name: str, rule: str, make_default: bool) -> None:
 @friendly
 def regrade(set_name: str, only: str) -> None:
     """Re-grade stored answers (no sampling) and update Q-values and labels."""
-    from stepq.workers.labelling.grading import Grader
+    from stepq.workers.grading.grader import Grader
     from stepq.workers.labelling.regrade import regrade_set
 
     settings = load_settings()
@@ -168,7 +168,7 @@ def retry(set_name: str | None) -> None:
     """Give failed jobs (work items, step searches) another round of attempts (after fixing
     what made them fail)."""
     from stepq.models import queries
-    from stepq.workers.jobqueue.registry import retry_failed
+    from stepq.workers.kinds import retry_failed
 
     database = open_db(load_settings())
     with database.session() as s:

@@ -164,14 +164,16 @@ def search_start(
 @friendly
 def search_run() -> None:
     """Run every pending search in this process (the embedded default; no broker)."""
-    from stepq.workers.labelling.rollouts import WorkerRuntime
-    from stepq.workers.search.plan import run_searches_here
+    from stepq.assembly import configured_runtime, kinds_of
+    from stepq.workers.in_process import run_searches_here
+    from stepq.workers.search.runner import SEARCHES
 
     settings = load_settings()
     db = open_db(settings)
-    rt = WorkerRuntime(db, settings.worker_options())
+    rt = configured_runtime(settings, db)
     try:
-        outcomes = run_searches_here(db, rt, settings.max_attempts)
+        (kind,) = kinds_of(settings, [SEARCHES])
+        outcomes = run_searches_here(db, rt, kind)
     finally:
         rt.close()
     click.echo("searches: " + (", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) or "none pending"))

@@ -82,10 +82,10 @@ def worker(
     backend_options: tuple[str, ...],
 ) -> None:
     """Run a Celery worker that pulls rollout work (one per GPU, concurrency 1)."""
+    from stepq.assembly import configured_runtime, self_tested_grader
     from stepq.workers.backends import check_config, check_installed, make_backend
-    from stepq.workers.jobqueue.celery_app import create_app, wait_for_broker
-    from stepq.workers.labelling.grading import Grader
-    from stepq.workers.labelling.rollouts import WorkerRuntime
+    from stepq.workers.celery_app import create_app, wait_for_broker
+    from stepq.workers.jobqueue.runtime import WorkerRuntime
 
     settings = load_settings()
     setup_logging(loglevel or settings.log_level, settings.log_format)
@@ -93,11 +93,7 @@ def worker(
     if backend:
         check_config(backend, backend_config(model, base_url, backend_options))
         check_installed(backend)  # before the broker: a worker that cannot generate takes no work
-    grader = Grader(timeout_s=max(settings.grade_timeout_s, 10))  # a cold sympy import takes seconds
-    try:
-        grader.self_test()  # refuse to run (exit 2) rather than grade every hard answer as wrong
-    finally:
-        grader.close()
+    self_tested_grader(settings)
     wait_for_broker(settings.broker_url, settings.broker_wait_s)
     config = backend_config(
         model,
@@ -118,15 +114,10 @@ def worker(
             synchronous_commit=settings.synchronous_commit,
             guards=settings.session_guards(),
         )
-        return WorkerRuntime(
-            database,
-            settings.worker_options(name, queue_worker=True),
-            Grader(timeout_s=settings.grade_timeout_s),
-            backend_override=make_backend(backend, config) if backend else None,
-            owns_override=True,
-        )
+        engine = make_backend(backend, config) if backend else None
+        return configured_runtime(settings, database, name, queue_worker=True, backend=engine)
 
-    app = create_app(settings.celery_options(), runtime, forking_pool=pool == "prefork")
+    app = create_app(settings.celery_options(), runtime, forking_pool=pool == "prefork", kinds=settings.job_kinds())
     argv = [
         "worker",
         f"--pool={pool}",
@@ -150,8 +141,8 @@ def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
     """Publish missing work (rollouts, step searches) to the broker; only one dispatcher
     acts at a time."""
     from stepq.models.wakeup import WorkListener
+    from stepq.workers.celery_app import create_app, outlets, wait_for_broker
     from stepq.workers.jobqueue.broker_contents import redis_jobs_in_broker, redis_queue_depth
-    from stepq.workers.jobqueue.celery_app import create_app, outlets, wait_for_broker
     from stepq.workers.jobqueue.dispatcher import Dispatcher
 
     settings = load_settings()
@@ -162,7 +153,7 @@ def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
     listener = WorkListener(database.engine) if database.engine.dialect.name == "postgresql" else None
     dispatcher = Dispatcher(
         database,
-        outlets(app, settings.items_per_task),
+        outlets(app, settings.items_per_task, settings.job_kinds()),
         options=settings.dispatch_options(),
         queue_depth=redis_queue_depth(settings.broker_url, settings.queue),
         in_broker=redis_jobs_in_broker(settings.broker_url, settings.queue),
@@ -192,7 +183,7 @@ def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
 def flower(port: int, address: str, basic_auth: str | None) -> None:
     """Celery's Flower dashboard for the stepq queue (needs the 'flower' extra)."""
     from stepq.models.errors import ConfigError
-    from stepq.workers.jobqueue.celery_app import create_app
+    from stepq.workers.celery_app import create_app
 
     if address not in ("127.0.0.1", "localhost", "::1") and not basic_auth:
         raise ConfigError(

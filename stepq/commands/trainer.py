@@ -14,7 +14,8 @@ import click
 
 from stepq.commands.base import friendly, load_settings, main, open_db
 from stepq.models.errors import ConfigError
-from stepq.trainer.training.methods import DEFAULT_RECIPES, METHODS
+from stepq.trainer.methods import DEFAULT_RECIPES
+from stepq.trainer.training.recipe import METHODS
 
 # --- snapshots ----------------------------------------------------------------------
 
@@ -269,8 +270,8 @@ def train(
     trains, rank 0 alone records the run."""
     if ctx.invoked_subcommand is not None:
         return
+    from stepq.trainer import methods
     from stepq.trainer.outcomes.export import OutcomeFilter
-    from stepq.trainer.training import methods
     from stepq.trainer.training.ranks import current_rank, die_with_launcher
     from stepq.trainer.training.runs import TrainOptions
 

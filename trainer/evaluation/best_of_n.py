@@ -103,7 +103,7 @@ def synthetic_candidates(
     problems: int, n: int, seed: int = 0, error_rate: float = 0.3, recovery_rate: float = 0.0
 ) -> list[tuple[str, list[Candidate]]]:
     """N samples of the synthetic policy for each of ``problems`` problems (question, samples)."""
-    from stepq.workers.data.synthetic_policy import SyntheticPolicy, make_problem
+    from stepq.workers.backends.synthetic_policy import SyntheticPolicy, make_problem
     from stepq.workers.seeds import derive_seed
 
     policy = SyntheticPolicy(error_rate=error_rate, recovery_rate=recovery_rate)

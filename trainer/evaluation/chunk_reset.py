@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from stepq.trainer.evaluation.judges import StepItem, StepJudge
 from stepq.workers.backends.base import GenerationBackend, GenerationRequest, SamplingParams
 from stepq.workers.data.segmentation import first_chunk, next_chunk
-from stepq.workers.labelling.grading import Grader
+from stepq.workers.grading.grader import Grader
 from stepq.workers.seeds import derive_seed
 
 

@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from stepq.trainer.generative_judge.prompt import NEGATIVE, POSITIVE, JudgePrompt, parse_verdict
 from stepq.workers.backends.base import Completion, GenerationBackend, GenerationRequest, SamplingParams
-from stepq.workers.data.synthetic_policy import step_is_right
+from stepq.workers.backends.synthetic_policy import step_is_right
 from stepq.workers.seeds import derive_seed
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from stepq.models.search import FINISH
 from stepq.trainer.evaluation.chunk_reset import PolicyProblem
 from stepq.workers.backends.base import Completion, GenerationBackend, GenerationRequest, SamplingParams
-from stepq.workers.labelling.grading import Grader
+from stepq.workers.grading.grader import Grader
 from stepq.workers.search.pairwise import EACH_VERDICT, PairwiseJudge
 from stepq.workers.search.step_search import SearchSpec, next_turn, replay
 from stepq.workers.seeds import derive_seed

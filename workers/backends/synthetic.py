@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stepq.workers.backends.base import Completion, GenerationRequest, SamplingParams
-from stepq.workers.data.synthetic_policy import SyntheticPolicy
+from stepq.workers.backends.synthetic_policy import SyntheticPolicy
 
 
 class SyntheticBackend:

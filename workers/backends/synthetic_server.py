@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from stepq.workers.data.synthetic_policy import SyntheticPolicy
+from stepq.workers.backends.synthetic_policy import SyntheticPolicy
 
 MARKER = "Solution:\n"
 

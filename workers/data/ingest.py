@@ -21,7 +21,7 @@ from stepq.models.errors import InputError
 from stepq.models.problems import Problem
 from stepq.models.trajectories import GIVEN_STEPS
 from stepq.workers.data.segmentation import join_steps
-from stepq.workers.labelling.grading import Grader, extract_boxed
+from stepq.workers.grading.grader import Grader, extract_boxed
 
 QUESTION_FIELDS = ("problem", "question", "prompt")
 ID_FIELDS = ("unique_id", "id", "idx")

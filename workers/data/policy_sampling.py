@@ -19,8 +19,8 @@ from stepq.workers.backends import GenerationBackend, GenerationRequest, Samplin
 from stepq.workers.data.llm_segment import segment_with_model
 from stepq.workers.data.prompts import render
 from stepq.workers.data.segmentation import Segmentation, segment
+from stepq.workers.grading.grader import Grader, extract_boxed
 from stepq.workers.labelling.annotation_plans import require_synthetic_problems
-from stepq.workers.labelling.grading import Grader, extract_boxed
 from stepq.workers.seeds import derive_seed
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stepq.models.errors import ConfigError
-from stepq.workers.data.synthetic_policy import PROMPT_TEMPLATE as SYNTHETIC_TEMPLATE
+from stepq.workers.backends.synthetic_policy import PROMPT_TEMPLATE as SYNTHETIC_TEMPLATE
 
 # The StepWiser self-segmentation prompt: the policy marks its own reasoning chunks.
 CHUNK_TEMPLATE = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -11,14 +12,18 @@ from stepq.models.errors import ConfigError
 from stepq.models.problems import Problem
 from stepq.workers.backends import SamplingParams, generator_id
 from stepq.workers.backends.synthetic import SyntheticBackend
-from stepq.workers.data.segmentation import segment
-from stepq.workers.data.synthetic_policy import (
+from stepq.workers.backends.synthetic_policy import (
     DEFAULT_NUMBERS,
     PROMPT_TEMPLATE,
     SMALL_NUMBERS,
+    SyntheticPolicy,
     ground_truth,
     make_problem,
+    parse_problem,
+    trajectory_q,
 )
+from stepq.workers.data.segmentation import segment
+from stepq.workers.labelling.labels import label_chunks
 from stepq.workers.seeds import derive_seed
 
 
@@ -132,3 +137,11 @@ def synth_set(
                 )
                 new_t += tid is not None
     return SynthReport(new_p, new_t)
+
+
+def exact_labels(policy: SyntheticPolicy, prompt: str, seed: int, rule: Any) -> list[bool | None]:
+    """The true labels of a synthetic trajectory under a rule: the rule on its exact Q-values
+    (the trajectory re-drawn from its prompt and seed)."""
+    problem = parse_problem(prompt)
+    steps = policy.continue_steps(problem, 0, problem.start, random.Random(seed))
+    return label_chunks(rule, trajectory_q(policy, problem, steps))

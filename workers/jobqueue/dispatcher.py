@@ -13,7 +13,7 @@ carries it (the broker's contents are read each cycle: waiting and delivered-una
 messages, so a lost message is found while the queue holds other work) and it was queued a
 grace period ago.  When the contents cannot be read, only an empty queue says messages were
 lost; when not even the depth can be told, a job queued ``requeue_after_s`` ago is presumed
-lost.  Every kind of queue work (``work_kinds``: rollouts, step searches, priority scorings)
+lost.  Every kind of queue work (``stepq.workers.kinds``: rollouts, step searches, priority scorings)
 shares that one bound, counted in messages; each cycle starts with the next kind.  Rollout
 work is published one set at a time in turn, each set's in its priority order
 (``jobs.pending_ids``), so a large or prioritised set cannot starve another.
@@ -37,9 +37,8 @@ from typing import Any
 from stepq.models import Database, epoch, jobs, queries
 from stepq.models.errors import BrokerError, Busy
 from stepq.workers.jobqueue.broker_contents import JobsInBroker
+from stepq.workers.jobqueue.kinds import Outlet, PartlyPublished
 from stepq.workers.jobqueue.message_split import SmallMessages, split_messages, tail_threshold
-from stepq.workers.jobqueue.runner import Outlet, PartlyPublished
-from stepq.workers.priority.rounds import SCORING_BATCH
 
 log = logging.getLogger("stepq.dispatcher")
 
@@ -49,7 +48,6 @@ LOCK_NAME = "dispatcher"
 @dataclass(frozen=True)
 class DispatchOptions:
     lock_ttl_s: float = 30.0
-    max_attempts: int = 5
     requeue_after_s: float = 900.0
     """Only when the broker's queue depth is unknown: a queued item older than this is
     presumed lost and published again."""
@@ -124,10 +122,11 @@ class Dispatcher:
         now = epoch()
         expired = failed = 0
         with self.db.session() as s:
-            planned = queries.plan_work(s)
-            queries.cover_new_work(s, SCORING_BATCH)  # new work of a prioritised set is scored too
+            # each kind plans its own missing jobs (rollouts for new trajectories, then the
+            # scorings that order a prioritised set's new work)
+            planned = sum(outlet.kind.plan(s) for outlet in self.outlets if outlet.kind.plan is not None)
             for outlet in self.outlets:
-                back, gave_up = jobs.expire_leases(s, outlet.kind.table, now, o.max_attempts)
+                back, gave_up = jobs.expire_leases(s, outlet.kind.table, now, outlet.kind.retry.max_attempts)
                 expired, failed = expired + back, failed + gave_up
             queries.count_event(s, "lease_expiries", expired + failed)
             queries.count_event(s, "items_failed", failed)
@@ -165,7 +164,8 @@ class Dispatcher:
                 room_messages = None if bound is None else bound - self.queued_messages(s)
                 room = batch if room_messages is None else min(batch, room_messages * per)
                 limit = max(room, tail) if room > 0 else 0
-                waiting = queries.sets_being_scored(s) if table.dispatch_order is not None and limit > 0 else set()
+                held_back = outlet.kind.held_back
+                waiting = held_back(s) if held_back is not None and limit > 0 else set()
                 ids = jobs.pending_ids(s, table, limit, first_set=self._set_turn, skip_sets=waiting) if limit else []
                 self._set_turn += 1
                 messages = split_messages(ids, per, live if tail else 1, complete=len(ids) < limit)

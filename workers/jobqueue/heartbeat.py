@@ -17,8 +17,8 @@ import threading
 from collections.abc import Callable
 
 from stepq.models import Database, queries
+from stepq.workers.jobqueue.held_jobs import HeldJobs
 from stepq.workers.jobqueue.logcontext import bind
-from stepq.workers.jobqueue.runner import HeldJobs
 
 log = logging.getLogger("stepq.worker")
 

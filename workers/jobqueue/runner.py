@@ -1,91 +1,124 @@
-"""The job queue on the workers' side: what a kind of work is, the retry policy, the jobs a
-process holds, and how a task that fails or stops settles what it claimed.
+"""The job runner: the one place a job of any kind is claimed, held, and settled.
 
-The SQL is ``stepq.models.jobs`` (one lifecycle for every table of queue work); this module
-is the policy around it, written once: a handler (rollouts, step searches, ...) claims its
-jobs, does the work, and finishes them; everything else (renewing leases while it runs,
-failing or retrying with backoff after an error, handing work back when the process stops
-or a call hangs) happens here and in the dispatcher, the same for every kind.
+A message names some jobs of one kind.  The runner claims them (one transaction), holds them
+while the kind's handler works (the heartbeat renews what is held), and settles whatever the
+handler leaves: when the process is stopping, unfinished jobs go back unharmed; after an
+error, each fails or is retried under the kind's policy (an attempt counted, so a
+deterministic error cannot loop); on Ctrl-C they go back, and what cannot be written (the
+database restarting) is owed to the heartbeat, which writes it once the database answers.
+Handlers (``JobKind.handler``) only do the work and say how each job ended, through the
+``Claimed`` the runner gives them; none of them touches a job's status.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
 from stepq.models import Database, jobs, queries
-from stepq.models.errors import ConfigError, GenerationError
-from stepq.models.jobs import JobTable
+from stepq.models.errors import LeaseLost
+from stepq.workers.jobqueue.held_jobs import HeldJobs
+from stepq.workers.jobqueue.kinds import JobKind, is_permanent
+from stepq.workers.jobqueue.logcontext import bind
 
 if TYPE_CHECKING:
-    from stepq.workers.labelling.rollouts import WorkerRuntime
+    from stepq.workers.jobqueue.runtime import WorkerRuntime
 
 log = logging.getLogger("stepq.worker")
 
-Handler = Callable[["WorkerRuntime", list[int]], dict[int, str]]
-"""Runs some jobs of one kind in a worker; returns each job's status (done, skipped, lost,
-retry, failed, handed-back)."""
+
+class Claimed:
+    """The jobs of one message this process claimed, while the handler works on them.
+
+    ``finish``/``renew`` are fenced writes inside the handler's own transaction (a result and
+    its job's end commit together; a lost lease raises ``LeaseLost`` and rolls the result
+    back).  ``record`` notes how a job ended once that committed; ``fail`` settles a job after
+    an error of its own.  Thread-safe: a write-behind thread may settle a job later."""
+
+    def __init__(self, rt: WorkerRuntime, kind: JobKind, ids: Sequence[int]) -> None:
+        self.rt, self.kind, self.ids = rt, kind, list(ids)
+        self.outcomes: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def stopping(self) -> bool:
+        """The process is asked to stop: return at the next safe point; the runner hands back
+        whatever is unsettled."""
+        return self.rt.stopping.is_set()
+
+    def renew(self, session: Session, job_id: int) -> None:
+        """The fence before an intermediate write: the lease is still ours (and now longer)."""
+        if not jobs.renew(session, self.kind.table, [job_id], self.rt.name, self.rt.options.lease_ttl_s):
+            raise LeaseLost(f"lease on {self.kind.table.name} job {job_id} was taken over")
+
+    def finish(self, session: Session, job_id: int, **values: Any) -> None:
+        """End the job (done, with ``values``) in the transaction that writes its result."""
+        if not jobs.finish(session, self.kind.table, job_id, self.rt.name, **values):
+            raise LeaseLost(f"lease on {self.kind.table.name} job {job_id} was taken over")
+
+    def record(self, job_id: int, status: str) -> None:
+        """How a job ended (done, lost, writing: a write-behind thread settles it)."""
+        with self._lock:
+            self.outcomes[job_id] = status
+
+    def fail(self, job_id: int, exc: BaseException, **log_extra: Any) -> str:
+        """Settle one job after its own error, under the kind's retry policy."""
+        status = fail(self.rt.db, self.kind, job_id, self.rt.name, exc, **log_extra)
+        self.record(job_id, status)
+        return status
+
+    def hand_back(self, job_id: int) -> None:
+        """Return one job unharmed, its attempt not counted."""
+        hand_back(self.rt.db, {self.kind: [job_id]}, self.rt.name)
+        self.record(job_id, "handed-back")
+
+    def unsettled(self) -> list[int]:
+        with self._lock:
+            return [i for i in self.ids if i not in self.outcomes]
 
 
-@dataclass(frozen=True)
-class JobKind:
-    """One kind of queue work: its table, its Celery task, the code that runs it, and how many
-    jobs go in one broker message by default (a message is what the broker bound counts)."""
-
-    table: JobTable
-    task_name: str
-    handler: Callable[[], Handler]
-    """Imported when first run, so publishing needs none of the workers' dependencies."""
-    per_message: int = 1
-
-
-@dataclass(frozen=True)
-class Outlet:
-    """Where the dispatcher publishes one kind's pending jobs: ``publish(ids)`` sends them as
-    messages of ``per_message`` ids each."""
-
-    kind: JobKind
-    publish: Callable[[Sequence[int]], None]
-    per_message: int = 1
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """When a failed job is tried again, and when it is given up on: every kind of work fails
-    the same way (a permanent error at once, else after ``max_attempts`` tries, waiting
-    ``backoff_s`` doubled per attempt, at most ``max_backoff_s``, in between)."""
-
-    max_attempts: int = 5
-    backoff_s: float = 5.0
-    max_backoff_s: float = 600.0
-
-    def decide(self, attempts: int, permanent: bool) -> tuple[bool, float]:
-        give_up = permanent or attempts >= self.max_attempts
-        return give_up, min(self.backoff_s * 2 ** max(0, attempts - 1), self.max_backoff_s)
+def run_jobs(rt: WorkerRuntime, kind: JobKind, ids: Sequence[int]) -> dict[int, str]:
+    """Run the jobs one message names; returns each job's status: done, skipped (someone else
+    has it), lost, retry, failed, handed-back, or writing (a write-behind thread finishes it).
+    Safe to call twice for the same ids, at once or later."""
+    ids = list(ids)
+    if rt.stopping.is_set():  # none is claimed: still queued, the dispatcher republishes them
+        return dict.fromkeys(ids, "handed-back")
+    claimed = Claimed(rt, kind, [])
+    with rt.held.holding(kind, ids), bind(worker=rt.name, item=ids[0] if len(ids) == 1 else ids):
+        try:
+            with rt.db.session() as s:
+                claimed.ids = [i for i in ids if jobs.claim(s, kind.table, i, rt.name, rt.options.lease_ttl_s)]
+            if claimed.ids:
+                kind.handler(rt, claimed)
+        except BaseException as exc:
+            # whatever escaped the handler (a database error loading the next job, a bug,
+            # SystemExit, Ctrl-C): what it claimed and did not settle is released, then on its way
+            release_unfinished(rt.db, kind, claimed.unsettled(), rt.name, exc, rt.held)
+            raise
+        left = claimed.unsettled()
+        if left:
+            if not rt.stopping.is_set():
+                log.warning("the %s handler left jobs %s unsettled; handing them back", kind.table.name, left)
+            hand_back(rt.db, {kind: left}, rt.name)
+            for job_id in left:
+                claimed.record(job_id, "handed-back")
+            log.info("stopping: handed back %d %s jobs after the work in flight", len(left), kind.table.name)
+    return {i: claimed.outcomes.get(i, "skipped") for i in ids}
 
 
-def is_permanent(exc: BaseException) -> bool:
-    """A bad setting or a request the engine refuses for good: trying again cannot help."""
-    return isinstance(exc, ConfigError) or (isinstance(exc, GenerationError) and exc.permanent)
-
-
-def fail(
-    db: Database, table: JobTable, job_id: int, owner: str, exc: BaseException, policy: RetryPolicy, **log_extra: Any
-) -> str:
+def fail(db: Database, kind: JobKind, job_id: int, owner: str, exc: BaseException, **log_extra: Any) -> str:
     """Record a failed job: failed for good, or pending again after the policy's backoff;
     returns "failed", "retry" or "lost" (another worker holds it now)."""
     permanent = is_permanent(exc)
     log.error(
         "%s job %s failed (%s): %s: %s",
-        table.name,
+        kind.table.name,
         job_id,
         "permanent" if permanent else "will retry",
         type(exc).__name__,
@@ -94,123 +127,50 @@ def fail(
     )
     with db.session() as s:
         outcome = jobs.fail_or_retry(
-            s, table, job_id, owner, f"{type(exc).__name__}: {exc}", policy.decide, permanent=permanent
+            s, kind.table, job_id, owner, f"{type(exc).__name__}: {exc}", kind.retry.decide, permanent=permanent
         )
         queries.count_event(s, {"failed": "items_failed", "retry": "retries"}.get(outcome, "lost_leases"))
     return outcome
 
 
-class PartlyPublished(Exception):
-    """A publish that failed part-way (the broker full or gone mid-batch): ``sent`` are the job
-    ids whose messages did reach the broker, so only the others go back to pending (putting
-    them all back published the sent ones twice)."""
-
-    def __init__(self, sent: Sequence[int], cause: BaseException) -> None:
-        super().__init__(f"{type(cause).__name__}: {cause}")
-        self.sent = list(sent)
-
-
 def release_unfinished(
     db: Database,
-    table: JobTable,
+    kind: JobKind,
     job_ids: Sequence[int],
     owner: str,
     exc: BaseException,
-    policy: RetryPolicy,
     held: HeldJobs | None = None,
 ) -> None:
-    """Whatever escaped a task (a database error, a bug, SystemExit): each job it claimed and
-    did not settle fails or retries (an attempt counted, so a deterministic error cannot
-    loop).  An operator's stop (Ctrl-C: ``KeyboardInterrupt``) is no failure: the jobs go back
-    unharmed.  What cannot be written now (the database restarting) is owed to ``held``: the
-    process's heartbeat writes it as soon as the database answers, rather than leaving the jobs
-    running with nobody on them until their leases expire."""
+    """Whatever escaped a handler: each job it claimed and did not settle fails or retries.  An
+    operator's stop (Ctrl-C: ``KeyboardInterrupt``) is no failure: the jobs go back unharmed.
+    What cannot be written now (the database restarting) is owed to ``held``: the process's
+    heartbeat writes it as soon as the database answers, rather than leaving the jobs running
+    with nobody on them until their leases expire."""
 
     def settle(job_id: int) -> None:
         if isinstance(exc, KeyboardInterrupt):
-            hand_back(db, {table: [job_id]}, owner)
+            hand_back(db, {kind: [job_id]}, owner)
         else:
-            fail(db, table, job_id, owner, exc, policy)
+            fail(db, kind, job_id, owner, exc)
 
     for job_id in job_ids:
         try:
             settle(job_id)
         except Exception as err:
             if held is None:
-                log.warning("could not release %s job %s (%s); its lease will expire", table.name, job_id, err)
+                log.warning("could not release %s job %s (%s); its lease will expire", kind.table.name, job_id, err)
             else:
-                log.warning("could not release %s job %s (%s); will once the database answers", table.name, job_id, err)
+                log.warning(
+                    "could not release %s job %s (%s); will once the database answers", kind.table.name, job_id, err
+                )
                 held.owe(partial(settle, job_id))
 
 
-def hand_back(db: Database, held: dict[JobTable, list[int]], owner: str) -> int:
+def hand_back(db: Database, held: dict[JobKind, list[int]], owner: str) -> int:
     """Return held jobs unharmed (the process is stopping, or a call hung): pending again,
     the attempt not counted.  Returns how many went back."""
     back = 0
     with db.session() as s:
-        for table, ids in held.items():
-            back += sum(jobs.hand_back(s, table, job_id, owner) for job_id in ids)
+        for kind, ids in held.items():
+            back += sum(jobs.hand_back(s, kind.table, job_id, owner) for job_id in ids)
     return back
-
-
-class HeldJobs:
-    """The jobs this process holds now, per table: exactly what its heartbeat renews.  A task
-    registers its jobs for as long as it runs (``holding``), and the write-behind thread for as
-    long as it still has a job's batch to commit (``hold``/``release``); once nothing holds a
-    job, nothing renews it and its lease runs out.  Counted, so the two can overlap."""
-
-    def __init__(self) -> None:
-        self._held: dict[JobTable, Counter[int]] = {}
-        self._owed: list[Callable[[], None]] = []
-        self._lock = threading.Lock()
-
-    @contextmanager
-    def holding(self, table: JobTable, ids: Sequence[int]) -> Iterator[None]:
-        self.hold(table, ids)
-        try:
-            yield
-        finally:
-            self.release(table, ids)
-
-    def hold(self, table: JobTable, ids: Sequence[int]) -> None:
-        with self._lock:
-            self._held.setdefault(table, Counter()).update(ids)
-
-    def release(self, table: JobTable, ids: Sequence[int]) -> None:
-        with self._lock:
-            held = self._held[table]
-            held.subtract(ids)
-            for i in ids:
-                if held.get(i, 0) <= 0:
-                    held.pop(i, None)
-
-    def now(self) -> dict[JobTable, list[int]]:
-        with self._lock:
-            return {table: sorted(ids) for table, ids in self._held.items() if ids}
-
-    def __len__(self) -> int:
-        with self._lock:
-            return sum(len(ids) for ids in self._held.values())
-
-    def owe(self, settle: Callable[[], None]) -> None:
-        """A release that could not be written; ``settle_owed`` tries it again."""
-        with self._lock:
-            self._owed.append(settle)
-
-    def settle_owed(self) -> int:
-        """Write the owed releases that can be written now; returns how many were."""
-        with self._lock:
-            owed, self._owed = self._owed, []
-        done = 0
-        for settle in owed:
-            try:
-                settle()
-                done += 1
-            except Exception:
-                with self._lock:
-                    self._owed.append(settle)
-        return done
-
-    def renew(self, session: Session, owner: str, ttl: float) -> int:
-        """Extend the leases on every job held now; returns how many this process still holds."""
-        return sum(jobs.renew(session, table, ids, owner, ttl) for table, ids in self.now().items())

@@ -22,15 +22,15 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from stepq.models.jobs import JobTable
-from stepq.workers.jobqueue.runner import HeldJobs
+from stepq.workers.jobqueue.held_jobs import HeldJobs
+from stepq.workers.jobqueue.kinds import JobKind
 
 log = logging.getLogger("stepq.worker")
 
 
 @dataclass(frozen=True)
 class _Write:
-    table: JobTable
+    kind: JobKind
     job_id: int
     commit: Callable[[], None]
     """Commits the batch and settles the job, handling its own errors (a lost lease, a failure)."""
@@ -45,14 +45,14 @@ class WriteBehind:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def submit(self, table: JobTable, job_id: int, commit: Callable[[], None]) -> None:
+    def submit(self, kind: JobKind, job_id: int, commit: Callable[[], None]) -> None:
         """Queue a commit (blocking while ``max_pending`` wait); the job is held from now on."""
-        self.held.hold(table, [job_id])
+        self.held.hold(kind, [job_id])
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="stepq-write-behind", daemon=True)
                 self._thread.start()
-        self._queue.put(_Write(table, job_id, commit))
+        self._queue.put(_Write(kind, job_id, commit))
 
     def _loop(self) -> None:
         while True:
@@ -63,10 +63,10 @@ class WriteBehind:
                 try:
                     item.commit()
                 except BaseException as exc:  # commit settles its own errors; this is a last resort
-                    what = f"{item.table.name} job {item.job_id}"
+                    what = f"{item.kind.table.name} job {item.job_id}"
                     log.error("write-behind of %s failed: %s (its lease will expire)", what, exc)
                 finally:
-                    self.held.release(item.table, [item.job_id])
+                    self.held.release(item.kind, [item.job_id])
             finally:
                 self._queue.task_done()
 

@@ -8,7 +8,7 @@ from typing import Any
 from stepq.models import Database, queries
 from stepq.models.errors import ConfigError, NotFoundError
 from stepq.workers.backends import SamplingParams, check_config
-from stepq.workers.data.synthetic_policy import is_synthetic_question
+from stepq.workers.backends.synthetic_policy import is_synthetic_question
 from stepq.workers.labelling.budget import parse_budget
 from stepq.workers.labelling.labels import parse_rule
 from stepq.workers.priority.rounds import RoundReport, set_priority

@@ -12,8 +12,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from stepq.models import Database, queries
+from stepq.workers.grading.grader import Grader
 from stepq.workers.labelling.budget import parse_budget
-from stepq.workers.labelling.grading import Grader
 from stepq.workers.labelling.labels import parse_rule
 from stepq.workers.labelling.qvalues import TrajectoryLabeller
 

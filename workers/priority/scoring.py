@@ -14,95 +14,78 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from stepq.models import PriorityRound, PriorityScoring, ProblemSet, TrainingRun, jobs, queries
-from stepq.models.errors import ConfigError
+from stepq.models import PriorityRound, PriorityScoring, ProblemSet, queries
+from stepq.models.errors import ConfigError, LeaseLost
 from stepq.models.prioritization import PRIORITY_SCORINGS
-from stepq.workers.jobqueue import runner as queue
+from stepq.workers.jobqueue.kinds import JobKind
+from stepq.workers.jobqueue.runner import Claimed, run_jobs
+from stepq.workers.jobqueue.runtime import WorkerRuntime
+from stepq.workers.priority.rounds import SCORING_BATCH
 from stepq.workers.priority.strategies import Strategy, dispatch_key, parse_strategy, priority
-
-if TYPE_CHECKING:
-    from stepq.workers.labelling.rollouts import WorkerRuntime
 
 log = logging.getLogger("stepq.worker")
 
 
-def build_scoring_judge(method: str, output_dir: str, strategy: Strategy) -> Any:
-    """A judge that scores every chunk of a solution (``ScoringJudge``) from a training run."""
-    from stepq.trainer.training.runs import FINAL
-
-    model = Path(output_dir) / FINAL
-    if not model.exists():
-        raise ConfigError(f"the judge's model {model} is not on this worker (train it, or share the runs folder)")
-    if method == "prm":
-        from stepq.trainer.evaluation.judges import PRMJudge
-        from stepq.trainer.prm.model import StepScorer
-
-        return PRMJudge(StepScorer.load(str(model)), strategy.threshold)
-    from stepq.trainer.evaluation.judge_spec import JudgeSpec, build_judge
-
-    spec = JudgeSpec(kind="model", backend="hf", model=str(model), votes=strategy.votes, score_by="votes")
-    return build_judge(spec).judge
-
-
 def judge_of(rt: WorkerRuntime, run_id: int, strategy: Strategy) -> Any:
-    """The round's judge, built once per process (``rt.judge_override`` replaces it)."""
-    if rt.judge_override is not None:
-        return rt.judge_override(run_id)
-    key = (run_id, strategy.votes, strategy.threshold)
-    if key not in rt.judges:
-        with rt.db.session() as s:
-            run = s.get_one(TrainingRun, run_id)
-            method, output_dir = run.method, run.output_dir
-        rt.judges.clear()  # one judge warm at a time: a round's judge replaces the last
-        rt.judges[key] = build_scoring_judge(method, output_dir, strategy)
-    return rt.judges[key]
+    """The round's judge, from the factory the process was assembled with."""
+    if rt.judge_factory is None:
+        raise ConfigError(
+            "this worker was started without a judge factory: it cannot score for a prioritised set's round"
+        )
+    return rt.judge_factory(run_id, strategy)
 
 
-def run_scorings(rt: WorkerRuntime, ids: Sequence[int]) -> dict[int, str]:
-    """Each scoring job's status: done, skipped (someone else has it), lost, handed-back, failed."""
-    out: dict[int, str] = {}
-    for job_id in ids:
-        if rt.stopping.is_set():
-            out[job_id] = "handed-back"  # still queued: the dispatcher republishes it once lost
-            continue
-        with rt.held.holding(PRIORITY_SCORINGS, [job_id]):
-            out[job_id] = _run_scoring(rt, job_id)
-    return out
+def handle_scorings(rt: WorkerRuntime, claimed: Claimed) -> None:
+    """Score each claimed job's waiting trajectories and write their priorities."""
+    for job_id in claimed.ids:
+        if claimed.stopping:
+            return
+        try:
+            _score(rt, claimed, job_id)
+            claimed.record(job_id, "done")
+        except LeaseLost as exc:
+            log.warning("%s", exc)
+            claimed.record(job_id, "lost")
+        except Exception as exc:  # an attempt counted, retried with backoff unless permanent
+            claimed.fail(job_id, exc)
 
 
-def _run_scoring(rt: WorkerRuntime, job_id: int) -> str:
+def _score(rt: WorkerRuntime, claimed: Claimed, job_id: int) -> None:
     with rt.db.session() as s:
-        if not jobs.claim(s, PRIORITY_SCORINGS, job_id, rt.name, rt.options.lease_ttl_s):
-            return "skipped"
         job = s.get_one(PriorityScoring, job_id)
         round_ = s.get_one(PriorityRound, job.round_id)
         aging = s.get_one(ProblemSet, job.problem_set_id).priority_aging_s
         round_id, run_id, strategy_text = round_.id, round_.judge_run_id, round_.strategy
         waiting = queries.waiting_in_range(s, job.problem_set_id, job.work_from_id, job.work_to_id)
-    try:
-        strategy = parse_strategy(strategy_text)
-        scores: list[list[float | None]] = [[] for _ in waiting]
-        if strategy.needs_judge and waiting:
-            if run_id is None:
-                raise ConfigError(f"priority round {round_id} has no judge (its training run was deleted)")
-            judge = judge_of(rt, run_id, strategy)
-            with rt.deadline(f"priority scoring {job_id}"):
-                scores = judge.score_solutions([(w.question, w.chunks) for w in waiting])
-        rows = []
-        for w, chunk_scores in zip(waiting, scores, strict=True):
-            p = priority(strategy, w.trajectory_id, chunk_scores, w.outcome)
-            rows.append((w.work_id, p, dispatch_key(w.planned_at, p, aging)))
-        with rt.db.session() as s:
-            written = queries.write_priorities(s, round_id, rows)
-            if not jobs.finish(s, PRIORITY_SCORINGS, job_id, rt.name, scored=written):
-                s.rollback()
-                return "lost"
-        return "done"
-    except Exception as exc:  # an attempt counted, retried with backoff unless permanent
-        return queue.fail(rt.db, PRIORITY_SCORINGS, job_id, rt.name, exc, rt.retry)
-    except BaseException as exc:  # SystemExit, KeyboardInterrupt: released, then on its way
-        queue.release_unfinished(rt.db, PRIORITY_SCORINGS, [job_id], rt.name, exc, rt.retry, rt.held)
-        raise
+    strategy = parse_strategy(strategy_text)
+    scores: list[list[float | None]] = [[] for _ in waiting]
+    if strategy.needs_judge and waiting:
+        if run_id is None:
+            raise ConfigError(f"priority round {round_id} has no judge (its training run was deleted)")
+        judge = judge_of(rt, run_id, strategy)
+        with rt.deadline(f"priority scoring {job_id}"):
+            scores = judge.score_solutions([(w.question, w.chunks) for w in waiting])
+    rows = []
+    for w, chunk_scores in zip(waiting, scores, strict=True):
+        p = priority(strategy, w.trajectory_id, chunk_scores, w.outcome)
+        rows.append((w.work_id, p, dispatch_key(w.planned_at, p, aging)))
+    with rt.db.session() as s:
+        written = queries.write_priorities(s, round_id, rows)
+        claimed.finish(s, job_id, scored=written)
+
+
+SCORINGS = JobKind(
+    PRIORITY_SCORINGS,
+    "stepq.priority_scoring",
+    handle_scorings,
+    plan=lambda s: queries.cover_new_work(s, SCORING_BATCH),
+)
+"""A range of a set's waiting trajectories scored by a priority round's judge; planned each
+cycle for work added to a prioritised set since its round began."""
+
+
+def run_scorings(rt: WorkerRuntime, ids: Sequence[int], kind: JobKind = SCORINGS) -> dict[int, str]:
+    """Run scoring jobs here (the runner and this handler)."""
+    return run_jobs(rt, kind, ids)

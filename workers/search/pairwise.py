@@ -194,7 +194,7 @@ class SyntheticPairwiseOracle:
     name: str = "synthetic-oracle"
 
     def prefer(self, questions: Sequence[PairQuestion]) -> list[str | None]:
-        from stepq.workers.data.synthetic_policy import step_is_right
+        from stepq.workers.backends.synthetic_policy import step_is_right
 
         out: list[str | None] = []
         for q in questions:

@@ -12,9 +12,7 @@ from typing import Any
 from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
 from stepq.workers.data.prompts import load_template, render
-from stepq.workers.jobqueue.dispatcher import DispatchOptions
 from stepq.workers.labelling.annotation_plans import require_synthetic_problems
-from stepq.workers.labelling.rollouts import WorkerRuntime
 from stepq.workers.search.pairwise import EACH_VERDICT, SCORINGS
 from stepq.workers.search.runner import ORACLE
 
@@ -137,11 +135,3 @@ def next_round(db: Database, plan: SearchPlan, run_ref: str) -> SearchPlan:
         raise ConfigError(f"set '{plan.set_name}' samples with the {backend} backend, which loads no model")
     judge_config = {**config, **plan.judge_config, "model": model}
     return replace(plan, policy_model=model, policy_run_id=run_id, judge_backend=backend, judge_config=judge_config)
-
-
-def run_searches_here(db: Database, rt: WorkerRuntime, max_attempts: int = 5) -> dict[str, int]:
-    """Run every pending search in this process (no broker); returns outcome counts."""
-    from stepq.workers.jobqueue.in_process import run_in_process
-    from stepq.workers.jobqueue.registry import SEARCHES
-
-    return run_in_process(db, rt, kinds=[SEARCHES], options=DispatchOptions(max_attempts=max_attempts))

@@ -8,13 +8,14 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from stepq.models import jobs, queries
-from stepq.models.errors import ConfigError
+from stepq.models import queries
+from stepq.models.errors import ConfigError, LeaseLost
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.search import FINISH, STEP_SEARCHES, StepSearch
 from stepq.workers.backends import GenerationBackend, SamplingParams
-from stepq.workers.jobqueue import runner as queue
-from stepq.workers.labelling.rollouts import WorkerRuntime
+from stepq.workers.jobqueue.kinds import JobKind
+from stepq.workers.jobqueue.runner import Claimed, run_jobs
+from stepq.workers.jobqueue.runtime import WorkerRuntime
 from stepq.workers.search.pairwise import VERDICT_BY, ModelPairwiseJudge, PairwiseJudge, SyntheticPairwiseOracle
 from stepq.workers.search.step_search import SearchSpec, next_turn, replay
 
@@ -39,63 +40,73 @@ def judge_for(
     return ModelPairwiseJudge(engine, SamplingParams.from_config(sampling), verdict_by=verdict_by)
 
 
-def run_searches(rt: WorkerRuntime, ids: Sequence[int]) -> dict[int, str]:
-    """Each search's status: done, skipped (someone else has it), lost, handed-back, failed."""
-    out: dict[int, str] = {}
-    for sid in ids:
-        if rt.stopping.is_set():
-            out[sid] = "handed-back"  # still queued: the dispatcher republishes it once lost
-            continue
-        out[sid] = run_search(rt, sid)
-    return out
+def handle_searches(rt: WorkerRuntime, claimed: Claimed) -> None:
+    """Run each claimed search to its end (or to the process's stop) under its lease."""
+    for search_id in claimed.ids:
+        if claimed.stopping:
+            return
+        try:
+            if _run_search(rt, claimed, search_id):
+                claimed.record(search_id, "done")
+        except LeaseLost as exc:
+            log.warning("%s", exc)
+            claimed.record(search_id, "lost")
+        except Exception as exc:  # an attempt counted, retried with backoff unless permanent
+            claimed.fail(search_id, exc)
 
 
-def run_search(rt: WorkerRuntime, search_id: int) -> str:
-    """Run one search to its end under its lease; the heartbeat renews the lease only while
-    this runs (a search whose task died for any reason expires and is taken over)."""
-    with rt.held.holding(STEP_SEARCHES, [search_id]):
-        return _run_search(rt, search_id)
-
-
-def _run_search(rt: WorkerRuntime, search_id: int) -> str:
-    ttl = rt.options.lease_ttl_s
+def _run_search(rt: WorkerRuntime, claimed: Claimed, search_id: int) -> bool:
+    """True when the search ended; False when the process is stopping (the runner hands it
+    back: a crash or a stop loses at most the turn in flight)."""
     with rt.db.session() as s:
-        if not jobs.claim(s, STEP_SEARCHES, search_id, rt.name, ttl):
-            return "skipped"
         search = s.get_one(StepSearch, search_id)
         spec, pset, judge_backend, judge_config = _load(s, search)
         policy_model, sampling = search.policy_model, search.sampling
         turns = [(t.action, list(t.candidates), t.chosen) for t in queries.search_turns(s, search_id)]
-    try:
-        if policy_model is None:
-            policy = rt.backend_for(pset)
-        else:  # a later round's policy: the trained model, on the set's backend
-            policy = rt.backend_named(pset.backend, {**(pset.backend_config or {}), "model": policy_model})
-        params = SamplingParams.from_config({**(pset.sampling or {}), **(sampling or {})})
-        judge = judge_for(rt.backend_named, judge_backend, judge_config)
+    if policy_model is None:
+        policy = rt.backend_for(pset)
+    else:  # a later round's policy: the trained model, on the set's backend
+        policy = rt.backend_named(pset.backend, {**(pset.backend_config or {}), "model": policy_model})
+    params = SamplingParams.from_config({**(pset.sampling or {}), **(sampling or {})})
+    judge = judge_for(rt.backend_named, judge_backend, judge_config)
+    prefix, finished = replay(turns)
+    turn_no = len(turns)
+    while not finished and turn_no < spec.max_turns:
+        if claimed.stopping:
+            return False
+        with rt.deadline(f"step search {search_id} turn {turn_no}"):
+            turn = next_turn(spec, turn_no, prefix, policy, params, judge)
+        finished = turn.action == FINISH
+        outcome = "finished" if finished else ("exhausted" if turn_no + 1 >= spec.max_turns else None)
+        with rt.db.session() as s:  # the turn and the lease (renewed, or ended) commit together
+            if outcome is None:
+                claimed.renew(s, search_id)
+            else:
+                claimed.finish(s, search_id, outcome=outcome)
+            queries.record_turn(s, search_id, {**turn.row(), "worker": rt.name})
+        turns.append((turn.action, turn.candidates, turn.chosen))
         prefix, finished = replay(turns)
-        turn_no = len(turns)
-        while not finished and turn_no < spec.max_turns:
-            if rt.stopping.is_set():
-                queue.hand_back(rt.db, {STEP_SEARCHES: [search_id]}, rt.name)
-                return "handed-back"
-            with rt.deadline(f"step search {search_id} turn {turn_no}"):
-                turn = next_turn(spec, turn_no, prefix, policy, params, judge)
-            finished = turn.action == FINISH
-            outcome = "finished" if finished else ("exhausted" if turn_no + 1 >= spec.max_turns else None)
-            with rt.db.session() as s:
-                if not queries.record_turn(s, search_id, rt.name, ttl, {**turn.row(), "worker": rt.name}, outcome):
-                    log.warning("step search %s: lease lost at turn %s", search_id, turn_no)
-                    return "lost"
-            turns.append((turn.action, turn.candidates, turn.chosen))
-            prefix, finished = replay(turns)
-            turn_no += 1
-        return "done"
-    except Exception as exc:  # an attempt counted, retried with backoff unless permanent
-        return queue.fail(rt.db, STEP_SEARCHES, search_id, rt.name, exc, rt.retry)
-    except BaseException as exc:  # SystemExit, KeyboardInterrupt: released, then on its way
-        queue.release_unfinished(rt.db, STEP_SEARCHES, [search_id], rt.name, exc, rt.retry, rt.held)
-        raise
+        turn_no += 1
+        if outcome is not None:
+            return True
+    with rt.db.session() as s:  # nothing left to run when claimed (its turns were all written)
+        claimed.finish(s, search_id, outcome="finished" if finished else "exhausted")
+    return True
+
+
+SEARCHES = JobKind(STEP_SEARCHES, "stepq.step_search", handle_searches)
+"""One problem's step search, one to a message (a search is a long task); made by ``stepq
+search start``, not planned by the dispatcher."""
+
+
+def run_searches(rt: WorkerRuntime, ids: Sequence[int], kind: JobKind = SEARCHES) -> dict[int, str]:
+    """Run step searches here (the runner and this handler)."""
+    return run_jobs(rt, kind, ids)
+
+
+def run_search(rt: WorkerRuntime, search_id: int, kind: JobKind = SEARCHES) -> str:
+    """Run one search to its end under its lease."""
+    return run_jobs(rt, kind, [search_id])[search_id]
 
 
 def _load(s: Any, search: StepSearch) -> tuple[SearchSpec, ProblemSet, str, dict[str, Any]]:

@@ -78,7 +78,7 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:  # pragma: no cover 
 class VerifyProcess:
     """One child process answering verify requests, restarted after a timeout.
 
-    A plain subprocess (``python -m stepq.workers.labelling.verify_process``), not multiprocessing:
+    A plain subprocess (``python -m stepq.workers.grading.verify_process``), not multiprocessing:
     Celery's prefork children are daemonic and may not start multiprocessing children.
     """
 
@@ -90,7 +90,7 @@ class VerifyProcess:
 
     def _start(self) -> subprocess.Popen[bytes]:
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "stepq.workers.labelling.verify_process"],
+            [sys.executable, "-m", "stepq.workers.grading.verify_process"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

@@ -14,9 +14,13 @@ from dataclasses import replace
 
 from stepq.models import Database, epoch, jobs
 from stepq.workers.jobqueue.dispatcher import Dispatcher, DispatchOptions
-from stepq.workers.jobqueue.registry import ROLLOUTS, SCORINGS, outlets
-from stepq.workers.jobqueue.runner import JobKind
-from stepq.workers.labelling.rollouts import WorkerRuntime
+from stepq.workers.jobqueue.kinds import JobKind
+from stepq.workers.jobqueue.runner import run_jobs
+from stepq.workers.jobqueue.runtime import WorkerRuntime
+from stepq.workers.kinds import outlets
+from stepq.workers.labelling.rollouts import ROLLOUTS
+from stepq.workers.priority.scoring import SCORINGS
+from stepq.workers.search.runner import SEARCHES
 
 
 def run_in_process(
@@ -69,11 +73,11 @@ def run_in_process(
                 if stop is not None and stop():
                     return outcomes
                 kind, ids = inbox[0]  # left in the inbox while it runs: an interrupt puts it back
-                done = kind.handler()(runtime, ids)
+                done = run_jobs(runtime, kind, ids)
                 inbox.popleft()
                 for job_id, status in done.items():
                     outcomes[status] = outcomes.get(status, 0) + 1
-                    if on_item and kind is on_kind:
+                    if on_item and kind.table is on_kind.table:
                         on_item(job_id, status)
                 dispatcher.acquire()  # renew the lock between tasks
     finally:
@@ -97,3 +101,8 @@ def _put_back(db: Database, inbox: deque[tuple[JobKind, list[int]]]) -> bool:
         except KeyboardInterrupt:
             pressed = True
     return pressed
+
+
+def run_searches_here(db: Database, runtime: WorkerRuntime, kind: JobKind = SEARCHES) -> dict[str, int]:
+    """Run every pending step search in this process (no broker); returns outcome counts."""
+    return run_in_process(db, runtime, kinds=[kind])

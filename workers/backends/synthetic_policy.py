@@ -15,7 +15,6 @@ import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 PROMPT_TEMPLATE = (
     "Solve the problem step by step. Write each step as 'Step n: ...' on its own "
@@ -225,16 +224,6 @@ def trajectory_q(policy: SyntheticPolicy, problem: ArithmeticProblem, steps: Seq
     for k, step in enumerate(steps, start=1):
         q.append(exact_q(policy, n - k, step.correct, names[k:]) if k < n else float(step.correct))
     return q
-
-
-def exact_labels(policy: SyntheticPolicy, prompt: str, seed: int, rule: Any) -> list[bool | None]:
-    """The true labels of a synthetic trajectory under a rule: the rule on its exact Q-values
-    (the trajectory re-drawn from its prompt and seed)."""
-    from stepq.workers.labelling.labels import label_chunks
-
-    problem = parse_problem(prompt)
-    steps = policy.continue_steps(problem, 0, problem.start, random.Random(seed))
-    return label_chunks(rule, trajectory_q(policy, problem, steps))
 
 
 def true_q(

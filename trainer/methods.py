@@ -19,7 +19,6 @@ from stepq.trainer.outcomes.export import OutcomeFilter
 from stepq.trainer.training.recipe import Recipe
 from stepq.trainer.training.runs import TrainOptions, TrainResult
 
-METHODS = ("dpo", "grpo", "prm")
 DEFAULT_RECIPES = {"grpo": "stepwiser-judge.yaml", "dpo": "step-dpo.yaml", "prm": "outcome-prm.yaml"}
 """Each method's shipped recipe (``trainer/recipes/``)."""
 

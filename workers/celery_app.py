@@ -23,10 +23,11 @@ from typing import Any
 
 from celery import Celery, signals
 
-from stepq.workers.jobqueue import registry as work_kinds
-from stepq.workers.jobqueue.registry import KINDS, ROLLOUTS
-from stepq.workers.jobqueue.runner import JobKind, Outlet, PartlyPublished
-from stepq.workers.labelling.rollouts import WorkerRuntime
+from stepq.workers import kinds as work_kinds
+from stepq.workers.jobqueue.kinds import JobKind, Outlet, PartlyPublished
+from stepq.workers.jobqueue.runner import run_jobs
+from stepq.workers.jobqueue.runtime import WorkerRuntime
+from stepq.workers.kinds import KINDS, ROLLOUTS
 
 TASK_NAME = ROLLOUTS.task_name
 DEFAULT_QUEUE = "stepq.rollouts"
@@ -44,9 +45,10 @@ def create_app(
     runtime_factory: Callable[[], WorkerRuntime] | None = None,
     *,
     forking_pool: bool = False,
+    kinds: Sequence[JobKind] = KINDS,
 ) -> Celery:
-    """Build the app; ``runtime_factory`` makes the runtime of each process that runs tasks
-    (``forking_pool``: in each child after the fork, never in the parent)."""
+    """Build the app, one task per kind; ``runtime_factory`` makes the runtime of each process
+    that runs tasks (``forking_pool``: in each child after the fork, never in the parent)."""
     app = Celery("stepq", broker=options.broker_url, set_as_current=False)
     app.conf.update(
         task_serializer="json",
@@ -101,7 +103,7 @@ def create_app(
         signals.worker_shutdown.connect(close_runtime, weak=False)
     app.stepq_runtime = runtime  # type: ignore[attr-defined]
 
-    for kind in KINDS:  # one thin task per kind of queue work
+    for kind in kinds:  # one thin task per kind of queue work
         _register(app, kind, runtime)
 
     app.stepq_queue = options.queue  # type: ignore[attr-defined]
@@ -129,7 +131,7 @@ def _register(app: Celery, kind: JobKind, runtime: Callable[[], WorkerRuntime]) 
     @app.task(name=kind.task_name, bind=True, acks_late=True, ignore_result=True)
     def run(self: object, job_ids: list[int] | int) -> str:
         ids = [int(job_ids)] if isinstance(job_ids, int) else [int(i) for i in job_ids]
-        return ",".join(f"{i}:{status}" for i, status in kind.handler()(runtime(), ids).items())
+        return ",".join(f"{i}:{status}" for i, status in run_jobs(runtime(), kind, ids).items())
 
 
 def publisher(app: Celery, kind: JobKind = ROLLOUTS, per_message: int = 1) -> Callable[[Sequence[int]], None]:
@@ -163,9 +165,9 @@ def publisher(app: Celery, kind: JobKind = ROLLOUTS, per_message: int = 1) -> Ca
     return publish
 
 
-def outlets(app: Celery, rollouts_per_message: int) -> list[Outlet]:
+def outlets(app: Celery, rollouts_per_message: int, kinds: Sequence[JobKind] = KINDS) -> list[Outlet]:
     """Every kind of queue work, published through this app."""
-    return work_kinds.outlets(lambda kind, per: publisher(app, kind, per), rollouts_per_message)
+    return work_kinds.outlets(lambda kind, per: publisher(app, kind, per), rollouts_per_message, kinds)
 
 
 def wait_for_broker(broker_url: str, wait_s: float) -> None:

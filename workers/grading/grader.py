@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from stepq.models.errors import ConfigError
-from stepq.workers.labelling.verify_process import VerifyProcesses
+from stepq.workers.grading.verify_process import VerifyProcesses
 
 _SPACES = re.compile(r"\s+")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
