@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -18,8 +19,12 @@ def alembic_config(database_url: str) -> Config:
     return cfg
 
 
-def upgrade(database_url: str, revision: str = "head") -> None:
-    command.upgrade(alembic_config(database_url), revision)
+def upgrade(database_url: str, revision: str = "head", connection: Any = None) -> None:
+    """Migrate the database; ``connection``: on this open connection (an in-memory database,
+    which a new connection would not see)."""
+    cfg = alembic_config(database_url)
+    cfg.attributes["connection"] = connection
+    command.upgrade(cfg, revision)
 
 
 def current(database_url: str) -> str | None:

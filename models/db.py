@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import StaticPool
 
 from stepq.models.base import clock_offset, set_clock_offset
 from stepq.models.errors import DatabaseError, masked
@@ -106,6 +107,10 @@ def make_engine(
     them together and in order, so the database stays consistent and the lost work is
     simply scheduled again; a worker crash loses nothing more than before.
     """
+    if url in ("sqlite://", "sqlite:///:memory:"):  # one in-memory database, whichever thread asks (tests)
+        engine = create_engine(url, poolclass=StaticPool, connect_args={"check_same_thread": False})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)

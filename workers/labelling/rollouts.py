@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from stepq.models import queries
 from stepq.models.errors import ConfigError, GenerationError, LeaseLost
 from stepq.models.rollouts import Rollout
@@ -32,6 +34,7 @@ from stepq.workers.jobqueue.runtime import WorkerRuntime
 from stepq.workers.labelling.budget import parse_budget
 from stepq.workers.labelling.labels import parse_rule
 from stepq.workers.labelling.qvalues import TrajectoryLabeller
+from stepq.workers.priority.rounds import SCORING_BATCH
 from stepq.workers.seeds import derive_seed
 
 log = logging.getLogger("stepq.worker")
@@ -257,11 +260,19 @@ def _commit_last_batch(job: TrajectoryJob, requests: list[GenerationRequest], re
         job.claimed.fail(job.work_id, exc, set=job.set_name)
 
 
+def plan_rollouts(session: Session) -> int:
+    """The dispatcher's hook: work for new trajectories and raised budgets (returns how many
+    items), and for a prioritised set's new work, the scoring jobs that order it."""
+    planned = queries.plan_work(session)
+    queries.cover_new_work(session, SCORING_BATCH)
+    return planned
+
+
 ROLLOUTS = JobKind(
     ROLLOUT_WORK,
     "stepq.annotate_trajectory",
     handle_rollouts,
-    plan=queries.plan_work,
+    plan=plan_rollouts,
     held_back=queries.sets_being_scored,
 )
 """A trajectory's missing rollouts; several to a message (one engine call serves them, the

@@ -22,7 +22,6 @@ from stepq.models.prioritization import PRIORITY_SCORINGS
 from stepq.workers.jobqueue.kinds import JobKind
 from stepq.workers.jobqueue.runner import Claimed, run_jobs
 from stepq.workers.jobqueue.runtime import WorkerRuntime
-from stepq.workers.priority.rounds import SCORING_BATCH
 from stepq.workers.priority.strategies import Strategy, dispatch_key, parse_strategy, priority
 
 log = logging.getLogger("stepq.worker")
@@ -76,14 +75,9 @@ def _score(rt: WorkerRuntime, claimed: Claimed, job_id: int) -> None:
         claimed.finish(s, job_id, scored=written)
 
 
-SCORINGS = JobKind(
-    PRIORITY_SCORINGS,
-    "stepq.priority_scoring",
-    handle_scorings,
-    plan=lambda s: queries.cover_new_work(s, SCORING_BATCH),
-)
-"""A range of a set's waiting trajectories scored by a priority round's judge; planned each
-cycle for work added to a prioritised set since its round began."""
+SCORINGS = JobKind(PRIORITY_SCORINGS, "stepq.priority_scoring", handle_scorings)
+"""A range of a set's waiting trajectories scored by a priority round's judge; made when a
+round starts, and for work planned later (the rollouts kind's planning hook)."""
 
 
 def run_scorings(rt: WorkerRuntime, ids: Sequence[int], kind: JobKind = SCORINGS) -> dict[int, str]:
