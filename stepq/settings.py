@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +103,9 @@ class Settings:
     db_keepalive_idle_s: int = 30
     """TCP keepalives to and from PostgreSQL after this much silence, so a vanished host is
     noticed in about a minute; 0: off."""
+    openai_api_key: str = field(default="", repr=False)
+    """The key an OpenAI-compatible server (the openai backend) is called with, unless the
+    backend's config names one; handed to the backends, never stored in the database or printed."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -196,6 +199,7 @@ class Settings:
             batch_rollouts=self.batch_rollouts,
             name=name,
             heartbeat_s=self.heartbeat_s,
+            openai_api_key=self.openai_api_key,
             generate_timeout_s=self.generate_timeout_s,
         )
 

@@ -274,3 +274,21 @@ def test_ctrl_c_stops_a_run_and_spends_no_attempt(tmp_path: Path, presses: int) 
         done, planned = conn.execute("SELECT rollouts_done, rollouts_planned FROM annotation_progress").fetchone()
         assert conn.execute("SELECT count(*) FROM rollout_work WHERE state != 'done'").fetchone()[0] == 0
     assert done == planned > 0
+
+
+def test_retry_counts_every_kind_of_job(tmp_path: Path) -> None:
+    """Failed priority scoring jobs come back with the work items, and the command says so."""
+    url = f"sqlite:///{tmp_path / 'stepq.db'}"
+    from stepq.migrations import upgrade
+    from stepq.workers.labelling.annotation_plans import configure_annotation
+
+    upgrade(url)
+    synth_set(Database(url), "p", problems=3)
+    configure_annotation(Database(url), "p", 2, priority="random:seed=1")
+    with sqlite3.connect(tmp_path / "stepq.db") as conn:
+        scorings = conn.execute("UPDATE priority_scorings SET state = 'failed', attempts = 5").rowcount
+    assert scorings > 0
+    proc = _run(["retry"], tmp_path, {"STEPQ_DATABASE_URL": url})
+    assert proc.returncode == 0 and f"{scorings} failed priority scoring jobs are pending again" in proc.stdout
+    with sqlite3.connect(tmp_path / "stepq.db") as conn:
+        assert conn.execute("SELECT DISTINCT state FROM priority_scorings").fetchall() == [("pending",)]

@@ -165,8 +165,8 @@ def regrade(set_name: str, only: str) -> None:
 @click.option("--set", "set_name", default=None, help="Only this problem set (default: all).")
 @friendly
 def retry(set_name: str | None) -> None:
-    """Give failed jobs (work items, step searches) another round of attempts (after fixing
-    what made them fail)."""
+    """Give failed jobs of every kind (work items, step searches, priority scorings) another
+    round of attempts (after fixing what made them fail)."""
     from stepq.models import queries
     from stepq.workers.kinds import retry_failed
 
@@ -174,9 +174,14 @@ def retry(set_name: str | None) -> None:
     with database.session() as s:
         set_id = queries.get_set(s, set_name).id if set_name else None
         counts = retry_failed(s, set_id)
-    click.echo(f"{counts.get('rollouts', 0)} failed work items are pending again")
-    if counts.get("searches"):
-        click.echo(f"{counts['searches']} failed step searches are pending again")
+    click.echo(f"{counts.pop('rollouts', 0)} failed work items are pending again")
+    for table, count in counts.items():
+        if count:
+            click.echo(f"{count} failed {RETRIED.get(table, table + ' jobs')} are pending again")
+
+
+RETRIED = {"searches": "step searches", "scorings": "priority scoring jobs"}
+"""How ``stepq retry`` names each kind's jobs (any other kind: by its table)."""
 
 
 @main.command()

@@ -128,4 +128,5 @@ def backend_config(model: str | None, base_url: str | None, options: tuple[str, 
 def backend_from_options(backend: str, model: str | None, base_url: str | None, options: tuple[str, ...]) -> Any:
     from stepq.workers.backends import make_backend
 
-    return make_backend(backend, backend_config(model, base_url, options))
+    key = load_settings().openai_api_key or None
+    return make_backend(backend, backend_config(model, base_url, options), api_key=key)

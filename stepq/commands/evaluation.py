@@ -8,6 +8,7 @@ import functools
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -129,6 +130,7 @@ def judge_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             score_by=score_by,
             scores_file=scores_file,
             threshold=threshold,
+            api_key=load_settings().openai_api_key or None,
         )
         return fn(*args, spec=spec, **rest)
 
@@ -354,7 +356,10 @@ def eval_chunk_reset(set_name: str, retries: int, seed: int, as_json: bool, spec
     from stepq.trainer.evaluation.validation import set_chunk_reset
 
     built = build_judge(spec)
-    report = set_chunk_reset(open_db(load_settings()), set_name, built.judge, retries, seed)
+    settings = load_settings()
+    report = set_chunk_reset(
+        open_db(settings), set_name, built.judge, retries, seed, api_key=settings.openai_api_key or None
+    )
     report = {**built.describe(), **judge_stats(built.judge).as_dict(), **report}
     if as_json:
         click.echo(json.dumps(report, indent=2))
@@ -382,14 +387,16 @@ def eval_step_search(set_name: str, seed: int, as_json: bool, choices: SearchCho
     from stepq.workers.backends import make_backend
     from stepq.workers.search.runner import judge_for
 
-    judge = judge_for(make_backend, choices.judge_backend, choices.judge_config())
+    settings = load_settings()
+    key = settings.openai_api_key or None
+    judge = judge_for(partial(make_backend, api_key=key), choices.judge_backend, choices.judge_config())
     plan = {
         "width": choices.width,
         "max_turns": choices.max_turns,
         "scoring": choices.scoring,
         "sampling": choices.sampling,
     }
-    report = {"judge": judge.name, **set_step_search(open_db(load_settings()), set_name, judge, plan, seed)}
+    report = {"judge": judge.name, **set_step_search(open_db(settings), set_name, judge, plan, seed, api_key=key)}
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from stepq.commands.base import friendly, load_settings, main, open_db
+from stepq.commands.base import friendly, load_settings, main, open_db, setup_logging
 from stepq.models.errors import ConfigError
 from stepq.trainer.methods import DEFAULT_RECIPES
 from stepq.trainer.training.recipe import METHODS
@@ -398,14 +398,12 @@ def trainer_serve(
     processes: int,
 ) -> None:
     """Wait for labelled chunks, snapshot them and train, continuing the lineage."""
-    import logging
-
     from stepq.models import queries
     from stepq.trainer.snapshots.create import parse_sets
     from stepq.trainer.training.continuous import ServiceOptions, serve
 
     settings = load_settings()
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(settings.log_level, settings.log_format)  # STEPQ_LOG_FORMAT=json applies here too
     db = open_db(settings)
     if sets:
         names = parse_sets(sets)

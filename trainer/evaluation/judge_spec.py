@@ -38,6 +38,8 @@ class JudgeSpec:
     """verdict: the judge's (majority) verdict; votes/logprob: its P(Positive) as a score."""
     scores_file: Path | None = None
     threshold: float = 0.5
+    api_key: str | None = field(default=None, repr=False)
+    """The openai backend's key (the settings'), unless ``backend_config`` names one."""
 
 
 @dataclass
@@ -91,7 +93,9 @@ def _model_judge(spec: JudgeSpec) -> BuiltJudge:
 
     settings = settings_for_model(spec.model).overridden(spec.judge_template, spec.chat_template, spec.max_tokens)
     backend = make_backend(
-        spec.backend, {"model": spec.model, **spec.backend_config} if spec.model else spec.backend_config
+        spec.backend,
+        {"model": spec.model, **spec.backend_config} if spec.model else spec.backend_config,
+        api_key=spec.api_key,
     )
     temperature = spec.temperature if spec.temperature is not None else (0.0 if spec.votes == 1 else 1.0)
     model = judges.ModelJudge(

@@ -93,14 +93,16 @@ def _policy_problems(db: Database, name: str) -> tuple[Any, list[PolicyProblem]]
     return pset, problems
 
 
-def set_step_search(db: Database, name: str, judge: PairwiseJudge, plan: dict[str, Any], seed: int) -> dict[str, Any]:
+def set_step_search(
+    db: Database, name: str, judge: PairwiseJudge, plan: dict[str, Any], seed: int, api_key: str | None = None
+) -> dict[str, Any]:
     """Test-time step search with the pairwise ``judge`` against the policy alone on the set's
     problems, the set's backend as the policy; ``plan`` holds width, max_turns, scoring and
     the candidates' sampling (over the set's own max tokens and stops)."""
     from stepq.trainer.evaluation.step_search_eval import search_at_test_time
 
     pset, problems = _policy_problems(db, name)
-    backend = make_backend(pset.backend, pset.backend_config)
+    backend = make_backend(pset.backend, pset.backend_config, api_key=api_key)
     params = SamplingParams.from_config({**(pset.sampling or {}), **plan["sampling"]})
     try:
         return search_at_test_time(
@@ -117,12 +119,14 @@ def set_step_search(db: Database, name: str, judge: PairwiseJudge, plan: dict[st
         backend.close()
 
 
-def set_chunk_reset(db: Database, name: str, judge: StepJudge, retries: int, seed: int) -> dict[str, Any]:
+def set_chunk_reset(
+    db: Database, name: str, judge: StepJudge, retries: int, seed: int, api_key: str | None = None
+) -> dict[str, Any]:
     """Chunk-reset with ``judge`` (up to ``retries`` regenerations of a rejected chunk) and
     plain chunk-by-chunk sampling (no retry, same seeds) on the set's problems, with the set's
     backend as the policy."""
     pset, problems = _policy_problems(db, name)
-    backend = make_backend(pset.backend, pset.backend_config)
+    backend = make_backend(pset.backend, pset.backend_config, api_key=api_key)
     params = SamplingParams.from_config(pset.sampling or {})
     try:
         plain = chunk_reset(backend, params, AcceptAll(), problems, max_retries=0, seed=seed)

@@ -39,8 +39,9 @@ def check_installed(name: str) -> None:
             )
 
 
-def make_backend(name: str, config: dict[str, Any] | None = None) -> GenerationBackend:
-    """Build a backend; imports lazily so a worker only loads what it uses."""
+def make_backend(name: str, config: dict[str, Any] | None = None, *, api_key: str | None = None) -> GenerationBackend:
+    """Build a backend; imports lazily so a worker only loads what it uses.  ``api_key``: the
+    openai backend's key (the settings' ``openai_api_key``), unless its config names one."""
     config = config or {}
     check_config(name, config)
     if name == "synthetic":
@@ -50,7 +51,7 @@ def make_backend(name: str, config: dict[str, Any] | None = None) -> GenerationB
     if name == "openai":
         from stepq.workers.backends.openai_server import OpenAICompletionsBackend
 
-        return OpenAICompletionsBackend.from_config(config)
+        return OpenAICompletionsBackend.from_config(config, api_key=api_key)
     if name == "vllm":
         from stepq.workers.backends.vllm_engine import VLLMBackend
 

@@ -98,9 +98,7 @@ class OpenAICompletionsBackend:
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="stepq-openai")
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> OpenAICompletionsBackend:
-        import os
-
+    def from_config(cls, config: dict[str, Any], api_key: str | None = None) -> OpenAICompletionsBackend:
         if not config.get("base_url") or not config.get("model"):
             from stepq.models.errors import ConfigError
 
@@ -108,7 +106,7 @@ class OpenAICompletionsBackend:
         return cls(
             config["base_url"],
             config["model"],
-            api_key=config.get("api_key") or os.environ.get("STEPQ_OPENAI_API_KEY"),
+            api_key=config.get("api_key") or api_key,
             concurrency=int(config.get("concurrency", 16)),
             timeout_s=float(config.get("timeout_s", 600)),
             max_retries=int(config.get("max_retries", 6)),

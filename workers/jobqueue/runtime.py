@@ -48,6 +48,8 @@ class WorkerOptions:
     """A generate call (or a search turn) still running after this long is presumed hung: its
     work is handed back and the process exits (``GENERATE_TIMEOUT_EXIT``) for its supervisor to
     restart it.  0: no deadline."""
+    openai_api_key: str = field(default="", repr=False)
+    """The openai backend's key (``STEPQ_OPENAI_API_KEY``), unless a set's config names one."""
     write_behind: bool = False
     """Commit a trajectory's last batch on a background thread while the next task generates
     (``write_behind``); a queue worker's setting, not the embedded runner's, which reports each
@@ -164,7 +166,7 @@ class WorkerRuntime:
         """A backend by name and config, built once per process (a judge's, a set's)."""
         key = name + json.dumps(config, sort_keys=True)
         if key not in self._backends:
-            self._backends[key] = make_backend(name, config)
+            self._backends[key] = make_backend(name, config, api_key=self.options.openai_api_key or None)
         return self._backends[key]
 
     def close(self) -> None:
