@@ -15,6 +15,7 @@ from stepq.cli import main
 from stepq.models import Chunk, Database, Problem, ProblemSet, Trajectory
 from stepq.workers.data.ingest import FieldMap, ingest_file
 from tests.helpers import DATA, table_counts
+from tests.ingest_records import annotated_by_hand, solution_records, write_jsonl
 
 
 def _cli(db: Database, *args: str) -> tuple[int, str]:
@@ -268,65 +269,17 @@ def test_missing_file_is_a_clear_error(sqlite: Database, tmp_path: Path) -> None
     assert code == 3 and "cannot read file" in output
 
 
-def _write(path: Path, records: list[dict[str, object]]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
-
-
-def _records(answer: str = "5", question: str = "What is 2 + 3?") -> list[dict[str, object]]:
-    return [
-        {"id": "a", "problem": question, "answer": answer, "steps": ["2 + 3 = 5.\n\n", "So \\boxed{5}."]},
-        {"id": "b", "problem": "What is 1 + 1?", "answer": "2", "steps": ["1 + 1 = 2.\n\n", "So \\boxed{2}."]},
-    ]
-
-
-def _annotated_by_hand(db: Database) -> int:
-    """Rollouts for problem a's trajectory as a worker would have written them, work done."""
-    from stepq.models import RolloutWork, queries
-    from stepq.models.rollouts import Rollout
-
-    with db.session() as s:
-        tid = s.scalar(
-            select(Trajectory.id).join(Problem, Problem.id == Trajectory.problem_id).where(Problem.external_id == "a")
-        )
-        assert tid is not None
-        rows = [
-            {
-                "trajectory_id": tid,
-                "prefix_len": k,
-                "sample_idx": j,
-                "seed": j,
-                "text": "so \\boxed{5}",
-                "final_answer": "5",
-                "reward": 1,
-                "grade_method": "exact",
-                "tokens": 3,
-                "generator": "g",
-                "worker": "w",
-            }
-            for k in (0, 1)
-            for j in (0, 1)
-        ]
-        queries.insert_ignore(s, Rollout, rows)
-        s.add(
-            RolloutWork(
-                trajectory_id=tid,
-                problem_set_id=queries.get_set(s, "u").id,
-                target_m=2,
-                state="done",
-                attempts=1,
-                enqueue_count=1,
-            )
-        )
-        queries.get_set(s, "u").rollouts_per_prefix = 2
-    return tid
-
-
 def test_reingesting_changed_content_is_an_error_naming_the_line(any_db: Database, tmp_path: Path) -> None:
-    ingest_file(any_db, _write(tmp_path / "v1.jsonl", _records()), "u", FieldMap(steps="steps"))
+    ingest_file(any_db, write_jsonl(tmp_path / "v1.jsonl", solution_records()), "u", FieldMap(steps="steps"))
     before = table_counts(any_db)
     code, out = _cli(
-        any_db, "ingest", str(_write(tmp_path / "v2.jsonl", _records(answer="6"))), "--set", "u", "--steps", "steps"
+        any_db,
+        "ingest",
+        str(write_jsonl(tmp_path / "v2.jsonl", solution_records(answer="6"))),
+        "--set",
+        "u",
+        "--steps",
+        "steps",
     )
     assert code == 3, out
     assert "v2.jsonl:1" in out and "answer" in out and "--update" in out
@@ -337,10 +290,14 @@ def test_update_with_a_new_answer_regrades_and_reopens(any_db: Database, tmp_pat
     from stepq.models import RolloutWork
     from stepq.models.rollouts import QValue, Rollout
 
-    ingest_file(any_db, _write(tmp_path / "v1.jsonl", _records()), "u", FieldMap(steps="steps"))
-    tid = _annotated_by_hand(any_db)
+    ingest_file(any_db, write_jsonl(tmp_path / "v1.jsonl", solution_records()), "u", FieldMap(steps="steps"))
+    tid = annotated_by_hand(any_db)
     report = ingest_file(
-        any_db, _write(tmp_path / "v2.jsonl", _records(answer="6")), "u", FieldMap(steps="steps"), update=True
+        any_db,
+        write_jsonl(tmp_path / "v2.jsonl", solution_records(answer="6")),
+        "u",
+        FieldMap(steps="steps"),
+        update=True,
     )
     assert report.updated_problems == 1
     with any_db.session() as s:
@@ -355,11 +312,11 @@ def test_update_with_a_new_answer_regrades_and_reopens(any_db: Database, tmp_pat
 def test_update_with_a_new_question_drops_what_was_sampled_for_the_old(any_db: Database, tmp_path: Path) -> None:
     from stepq.models.rollouts import Rollout
 
-    ingest_file(any_db, _write(tmp_path / "v1.jsonl", _records()), "u", FieldMap(steps="steps"))
-    _annotated_by_hand(any_db)
+    ingest_file(any_db, write_jsonl(tmp_path / "v1.jsonl", solution_records()), "u", FieldMap(steps="steps"))
+    annotated_by_hand(any_db)
     ingest_file(
         any_db,
-        _write(tmp_path / "v1.jsonl", _records(question="What is 3 + 2?")),  # the same file, edited
+        write_jsonl(tmp_path / "v1.jsonl", solution_records(question="What is 3 + 2?")),  # the same file, edited
         "u",
         FieldMap(steps="steps"),
         update=True,

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.bench_judge_capacity import Cell
-from bench.judge_capacity import answer_room, verdict_examples
-from bench.judge_format import judge_answer, recomputed_analysis, resolved_analysis, step_truth
+from bench.experiments.bench_judge_capacity import Cell
+from bench.experiments.judge_capacity import answer_room, verdict_examples
+from bench.experiments.judge_format import judge_answer, recomputed_analysis, resolved_analysis, step_truth
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEM = "Start with 45. Subtract 7. Add 3. What is the result?"
@@ -78,7 +78,16 @@ def test_the_gpu_script_runs_at_tiny_size_on_cpu(tmp_path: Path) -> None:
     """The script prepared for a GPU, on CPU: real annotation, a backbone built and pretrained,
     both targets taught, every figure reported; the data kept for a second run reused."""
     env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "bench.judge_gpu", "--device", "cpu", "--quick", "--data", str(tmp_path / "d")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.experiments.judge_gpu",
+        "--device",
+        "cpu",
+        "--quick",
+        "--data",
+        str(tmp_path / "d"),
+    ]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -106,6 +115,10 @@ def test_the_gpu_script_says_when_there_is_no_gpu() -> None:
         pytest.skip("a GPU is here")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-m", "bench.judge_gpu", "--quick"], cwd=ROOT, env=env, capture_output=True, text=True
+        [sys.executable, "-m", "bench.experiments.judge_gpu", "--quick"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert done.returncode != 0 and "--device cpu" in done.stderr

@@ -101,3 +101,18 @@ def test_installed_wheel_imports_and_migrates_beside_a_users_models_package(whee
     imported, revision = done.stdout.split("\n", 1)
     assert int(imported) == _modules_in_checkout() - 1, "the wheel misses a module (a package the setup did not find)"
     assert revision.strip(), "no revision after upgrade"
+
+
+@pytest.mark.unit
+def test_no_test_module_imports_another() -> None:
+    """Shared helpers live in tests' helper modules: a test module importing another drags its
+    dependencies (torch into a queue test) and couples tests that should fail alone."""
+    import ast
+
+    offenders = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            offenders += [f"{path.name}: {n}" for n in names if n.startswith("tests.test_")]
+    assert not offenders, offenders

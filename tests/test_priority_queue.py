@@ -25,7 +25,7 @@ from stepq.workers.kinds import SCORINGS
 from stepq.workers.labelling.annotation_plans import configure_annotation
 from stepq.workers.priority.strategies import convincing_wrong, random_priority, uncertainty
 from tests.helpers import outlets
-from tests.test_prm_training import _recipe
+from tests.trainer_helpers import prm_recipe
 
 
 def _priorities(db: Database, set_name: str) -> dict[int, tuple[float, int | None]]:
@@ -74,7 +74,7 @@ def test_a_trained_prm_orders_the_waiting_trajectories(pg: Database, tmp_path: P
     configure_annotation(pg, "o", 4)
     run_in_process(pg, _runtime(pg))
     base = build_tiny_model(tmp_path / "base", n_positions=512)
-    result = train_prm(pg, set_outcomes(pg, "o"), "outcomes:o", _recipe(base, max_steps=2), tmp_path / "run")
+    result = train_prm(pg, set_outcomes(pg, "o"), "outcomes:o", prm_recipe(base, max_steps=2), tmp_path / "run")
     synth_set(pg, "w", problems=8, seed=5, error_rate=0.3)
     configure_annotation(pg, "w", 2, priority=f"uncertainty:run={result.run_id},threshold=0.4")
     run_in_process(pg, _runtime(pg), kinds=[SCORINGS])

@@ -32,18 +32,9 @@ from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.labelling.annotation_plans import configure_annotation
 from tests.helpers import DATA, clean_env, run_stepq
+from tests.trainer_helpers import prm_recipe
 
 SAMPLE = DATA / "processbench_gsm8k_sample.json"
-
-
-def _recipe(
-    model: Path, max_steps: int = 4, save_steps: int = 2, aggregate: str = "asymmetric", extra: str = ""
-) -> Recipe:
-    return Recipe.parse(
-        f"method: prm\nmodel: {model}\ntrainer:\n  aggregate: {aggregate}\n  learning_rate: 0.001\n  warmup_steps: 0\n"
-        f"  batch_size: 4\n  epochs: 50\n  max_steps: {max_steps}\n  save_steps: {save_steps}\n"
-        f"  logging_steps: 1\n  seed: 0\n{extra}"
-    )
 
 
 def _set(db: Database, name: str = "o") -> None:
@@ -70,7 +61,7 @@ def test_prm_trains_on_a_sets_outcomes_and_is_recorded(pg: Database, tmp_path: P
     examples = set_outcomes(pg, "o")
     assert len(examples) > 12 and {e.outcome for e in examples} == {True, False}
     model = build_tiny_model(tmp_path / "base", n_positions=512)
-    result = train_prm(pg, examples, "outcomes:o", _recipe(model), tmp_path / "run")
+    result = train_prm(pg, examples, "outcomes:o", prm_recipe(model), tmp_path / "run")
     assert result.status == "done" and result.global_step == 4 and result.resumed_from is None
     with pg.session() as s:
         run = queries.get_run(s, result.run_id)
@@ -85,10 +76,10 @@ def test_prm_trains_on_a_sets_outcomes_and_is_recorded(pg: Database, tmp_path: P
     scores = scorer.score([(examples[0].problem, examples[0].steps), ("Q?", ["a", "b", "c"])])
     assert [len(r) for r in scores] == [len(examples[0].steps), 3]
     assert all(x is not None and 0.0 < x < 1.0 for row in scores for x in row)
-    again = train_prm(pg, examples, "outcomes:o", _recipe(model), tmp_path / "run")
+    again = train_prm(pg, examples, "outcomes:o", prm_recipe(model), tmp_path / "run")
     assert (again.run_id, again.global_step) == (result.run_id, 4), "a finished run is reported, not redone"
     with pytest.raises(ConfigError, match="belongs to training run"):
-        train_prm(pg, examples, "outcomes:other", _recipe(model), tmp_path / "run")
+        train_prm(pg, examples, "outcomes:other", prm_recipe(model), tmp_path / "run")
 
 
 class Stop(Exception):
@@ -104,7 +95,9 @@ def test_a_failed_prm_run_resumes_to_the_uninterrupted_result(sqlite: Database, 
     median_length = sorted(len(e.steps) for e in examples)[len(examples) // 2]
     scheduled = "  warmup_steps: 5\n  max_grad_norm: 0.5\n  curriculum_steps: 4\n"
     scheduled += f"  curriculum_max_solution_steps: {median_length}\n"
-    straight = train_prm(sqlite, examples, "outcomes:o", _recipe(model, 6, 2, extra=scheduled), tmp_path / "straight")
+    straight = train_prm(
+        sqlite, examples, "outcomes:o", prm_recipe(model, 6, 2, extra=scheduled), tmp_path / "straight"
+    )
 
     def crash(step: int) -> None:
         if step == 3:
@@ -112,12 +105,17 @@ def test_a_failed_prm_run_resumes_to_the_uninterrupted_result(sqlite: Database, 
 
     with pytest.raises(Stop):
         train_prm(
-            sqlite, examples, "outcomes:o", _recipe(model, 6, 2, extra=scheduled), tmp_path / "crashed", on_step=crash
+            sqlite,
+            examples,
+            "outcomes:o",
+            prm_recipe(model, 6, 2, extra=scheduled),
+            tmp_path / "crashed",
+            on_step=crash,
         )
     with sqlite.session() as s:
         failed = queries.run_by_output(s, str((tmp_path / "crashed").resolve()))
         assert failed is not None and failed.status == "failed" and "Stop" in (failed.error or "")
-    resumed = train_prm(sqlite, examples, "outcomes:o", _recipe(model, 6, 2, extra=scheduled), tmp_path / "crashed")
+    resumed = train_prm(sqlite, examples, "outcomes:o", prm_recipe(model, 6, 2, extra=scheduled), tmp_path / "crashed")
     assert resumed.run_id == failed.id and resumed.global_step == 6
     assert resumed.resumed_from is not None and resumed.resumed_from.endswith("checkpoint-2")
     with sqlite.session() as s:
@@ -131,13 +129,13 @@ def test_a_failed_prm_run_resumes_to_the_uninterrupted_result(sqlite: Database, 
 
 def test_prm_recipes_and_data_are_checked(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not one of"):
-        _recipe(tmp_path, aggregate="max").config(PRMConfig)
+        prm_recipe(tmp_path, aggregate="max").config(PRMConfig)
     with pytest.raises(ConfigError, match="PRMConfig has no field"):
         Recipe.parse("method: prm\nmodel: x\ntrainer:\n  num_generations: 4\n").config(PRMConfig)
     with pytest.raises(ConfigError, match="not 'prm'"):
         Recipe.parse("model: x\n").expect("prm")
     with pytest.raises(ConfigError, match="max_grad_norm positive"):
-        _recipe(tmp_path, extra="  max_grad_norm: 0\n").config(PRMConfig)
+        prm_recipe(tmp_path, extra="  max_grad_norm: 0\n").config(PRMConfig)
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "train.jsonl").write_text('{"prompt": "q", "steps": ["a"], "outcome": true}\n{"prompt": 1}\n')
@@ -199,7 +197,7 @@ def test_gradient_accumulation_takes_the_same_step_as_the_whole_batch(sqlite: Da
     config.save_pretrained(model)
     finals = []
     for accumulation in (1, 2):
-        recipe = _recipe(model, 2, 2, extra=f"  gradient_accumulation_steps: {accumulation}\n")
+        recipe = prm_recipe(model, 2, 2, extra=f"  gradient_accumulation_steps: {accumulation}\n")
         finals.append(
             StepScorer.load(train_prm(sqlite, examples, "toy", recipe, tmp_path / f"a{accumulation}").final_model)
         )
@@ -259,7 +257,7 @@ def test_eval_commands_use_a_trained_prm(sqlite: Database, tmp_path: Path) -> No
     _set(sqlite)
     examples = [OutcomeExample(e.problem, e.steps, e.outcome) for e in set_outcomes(sqlite, "o")]
     model = build_tiny_model(tmp_path / "base", n_positions=4096)
-    result = train_prm(sqlite, examples, "outcomes:o", _recipe(model, 2, 2), tmp_path / "run", TrainOptions())
+    result = train_prm(sqlite, examples, "outcomes:o", prm_recipe(model, 2, 2), tmp_path / "run", TrainOptions())
     env = clean_env(STEPQ_DATABASE_URL=str(sqlite.engine.url))
 
     def stepq(*args: str) -> subprocess.CompletedProcess[str]:

@@ -188,7 +188,9 @@ def test_a_snapshot_keeps_its_text_through_an_ingest_update(any_db: Database, tm
     from stepq.workers.data.ingest import FieldMap, ingest_file
     from stepq.workers.grading.grader import Grader
     from stepq.workers.labelling.regrade import regrade_trajectories
-    from tests.test_ingest import _annotated_by_hand, _records, _write
+    from tests.ingest_records import annotated_by_hand as _annotated_by_hand
+    from tests.ingest_records import solution_records as _records
+    from tests.ingest_records import write_jsonl as _write
 
     source = _write(tmp_path / "v1.jsonl", _records())
     ingest_file(any_db, source, "u", FieldMap(steps="steps"))

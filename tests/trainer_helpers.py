@@ -6,6 +6,7 @@ from pathlib import Path
 
 from stepq.assembly import worker_runtime
 from stepq.models import Database
+from stepq.trainer.training.recipe import Recipe
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.runtime import WorkerOptions
@@ -42,3 +43,14 @@ trainer:
 """
     )
     return path
+
+
+def prm_recipe(
+    model: Path, max_steps: int = 4, save_steps: int = 2, aggregate: str = "asymmetric", extra: str = ""
+) -> Recipe:
+    """A PRM recipe for a tiny model: a few steps, checkpoints every ``save_steps``."""
+    return Recipe.parse(
+        f"method: prm\nmodel: {model}\ntrainer:\n  aggregate: {aggregate}\n  learning_rate: 0.001\n  warmup_steps: 0\n"
+        f"  batch_size: 4\n  epochs: 50\n  max_steps: {max_steps}\n  save_steps: {save_steps}\n"
+        f"  logging_steps: 1\n  seed: 0\n{extra}"
+    )

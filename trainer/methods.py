@@ -9,18 +9,15 @@ export); the PRM on outcome-labelled solutions (from a set, or an export).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from stepq.models import Database
 from stepq.models.errors import ConfigError
 from stepq.trainer.outcomes.export import OutcomeFilter
-from stepq.trainer.training.recipe import Recipe
+from stepq.trainer.training.recipe import METHODS, Recipe
 from stepq.trainer.training.runs import TrainOptions, TrainResult
-
-DEFAULT_RECIPES = {"grpo": "stepwiser-judge.yaml", "dpo": "step-dpo.yaml", "prm": "outcome-prm.yaml"}
-"""Each method's shipped recipe (``trainer/recipes/``)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +44,98 @@ class TrainingData:
         return named
 
 
+@dataclass(frozen=True)
+class Method:
+    """One training method: the recipe it ships, where its runs write by default, and the
+    entry point that checks its data and trains (each imports its trainer lazily: TRL is not
+    needed to list the methods)."""
+
+    name: str
+    recipe: str
+    """The shipped recipe (``trainer/recipes/``)."""
+    trains: Callable[[Database, Recipe, TrainingData, Path | None, TrainOptions], TrainResult]
+    judge_runs_folder: bool = False
+    """Its runs write to ``runs/<data>`` (the judge's ``runs/snapshot-N``), not ``runs/<method>-<data>``."""
+
+    def default_output(self, data: TrainingData) -> Path:
+        return Path("runs") / (data.source() if self.judge_runs_folder else f"{self.name}-{data.source()}")
+
+
+def _train_grpo(
+    db: Database, recipe: Recipe, data: TrainingData, output: Path | None, options: TrainOptions
+) -> TrainResult:
+    """The generative judge, by GRPO on a balanced snapshot."""
+    if data.snapshot is None:
+        raise ConfigError("--method grpo trains on a snapshot: give --snapshot N")
+    from stepq.trainer.training.grpo import train_judge
+
+    return train_judge(db, data.snapshot, recipe, output or GRPO.default_output(data), options)
+
+
+def _train_dpo(
+    db: Database, recipe: Recipe, data: TrainingData, output: Path | None, options: TrainOptions
+) -> TrainResult:
+    """Step-wise DPO on step preference pairs: Q-derived from a set, chosen by a step search,
+    or an export."""
+    from stepq.trainer.preferences.dpo import load_preferences, train_dpo
+    from stepq.trainer.preferences.export import preference_records, search_preference_records
+
+    if data.search is not None:
+        if data.set_name is not None or data.data_dir is not None:
+            raise ConfigError("--search gives DPO pairs: use it with --method dpo, without --set or --data")
+        pairs = search_preference_records(db, data.search)
+        if not pairs:
+            raise ConfigError(f"step search '{data.search}' has no pairs yet (see 'stepq search status')")
+        records, dataset = pairs, f"preferences:search:{data.search}"
+    elif data.data_dir is not None and data.set_name is None:
+        records, dataset = load_preferences(data.data_dir), f"preferences:{data.data_dir.resolve()}"
+    elif data.set_name is not None and data.data_dir is None:
+        records = preference_records(db, data.set_name, data.margin)
+        dataset = f"preferences:{data.set_name}:margin={data.margin}"
+    else:
+        raise ConfigError("--method dpo needs exactly one of --set NAME and --data DIR")
+    return train_dpo(db, records, dataset, recipe, output or DPO.default_output(data), options)
+
+
+def _train_prm(
+    db: Database, recipe: Recipe, data: TrainingData, output: Path | None, options: TrainOptions
+) -> TrainResult:
+    """The discriminative PRM on outcome-labelled solutions (from a set, or an export)."""
+    from stepq.trainer.prm.train import load_outcomes, set_outcomes, train_prm
+
+    if data.search is not None:
+        raise ConfigError("--search gives DPO pairs: use it with --method dpo, without --set or --data")
+    if data.data_dir is not None and data.set_name is None:
+        if data.outcomes != OutcomeFilter():
+            raise ConfigError(
+                "--pass-rate, --keep-unparseable and --prefix-rollouts apply to --set "
+                "(filter an export as it is written)"
+            )
+        records, dataset = load_outcomes(data.data_dir), f"outcomes:{data.data_dir.resolve()}"
+    elif data.set_name is not None and data.data_dir is None:
+        records = set_outcomes(db, data.set_name, data.outcomes)
+        dataset = f"outcomes:{data.set_name}{data.outcomes.describe()}"
+    else:
+        raise ConfigError("--method prm needs exactly one of --set NAME and --data DIR")
+    return train_prm(db, records, dataset, recipe, output or PRM.default_output(data), options)
+
+
+GRPO = Method("grpo", "stepwiser-judge.yaml", _train_grpo, judge_runs_folder=True)
+DPO = Method("dpo", "step-dpo.yaml", _train_dpo)
+PRM = Method("prm", "outcome-prm.yaml", _train_prm)
+REGISTRY: dict[str, Method] = {m.name: m for m in (GRPO, DPO, PRM)}
+"""Every method, by the name recipes and ``stepq train --method`` use (``recipe.METHODS``)."""
+assert set(REGISTRY) == set(METHODS), "a method without an entry point, or an entry point without a name"
+DEFAULT_RECIPES = {name: m.recipe for name, m in REGISTRY.items()}
+"""Each method's shipped recipe (``trainer/recipes/``)."""
+
+
+def method_named(name: str) -> Method:
+    if name not in REGISTRY:
+        raise ConfigError(f"unknown training method '{name}' (one of: {', '.join(REGISTRY)})")
+    return REGISTRY[name]
+
+
 def recipe_for(
     method: str | None, recipe: str | None, options: tuple[str, ...] = (), model: str | None = None
 ) -> Recipe:
@@ -59,59 +148,11 @@ def recipe_for(
 
 def default_output(method: str, data: TrainingData) -> Path:
     """``runs/snapshot-N`` for a judge, ``runs/<method>-<data>`` for the other signals."""
-    return Path("runs") / (data.source() if method == "grpo" else f"{method}-{data.source()}")
+    return method_named(method).default_output(data)
 
 
 def train(
     db: Database, method: str, recipe: Recipe, data: TrainingData, output: Path | None, options: TrainOptions
 ) -> TrainResult:
     """Train (or resume, or report a finished) run of ``method`` on ``data``."""
-    if method == "grpo":
-        if data.snapshot is None:
-            raise ConfigError("--method grpo trains on a snapshot: give --snapshot N")
-        from stepq.trainer.training.grpo import train_judge
-
-        return train_judge(db, data.snapshot, recipe, output or default_output(method, data), options)
-    records, dataset = signal_data(db, method, data)  # checks the data first: its errors say what is missing
-    out = output or default_output(method, data)
-    if method == "dpo":
-        from stepq.trainer.preferences.dpo import train_dpo
-
-        return train_dpo(db, records, dataset, recipe, out, options)
-    from stepq.trainer.prm.train import train_prm
-
-    return train_prm(db, records, dataset, recipe, out, options)
-
-
-def signal_data(db: Database, method: str, data: TrainingData) -> tuple[Any, str]:
-    """The pairs (dpo) or outcome examples (prm) and the run's ``dataset`` name."""
-    if data.search is not None:
-        if method != "dpo" or data.set_name is not None or data.data_dir is not None:
-            raise ConfigError("--search gives DPO pairs: use it with --method dpo, without --set or --data")
-        from stepq.trainer.preferences.export import search_preference_records
-
-        pairs = search_preference_records(db, data.search)
-        if not pairs:
-            raise ConfigError(f"step search '{data.search}' has no pairs yet (see 'stepq search status')")
-        return pairs, f"preferences:search:{data.search}"
-    if (data.set_name is None) == (data.data_dir is None):
-        raise ConfigError(f"--method {method} needs exactly one of --set NAME and --data DIR")
-    if method == "dpo":
-        from stepq.trainer.preferences.dpo import load_preferences
-        from stepq.trainer.preferences.export import preference_records
-
-        if data.data_dir is not None:
-            return load_preferences(data.data_dir), f"preferences:{data.data_dir.resolve()}"
-        assert data.set_name is not None
-        return preference_records(db, data.set_name, data.margin), f"preferences:{data.set_name}:margin={data.margin}"
-    from stepq.trainer.prm.train import load_outcomes, set_outcomes
-
-    if data.data_dir is not None:
-        if data.outcomes != OutcomeFilter():
-            raise ConfigError(
-                "--pass-rate, --keep-unparseable and --prefix-rollouts apply to --set "
-                "(filter an export as it is written)"
-            )
-        return load_outcomes(data.data_dir), f"outcomes:{data.data_dir.resolve()}"
-    assert data.set_name is not None
-    return set_outcomes(db, data.set_name, data.outcomes), f"outcomes:{data.set_name}{data.outcomes.describe()}"
+    return method_named(method).trains(db, recipe, data, output, options)

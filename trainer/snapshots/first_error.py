@@ -4,7 +4,7 @@ OmegaPRM and PRM800K label a solution only up to its first wrong step, and a jud
 the first wrong step is only ever asked about steps whose history is right.  Under Abs-Q every
 chunk after a dead prefix (Q = 0: no rollout from it finishes right) is Negative whatever it
 says; those chunks are most of a solution's late ones, so a small judge trained on them learns
-where a chunk is instead of what it says (docs/benchmarks/judge_grpo.md).  Keeping a
+where a chunk is instead of what it says (docs/experiments/judge_grpo.md).  Keeping a
 trajectory's chunks only while the prefix before them is alive (``q_before > 0``) removes that
 cue: the last chunk kept is the first one after which the prefix is dead.
 """

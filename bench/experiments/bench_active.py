@@ -1,6 +1,7 @@
 """Active learning: judge quality per rollout spent, under each priority strategy.
 
-    OMP_NUM_THREADS=1 python -m bench.bench_active [--seeds 0 1 2 3 4] [--pool 8000] [--budget 40000] [--rounds 8]
+    OMP_NUM_THREADS=1 python -m bench.experiments.bench_active \
+        [--seeds 0 1 2 3 4] [--pool 8000] [--budget 40000] [--rounds 8]
 
 For each seed, one pool of trajectories from the synthetic policy (recovery on, steps of
 different difficulty: a multiplication goes wrong 6x as often as an addition) several times
@@ -17,7 +18,7 @@ judge the previous round trained.
 The judge is a stand-in, named so: a small MLP reading each step's numbers digit by digit,
 trained from scratch in seconds (a chunk's score is the lowest of its steps' so far).  stepq's
 own judges do not fit this loop on 2 CPU cores: the discriminative PRM takes 70-96 min per
-training to learn from outcomes (docs/benchmarks/prm.md) and the GRPO judge longer still, and
+training to learn from outcomes (docs/experiments/prm.md) and the GRPO judge longer still, and
 the benchmark trains (strategies x seeds x rounds) judges.  What the benchmark measures is
 the ordering: which trajectories get labelled first, given a judge that learns from labels.
 
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import statistics
 import tempfile
@@ -42,7 +42,8 @@ from typing import Any
 from sqlalchemy import func, select, text
 
 from bench.common import emit
-from bench.judge_heldout import processbench_f1, rank_auc, write_processbench
+from bench.experiments.judge_heldout import write_processbench
+from bench.experiments.stats import mean_ci, processbench_f1, rank_auc
 from stepq.assembly import worker_runtime
 from stepq.migrations import upgrade
 from stepq.models import Database, Rollout, TrainingRun, epoch
@@ -238,17 +239,6 @@ def run_arm(
 
 
 # --- summaries ---------------------------------------------------------------------------
-
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-
-
-def mean_ci(values: Sequence[float]) -> tuple[float, float, float]:
-    """Mean and 95% t-interval over seeds."""
-    m = statistics.mean(values)
-    if len(values) < 2:
-        return m, m, m
-    half = T_975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
-    return m, m - half, m + half
 
 
 def rollouts_to_reach(curve: Sequence[dict[str, Any]], metric: str, target: float) -> float | None:

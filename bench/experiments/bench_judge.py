@@ -4,7 +4,7 @@
   accuracy and the extra tokens it costs; a judge that accepts everything changes nothing;
 - Best-of-N with the oracle and min aggregation vs random choice and majority vote.
 
-    python -m bench.bench_judge [--problems 500] [--error-rate 0.15] [--recovery-rate 0.05]
+    python -m bench.experiments.bench_judge [--problems 500] [--error-rate 0.15] [--recovery-rate 0.05]
 
 Prints a table, then one JSON object on its last line.
 """

@@ -16,7 +16,7 @@ position (later steps are more often wrong) and AUC within each step position (t
 must read the arithmetic, not count steps).  Then Best-of-N against random choice, choosing by
 the PRM's min step score and by the geometric mean of its step scores.
 
-    OMP_NUM_THREADS=1 python -m bench.bench_prm [--seed 0] [--steps 12000] [--backbone-dir DIR]
+    OMP_NUM_THREADS=1 python -m bench.experiments.bench_prm [--seed 0] [--steps 12000] [--backbone-dir DIR]
 
 The defaults, but for the data (the paper's filter became the default later: those runs are
 ``--pass-rate off``), are the README's headline runs (10,000 training problems, none of them a test
@@ -45,6 +45,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.common import emit, train_causal_lm
+from bench.experiments.stats import auc, bootstrap
 from stepq.migrations import upgrade
 from stepq.models import Database
 from stepq.trainer.evaluation.best_of_n import pick
@@ -64,24 +65,6 @@ from stepq.workers.backends.synthetic_policy import (
     parse_problem,
 )
 from stepq.workers.seeds import derive_seed
-
-
-def auc(positives: Sequence[float], negatives: Sequence[float]) -> float:
-    """P(a right step scores above a wrong one), ties counting half (Mann-Whitney)."""
-    if not positives or not negatives:
-        return float("nan")
-    ranked = sorted([(s, 1) for s in positives] + [(s, 0) for s in negatives])
-    rank_sum, i = 0.0, 0
-    while i < len(ranked):
-        j = i
-        while j < len(ranked) and ranked[j][0] == ranked[i][0]:
-            j += 1
-        mean_rank = (i + j + 1) / 2  # ranks are 1-based
-        rank_sum += mean_rank * sum(1 for k in range(i, j) if ranked[k][1] == 1)
-        i = j
-    n_pos, n_neg = len(positives), len(negatives)
-    return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
-
 
 Step = tuple[int, float, bool]  # (position, score, right)
 
@@ -104,16 +87,6 @@ def step_auc(problems: Sequence[Sequence[Step]], by_position: bool = False) -> f
             total += auc(pos_, neg) * len(pos_) * len(neg)
             weight += len(pos_) * len(neg)
     return total / weight if weight else float("nan")
-
-
-def bootstrap(problems: Sequence[Sequence[Step]], fn: object, rounds: int, seed: int) -> tuple[float, float]:
-    """95% interval of ``fn`` over problems resampled with replacement."""
-    rng = random.Random(seed)
-    values = sorted(
-        fn([problems[rng.randrange(len(problems))] for _ in problems])  # type: ignore[operator]
-        for _ in range(rounds)
-    )
-    return values[int(0.025 * rounds)], values[int(0.975 * rounds) - 1]
 
 
 def solutions(
@@ -451,9 +424,9 @@ def main() -> None:
         return step_auc(ps, by_position=True)
 
     result_auc = step_auc(per_problem)
-    ci = bootstrap(per_problem, step_auc, args.bootstrap, args.seed)
+    ci = bootstrap(per_problem, step_auc, args.seed, args.bootstrap)
     within_auc = within(per_problem)
-    within_ci = bootstrap(per_problem, within, args.bootstrap, args.seed)
+    within_ci = bootstrap(per_problem, within, args.seed, args.bootstrap)
     baseline = step_auc(position)
     k = len(test)
     right_steps = sum(t for p in per_problem for _, _, t in p)

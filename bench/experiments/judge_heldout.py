@@ -1,56 +1,14 @@
-"""The held-out side of the judge benchmarks: synthetic ProcessBench files written from the
-synthetic policy's step truth, the official F1 and chance levels, balanced accuracy and rank AUC,
-and 95% bootstrap intervals over problems.  Pure functions of their inputs and a seed."""
+"""The held-out side of the judge experiments: synthetic ProcessBench files written from the
+synthetic policy's step truth, and judges' scores by step position on them (the statistics
+are ``stats``).  Pure functions of their inputs and a seed."""
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import json
-import random
-import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-
-def bootstrap(values: Sequence[Any], stat: Callable[[Sequence[Any]], float], seed: int, rounds: int = 1000) -> tuple:
-    rng = random.Random(seed)
-    draws = sorted(stat([values[rng.randrange(len(values))] for _ in values]) for _ in range(rounds))
-    return draws[int(0.025 * rounds)], draws[int(0.975 * rounds) - 1]
-
-
-def balanced_accuracy(rows: Sequence[tuple[int, bool, bool | None]]) -> float:
-    """rows: (problem, label, verdict); no verdict is wrong (as ``stepq eval snapshot`` scores it)."""
-    by = {True: [0, 0], False: [0, 0]}
-    for _, label, verdict in rows:
-        by[label][0] += verdict is label
-        by[label][1] += 1
-    return 50.0 * sum(hit / n for hit, n in by.values() if n) if all(n for _, n in by.values()) else 0.0
-
-
-def rank_auc(rows: Sequence[tuple[int, bool, float]]) -> float:
-    """P(a Positive-labelled chunk's score > a Negative one's), ties half: the judge's
-    P(Positive) as a ranking, whatever threshold its greedy verdict implies."""
-    pos = sorted(s for _, label, s in rows if label)
-    neg = sorted(s for _, label, s in rows if not label)
-    if not pos or not neg:
-        return 0.5
-    wins = sum(
-        bisect.bisect_left(neg, p) + 0.5 * (bisect.bisect_right(neg, p) - bisect.bisect_left(neg, p)) for p in pos
-    )
-    return wins / (len(pos) * len(neg))
-
-
-def at_threshold(rows: Sequence[tuple[int, bool, float]], threshold: float) -> list[tuple[int, bool, bool]]:
-    return [(pid, label, p >= threshold) for pid, label, p in rows]
-
-
-def grouped(rows: Sequence[tuple], key: int = 0) -> list[list[tuple]]:
-    groups: dict[Any, list[tuple]] = {}
-    for r in rows:
-        groups.setdefault(r[key], []).append(r)
-    return list(groups.values())
 
 
 def by_position(
@@ -81,15 +39,6 @@ def position_items(samples: Sequence[dict[str, Any]]) -> tuple[list[Any], list[t
     return items, keys
 
 
-def processbench_f1(pairs: Sequence[tuple[int, int]]) -> float:
-    """pairs: (label, prediction); the official metric."""
-    from stepq.trainer.evaluation.processbench import score
-
-    return score(
-        "f", {str(i): lab for i, (lab, _) in enumerate(pairs)}, {str(i): p for i, (_, p) in enumerate(pairs)}
-    ).f1
-
-
 def write_processbench(
     path: Path, problems: int, seed: int, policy: Any, exclude: frozenset[str] = frozenset(), numbers: str = "default"
 ) -> list[dict[str, Any]]:
@@ -113,10 +62,3 @@ def write_processbench(
         samples.append({"id": f"s{i}", "problem": problem.question, "steps": [s.text for s in steps], "label": label})
     path.write_text(json.dumps(samples))
     return samples
-
-
-def random_guess_f1(samples: Sequence[dict[str, Any]], seed: int, draws: int = 200) -> float:
-    rng = random.Random(seed)
-    return statistics.mean(
-        processbench_f1([(s["label"], rng.randrange(-1, len(s["steps"]))) for s in samples]) for _ in range(draws)
-    )

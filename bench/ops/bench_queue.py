@@ -1,6 +1,6 @@
 """Rollouts per second through PostgreSQL + Redis + Celery vs. the same work in-process.
 
-    python -m bench.bench_queue [--problems 200] [--gpu-problems 60] [--workers 2] [--gpu-latency-s 0.01]
+    python -m bench.ops.bench_queue [--problems 200] [--gpu-problems 60] [--workers 2] [--gpu-latency-s 0.01]
 
 Three figures, taken in one run on the same synthetic set:
 - ``in_process``: the backend and grader called in a loop, no database, no queue (1 process);

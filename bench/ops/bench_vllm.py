@@ -1,7 +1,7 @@
 """Rollouts/s through stepq's vLLM backend vs. bare ``LLM.generate``, on the same engine,
 prompts and seeds, and the effect of trajectories per engine call (``STEPQ_ITEMS_PER_TASK``).
 
-    .venv-vllm/bin/python -m bench.bench_vllm [--trajectories 32] [--m 8] [--max-tokens 32]
+    .venv-vllm/bin/python -m bench.ops.bench_vllm [--trajectories 32] [--m 8] [--max-tokens 32]
 
 Runs in the vLLM environment (``bash scripts/vllm-env.sh``) on a tiny Llama built here (CPU,
 random weights: the figures are about the backend's own overhead and batching, not a model's

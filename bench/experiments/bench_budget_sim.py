@@ -1,6 +1,6 @@
 """Budget policies against the synthetic policy in pure Python: no database, no task code.
 
-    python -m bench.bench_budget_sim [--budget adaptive --budget adaptive:link=0 ...]
+    python -m bench.experiments.bench_budget_sim [--budget adaptive --budget adaptive:link=0 ...]
                                      [--seed 42] [--settings all|quick] [--problems 500]
 
 The same policies, rules and truth as ``bench_budget`` (it imports their definitions), with the
@@ -19,8 +19,9 @@ import random
 import time
 from typing import Any
 
-from bench.bench_budget import RULES, SETTINGS, policy_config
 from bench.common import emit
+from bench.experiments.bench_budget import SETTINGS, policy_config
+from bench.experiments.budget_measures import RULES
 from stepq.workers.backends.synthetic_policy import SyntheticPolicy, make_problem, trajectory_q
 from stepq.workers.labelling.budget import BudgetPolicy, Exhaustive, Observation, parse_budget
 from stepq.workers.labelling.labels import LabelRule, label_chunks, parse_rule

@@ -1,6 +1,6 @@
 """Grading throughput: stepq's grader against plain math-verify on the same answers.
 
-    python -m bench.bench_grading [--rollouts 4000] [--math500 500]
+    python -m bench.ops.bench_grading [--rollouts 4000] [--math500 500]
 
 Three answer sets, graded by both: synthetic-policy rollouts (integers, as in annotation),
 the MATH-500 reference solutions against their answers (real LaTeX, all right), and each

@@ -1,6 +1,6 @@
 """``bench_budget --settings neural``: the budgets on a tiny neural policy's trajectories.
 
-For each strength of ``bench/neural_policy.py``: sample one trajectory per problem from the
+For each strength of ``bench/experiments/neural_policy.py``: sample one trajectory per problem from the
 model (temperature 1, through ``stepq generate``'s code and the hf backend), then annotate
 copies of that set through the real task code (embedded runner, SQLite, the hf backend):
 exhaustive M (16), a reference of M = 64 with other rollout seeds, and the adaptive budget
@@ -28,9 +28,9 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bench.bench_budget import RULES, accuracy, count, labels
-from bench.budget_replay import by_evidence, change_interval, dead_stays_dead, load_pools, replay
-from bench.neural_policy import DEFAULT_CACHE, MAX_TOKENS, PROMPT, STRENGTHS, build_all
+from bench.experiments.budget_measures import RULES, accuracy, count, labels
+from bench.experiments.budget_replay import by_evidence, change_interval, dead_stays_dead, load_pools, replay
+from bench.experiments.neural_policy import DEFAULT_CACHE, MAX_TOKENS, PROMPT, STRENGTHS, build_all
 from stepq.assembly import worker_runtime
 from stepq.migrations import upgrade
 from stepq.models import Database

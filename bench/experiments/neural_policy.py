@@ -55,7 +55,7 @@ class Recipe:
 STRENGTHS = {"weak": Recipe(steps=4000), "medium": Recipe(steps=8000)}
 """Pretraining per strength.  Measured here (0.34 s a step on 2 cores): 500 and 1,500 steps
 answer 2 of 64 problems right (format and copying learnt, not the arithmetic); 4,000 steps
-(23 min) answer 17 of 64; figures per strength are in docs/benchmarks/budget.md."""
+(23 min) answer 17 of 64; figures per strength are in docs/experiments/budget.md."""
 
 MAX_TOKENS = 300
 """Characters a sample may write: a solution of 8 steps and its answer take ~210."""

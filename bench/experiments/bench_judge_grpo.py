@@ -18,11 +18,11 @@ Per seed and label rule:
 5. the outcome-supervised discriminative PRM on the same set's outcome labels, same backbone,
    same held-out file.
 
-    OMP_NUM_THREADS=2 python -m bench.bench_judge_grpo                   # seeds 0,1,2, Abs-Q
-    python -m bench.bench_judge_grpo --rules abs-q,rel-ratio,rel-effective --seeds 0
-    python -m bench.bench_judge_grpo --quick                             # a one-minute smoke run
+    OMP_NUM_THREADS=2 python -m bench.experiments.bench_judge_grpo                   # seeds 0,1,2, Abs-Q
+    python -m bench.experiments.bench_judge_grpo --rules abs-q,rel-ratio,rel-effective --seeds 0
+    python -m bench.experiments.bench_judge_grpo --quick                             # a one-minute smoke run
 
-docs/benchmarks/judge_grpo.md holds the figures.
+docs/experiments/judge_grpo.md holds the figures.
 
 Prints a table per run and one JSON object on its last line.  Keeps nothing unless
 ``--keep DIR`` is given.
@@ -40,19 +40,17 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import emit
-from bench.judge_capacity import lm_train
-from bench.judge_format import ANALYSES, JUDGE_TEMPLATE, judge_answer
-from bench.judge_heldout import (
+from bench.experiments.judge_capacity import lm_train
+from bench.experiments.judge_format import ANALYSES, JUDGE_TEMPLATE, judge_answer
+from bench.experiments.judge_heldout import by_position, position_items, write_processbench
+from bench.experiments.stats import (
     at_threshold,
     balanced_accuracy,
     bootstrap,
-    by_position,
     grouped,
-    position_items,
     processbench_f1,
     random_guess_f1,
     rank_auc,
-    write_processbench,
 )
 
 # steps of different difficulty: an error rate per operation, for each range of numbers
@@ -389,7 +387,7 @@ def main() -> None:
         default="none",
         help="none: the verdict alone; recompute: the format stage also teaches an analysis that redoes the "
         "judged step's arithmetic before the (random) verdict; resolve: one that re-solves the problem up to the "
-        "judged step (tried: GRPO did not learn from it, see docs/benchmarks/judge_grpo.md).",
+        "judged step (tried: GRPO did not learn from it, see docs/experiments/judge_grpo.md).",
     )
     ap.add_argument(
         "--form",

@@ -8,22 +8,22 @@ labelled rows come from stepq's real annotation code, run where stepq is install
 as files:
 
     # here (stepq installed), once: the sets annotated, snapshotted and written to gpu-data/
-    python -m bench.bench_judge_capacity --prepare-only --data gpu-data --seeds 0 \\
+    python -m bench.experiments.bench_judge_capacity --prepare-only --data gpu-data --seeds 0 \\
         --cells none/first-dead/6/16000/8,recompute/first-dead/6/16000/8
     # on the GPU machine (SQLAlchemy carried as a wheel if it is missing); one cell took 204 s on
     # an H100 at these defaults (the backbone 57 s, each judge 60 s to teach and 7-17 s to score):
-    python -m bench.judge_gpu --data gpu-data --seeds 0 \\
+    python -m bench.experiments.judge_gpu --data gpu-data --seeds 0 \\
         --cells none/first-dead/6/16000/8,recompute/first-dead/6/16000/8
     # the same code at tiny size on CPU (what the test runs):
-    python -m bench.judge_gpu --device cpu --quick
+    python -m bench.experiments.judge_gpu --device cpu --quick
 
-docs/benchmarks/judge_grpo.md ("Capacity") holds the figures and the card they ran on.
+docs/experiments/judge_grpo.md ("Capacity") holds the figures and the card they ran on.
 """
 
 from __future__ import annotations
 
-from bench.bench_judge_capacity import parser, run
-from bench.judge_capacity import Device
+from bench.experiments.bench_judge_capacity import parser, run
+from bench.experiments.judge_capacity import Device
 
 # 47 ms a step on an H100 (launch-bound at this size): 4,000 steps a stage ran past 8 minutes
 GPU_DEFAULTS = {"width": 256, "batch": 64, "eval_batch": 512, "steps": 1500, "pretrain_steps": 1500, "lr": 5e-4}

@@ -1,6 +1,6 @@
 """Exhaustive vs. adaptive budgets on synthetic policies whose shortcuts can fail.
 
-    python -m bench.bench_budget [--problems 500] [--rollouts 16] [--settings all|quick]
+    python -m bench.experiments.bench_budget [--problems 500] [--rollouts 16] [--settings all|quick]
 
 Each setting is a synthetic policy with steps of different difficulty (per-operation error
 rates: multiplications hardest), a recovery rate (self-correction: Q can rise again after a
@@ -25,8 +25,9 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bench.budget_replay import dead_stays_dead, load_pools
 from bench.common import emit
+from bench.experiments.budget_measures import RULES, accuracy, count, labels
+from bench.experiments.budget_replay import dead_stays_dead, load_pools
 from stepq.assembly import worker_runtime
 from stepq.migrations import upgrade
 from stepq.models import Database
@@ -39,7 +40,6 @@ from stepq.workers.labelling.budget import Adaptive, parse_budget
 from stepq.workers.labelling.labels import LabelRule, label_chunks, parse_rule
 from stepq.workers.labelling.posterior import Prefix, p_positive
 
-RULES = ["abs-q", "rel-ratio", "rel-effective"]
 DIFFICULTY = {"Add": 0.5, "Subtract": 1.0, "Multiply by": 3.0}
 """Relative error rates per operation: a multiplication goes wrong 6x as often as an addition."""
 STRENGTH = {"strong": 0.03, "medium": 0.1, "weak": 0.22, "weakest": 0.3}
@@ -49,7 +49,7 @@ SETTINGS = {
     "all": [(s, r) for r in (0.0, 0.05, 0.2) for s in ("medium",)] + [(s, 0.05) for s in ("strong", "weak", "weakest")],
 }
 NEURAL = ("weak", "medium")
-"""Strengths of the neural policy (``--settings neural``; ``bench/neural_policy.py``)."""
+"""Strengths of the neural policy (``--settings neural``; ``bench/experiments/neural_policy.py``)."""
 
 
 def policy_config(strength: str, recovery: float) -> dict[str, Any]:
@@ -81,19 +81,6 @@ def annotate(
     start = time.perf_counter()
     run_in_process(db, worker_runtime(db, WorkerOptions(batch_rollouts=256, name="bench")))
     return time.perf_counter() - start
-
-
-def labels(db: Database, name: str, rule: LabelRule) -> dict[tuple[str, int], bool]:
-    with db.engine.connect() as conn:
-        rows = conn.execute(
-            text(
-                "SELECT p.external_id, c.idx, l.positive FROM chunk_labels l JOIN chunks c ON c.id = l.chunk_id "
-                "JOIN trajectories t ON t.id = c.trajectory_id JOIN problems p ON p.id = t.problem_id "
-                "JOIN problem_sets s ON s.id = p.problem_set_id WHERE s.name = :n AND l.rule = :r"
-            ),
-            {"n": name, "r": rule.key},
-        )
-        return {(ext, idx): bool(pos) for ext, idx, pos in rows}
 
 
 def truth(db: Database, name: str, policy: SyntheticPolicy, rule: LabelRule) -> dict[tuple[str, int], bool]:
@@ -147,24 +134,6 @@ def posterior_labels(db: Database, name: str, rule: LabelRule, budget: str, m: i
             p = p_positive(rule, known[i - 1], known[i], policy.prior, policy.link)
             out[(ext, i)] = p >= 0.5
     return out
-
-
-def count(db: Database, name: str, sql: str) -> int:
-    with db.engine.connect() as conn:
-        return int(
-            conn.execute(
-                text(
-                    f"SELECT {sql} FROM trajectories t JOIN problems p ON p.id = t.problem_id "
-                    "JOIN problem_sets s ON s.id = p.problem_set_id "
-                    "LEFT JOIN rollouts r ON r.trajectory_id = t.id WHERE s.name = :n"
-                ),
-                {"n": name},
-            ).scalar_one()
-        )
-
-
-def accuracy(got: dict[tuple[str, int], bool], want: dict[tuple[str, int], bool]) -> float:
-    return sum(got.get(k) == v for k, v in want.items()) / len(want)
 
 
 def measure(tmp: Path, strength: str, recovery: float, n: int, m: int, budget: str) -> dict[str, Any]:
@@ -244,7 +213,7 @@ def main() -> None:
     ap.add_argument("--neural-strengths", default=",".join(NEURAL), help="which neural policies, comma-separated")
     args = ap.parse_args()
     if args.settings == "neural":
-        from bench.budget_neural import measure_neural
+        from bench.experiments.budget_neural import measure_neural
 
         emit(measure_neural(args, tuple(args.neural_strengths.split(","))))
         return

@@ -1,6 +1,6 @@
 """Soak: a fleet under chaos for ten minutes; nothing may be lost, duplicated or stuck.
 
-    python -m bench.soak [--trajectories 2000] [--chaos-s 600] [--workers 3] [--kill-every-s 4]
+    python -m bench.ops.soak [--trajectories 2000] [--chaos-s 600] [--workers 3] [--kill-every-s 4]
 
 A synthetic set (``--trajectories`` problems, one trajectory each, M = 8) is annotated by real
 ``stepq dispatch`` and ``stepq worker`` processes on a scratch PostgreSQL database and a Redis

@@ -16,12 +16,12 @@ file.  Each cell of the sweep varies one thing that decides learnability:
 Beside every cell, the same judge taught the synthetic step truth on the same rows: the
 ceiling, what the backbone can learn at all.  Every figure comes with its run time.
 
-    OMP_NUM_THREADS=2 python -m bench.bench_judge_capacity                     # the sweep, seed 0
-    python -m bench.bench_judge_capacity --seeds 0,1,2 --cells recompute/first-dead/2/600/8
-    python -m bench.bench_judge_capacity --quick                               # a smoke run
-    python -m bench.bench_judge_capacity --prepare-only --data DIR ...          # data for bench/judge_gpu.py
+    OMP_NUM_THREADS=2 python -m bench.experiments.bench_judge_capacity                     # the sweep, seed 0
+    python -m bench.experiments.bench_judge_capacity --seeds 0,1,2 --cells recompute/first-dead/2/600/8
+    python -m bench.experiments.bench_judge_capacity --quick                               # a smoke run
+    python -m bench.experiments.bench_judge_capacity --prepare-only --data DIR ...  # for judge_gpu.py
 
-docs/benchmarks/judge_grpo.md ("Capacity") holds the figures.  Prints a table and one JSON
+docs/experiments/judge_grpo.md ("Capacity") holds the figures.  Prints a table and one JSON
 object on its last line.
 """
 
@@ -37,9 +37,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.judge_capacity import CPU, Device, answer_room, evaluate_capacity, pretrain_backbone, teach_verdict
-from bench.judge_format import ANALYSES, step_truth
-from bench.judge_heldout import random_guess_f1, write_processbench
+from bench.experiments.judge_capacity import (
+    CPU,
+    Device,
+    answer_room,
+    evaluate_capacity,
+    pretrain_backbone,
+    teach_verdict,
+)
+from bench.experiments.judge_format import ANALYSES, step_truth
+from bench.experiments.judge_heldout import write_processbench
+from bench.experiments.stats import random_guess_f1
 
 OP_ERROR_RATES = {"Add": 0.05, "Subtract": 0.25}  # bench_judge_grpo's --numbers small
 FORMS = ("all", "first-dead")

@@ -1,6 +1,6 @@
 """Status, dispatch and task costs at StepWiser's scale: do they grow with the database?
 
-    python -m bench.bench_scale [--sizes 1000000,10000000] [--repeat 5]
+    python -m bench.ops.bench_scale [--sizes 1000000,10000000] [--repeat 5]
 
 For each size, a fresh PostgreSQL database is seeded by COPY in StepWiser's shape (7
 chunks per trajectory, 16 rollouts per prefix: 112 rollouts a trajectory, every one graded,

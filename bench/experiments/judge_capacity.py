@@ -1,6 +1,6 @@
 """Can the backbone learn the check at all?  The supervised side of the judge benchmarks, on
 PyTorch and transformers alone (no TRL, vLLM or database), so it runs the same on 2 CPU cores
-and on one GPU in bf16 (``bench/judge_gpu.py``).
+and on one GPU in bf16 (``bench/experiments/judge_gpu.py``).
 
 - ``pretrain_backbone``: a character-level Llama pretrained on correct synthetic solutions;
 - ``teach_verdict``: the verdict (after its analysis, if any) taught by cross-entropy on the
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.judge_format import judge_answer, judge_prompt
-from bench.judge_heldout import balanced_accuracy, bootstrap, grouped, processbench_f1
+from bench.experiments.judge_format import judge_answer, judge_prompt
+from bench.experiments.stats import balanced_accuracy, bootstrap, grouped, processbench_f1
 
 
 @dataclass(frozen=True)
