@@ -191,3 +191,28 @@ def all_work_done(db: Database) -> bool:
     with db.session() as s:
         counts = queries.work_counts(s)
     return bool(counts) and set(counts) == {"done"}
+
+
+def annotated_set(
+    db: Database,
+    name: str = "s",
+    *,
+    m: int = 8,
+    problems: int = 40,
+    seed: int = 1,
+    budget: str | None = None,
+    worker: str = "test",
+    batch_rollouts: int = 64,
+    **synth: Any,
+) -> None:
+    """A synthetic set (``synth``: ``synth_set``'s options) annotated to the end in process at
+    ``m`` rollouts per prefix: the sequence most tests start from, written once."""
+    from stepq.assembly import worker_runtime
+    from stepq.workers.data.synthetic_set import synth_set
+    from stepq.workers.in_process import run_in_process
+    from stepq.workers.jobqueue.runtime import WorkerOptions
+    from stepq.workers.labelling.annotation_plans import configure_annotation
+
+    synth_set(db, name, problems=problems, seed=seed, **synth)
+    configure_annotation(db, name, m, **({"budget": budget} if budget else {}))
+    run_in_process(db, worker_runtime(db, WorkerOptions(name=worker, batch_rollouts=batch_rollouts)))

@@ -18,8 +18,8 @@ import pytest
 from stepq.models import Database, queries
 from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
 from stepq.trainer.tiny_model import build_tiny_model
-from tests.helpers import clean_env, wait_for
-from tests.trainer_helpers import annotated_set, tiny_recipe
+from tests.helpers import annotated_set, clean_env, wait_for
+from tests.trainer_helpers import tiny_recipe
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -46,7 +46,7 @@ def _launch(pg_url: str, recipe: Path, out: Path, trace: Path, snapshot: int) ->
 
 
 def test_two_ranks_train_one_run_and_resume_it_after_sigkill(pg: Database, pg_url: str, tmp_path: Path) -> None:
-    annotated_set(pg, problems=30)
+    annotated_set(pg, problems=30, error_rate=0.25, recovery_rate=0.0)
     snapshot = create_snapshot(pg, SnapshotSpec(("s",), "abs-q", val_fraction=0.2, seed=0))
     model = build_tiny_model(tmp_path / "model", n_positions=4096)
     recipe = tiny_recipe(tmp_path / "tiny.yaml", model, max_steps=STEPS, save_steps=4, completion_length=96)
@@ -101,7 +101,7 @@ def test_two_ranks_train_one_run_and_resume_it_after_sigkill(pg: Database, pg_ur
 
 
 def test_the_trainer_service_launches_each_training_on_two_ranks(pg: Database, pg_url: str, tmp_path: Path) -> None:
-    annotated_set(pg, problems=20)
+    annotated_set(pg, problems=20, error_rate=0.25, recovery_rate=0.0)
     model = build_tiny_model(tmp_path / "model")
     recipe = tiny_recipe(tmp_path / "tiny.yaml", model, max_steps=3, save_steps=3)
     trace = tmp_path / "trace"

@@ -9,18 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from stepq.assembly import worker_runtime
 from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
 from stepq.trainer.preferences.dpo import load_preferences, train_dpo
 from stepq.trainer.preferences.export import export_preferences, preference_records
 from stepq.trainer.tiny_model import build_tiny_model
 from stepq.trainer.training.recipe import Recipe
-from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.in_process import run_in_process
-from stepq.workers.jobqueue.runtime import WorkerOptions
-from stepq.workers.labelling.annotation_plans import configure_annotation
-from tests.helpers import clean_env, run_stepq
+from tests.helpers import annotated_set, clean_env, run_stepq
 
 pytestmark = pytest.mark.integration
 
@@ -34,9 +29,9 @@ def _recipe_text(model: Path, max_steps: int = 2) -> str:
 
 
 def _pairs_set(db: Database) -> None:
-    synth_set(db, "pref", problems=8, seed=2, trajectories_per_problem=4, error_rate=0.25)
-    configure_annotation(db, "pref", 8)
-    run_in_process(db, worker_runtime(db, WorkerOptions(name="t")))
+    annotated_set(
+        db, "pref", m=8, problems=8, seed=2, trajectories_per_problem=4, error_rate=0.25, worker="t", batch_rollouts=128
+    )
 
 
 def test_dpo_run_on_q_derived_pairs_is_recorded(pg: Database, tmp_path: Path) -> None:

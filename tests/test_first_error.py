@@ -16,7 +16,7 @@ from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
 from stepq.trainer.snapshots.export import snapshot_records
 from stepq.trainer.snapshots.first_error import until_first_dead
 from stepq.trainer.snapshots.stepwise import stepwise_records
-from tests.trainer_helpers import annotated_set
+from tests.helpers import annotated_set
 
 
 @pytest.mark.unit
@@ -40,7 +40,7 @@ def test_a_snapshot_until_the_first_error_holds_exactly_the_alive_prefixes(sqlit
     """Every kept row's prefix is alive by the database's own Q-values, and every chunk whose
     earlier prefixes are all alive is a candidate (an inverted filter keeps the dead ones);
     the manifest says which practice it follows; the stepwise export filters the same way."""
-    annotated_set(sqlite, problems=60)
+    annotated_set(sqlite, problems=60, error_rate=0.25, recovery_rate=0.0)
     full = create_snapshot(sqlite, SnapshotSpec(("s",), "abs-q", 0.2, 0, balanced=False, name="all"))
     first = create_snapshot(
         sqlite, SnapshotSpec(("s",), "abs-q", 0.2, 0, balanced=False, name="first", until_first_error=True)
@@ -80,7 +80,7 @@ def test_a_snapshot_until_the_first_error_holds_exactly_the_alive_prefixes(sqlit
 
 
 def test_the_commands_take_the_option(sqlite: Database, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    annotated_set(sqlite, problems=20)
+    annotated_set(sqlite, problems=20, error_rate=0.25, recovery_rate=0.0)
     monkeypatch.setenv("STEPQ_DATABASE_URL", sqlite.url)
     done = CliRunner().invoke(main, ["snapshot", "create", "--sets", "s", "--rule", "abs-q", "--until-first-error"])
     assert done.exit_code == 0, done.output

@@ -22,6 +22,7 @@ from stepq.workers.data.policy_sampling import generate_trajectories
 from stepq.workers.data.prompts import TEMPLATES, load_template, render
 from stepq.workers.data.segmentation import split_step_markers
 from stepq.workers.labelling.annotation_plans import configure_annotation
+from tests.helpers import annotated_set
 
 
 def _problems(db: Database, tmp_path: Path, n: int = 12) -> None:
@@ -174,7 +175,6 @@ def test_templates() -> None:
 
 
 def test_resegment_touches_only_trajectories_without_rollouts(sqlite: Database, tmp_path: Path) -> None:
-    from stepq.assembly import worker_runtime
     from stepq.workers.data.policy_sampling import resegment_set
     from stepq.workers.data.synthetic_set import synth_set
     from stepq.workers.jobqueue.runtime import WorkerOptions
@@ -212,14 +212,8 @@ def test_resegment_leaves_a_trajectory_annotated_without_rollouts(sqlite: Databa
     """The adaptive budget labels a right trajectory from its own outcome, with no rollout:
     it is annotated all the same, and its chunks and labels must stay."""
     from stepq.workers.data.policy_sampling import resegment_set
-    from stepq.workers.data.synthetic_set import synth_set
-    from stepq.workers.in_process import run_in_process
-    from stepq.workers.jobqueue.runtime import WorkerOptions
-    from stepq.workers.labelling.annotation_plans import configure_annotation
 
-    synth_set(sqlite, "a", problems=12, seed=3)
-    configure_annotation(sqlite, "a", 8, budget="adaptive")
-    run_in_process(sqlite, worker_runtime(sqlite, WorkerOptions(name="t")))
+    annotated_set(sqlite, "a", m=8, problems=12, seed=3, budget="adaptive", worker="t", batch_rollouts=128)
     with sqlite.engine.connect() as conn:
         bare = conn.execute(
             text(

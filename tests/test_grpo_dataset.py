@@ -14,13 +14,13 @@ from stepq.trainer.generative_judge.rewards import get_rewards
 from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
 from stepq.trainer.training.grpo import judge_dataset
 from stepq.trainer.training.recipe import Recipe
-from tests.trainer_helpers import annotated_set
+from tests.helpers import annotated_set
 
 pytestmark = pytest.mark.slow
 
 
 def test_grpo_rows_are_the_train_split_with_their_own_labels(sqlite: Database, tmp_path: Path) -> None:
-    annotated_set(sqlite, problems=25)
+    annotated_set(sqlite, problems=25, error_rate=0.25, recovery_rate=0.0)
     ref = create_snapshot(sqlite, SnapshotSpec(("s",), "abs-q", val_fraction=0.3, seed=0))
     template = tmp_path / "t.txt"
     template.write_text("{problem}|{history}|{chunk}|")

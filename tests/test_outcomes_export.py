@@ -8,14 +8,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from stepq.assembly import worker_runtime
 from stepq.models import Database
 from stepq.models.errors import ConfigError
 from stepq.trainer.outcomes.export import OutcomeFilter, continuation_steps, export_outcomes, outcome_records
-from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.in_process import run_in_process
-from stepq.workers.jobqueue.runtime import WorkerOptions
-from stepq.workers.labelling.annotation_plans import configure_annotation
+from tests.helpers import annotated_set
 
 
 def test_continuation_steps() -> None:
@@ -36,9 +32,7 @@ def test_every_graded_solution_is_exported_with_its_outcome(sqlite: Database, tm
         queries.ensure_set(s, "empty")
     with pytest.raises(ConfigError, match="no graded solutions"):
         export_outcomes(sqlite, "empty", tmp_path / "none")
-    synth_set(sqlite, "o", problems=5, seed=4)
-    configure_annotation(sqlite, "o", 4)
-    run_in_process(sqlite, worker_runtime(sqlite, WorkerOptions(name="t")))
+    annotated_set(sqlite, "o", m=4, problems=5, seed=4, worker="t", batch_rollouts=128)
     everything = OutcomeFilter(pass_rate=None, prefix_rollouts=True)
     counts = export_outcomes(sqlite, "o", tmp_path / "out", everything)
     with sqlite.engine.connect() as conn:
@@ -64,9 +58,7 @@ def test_every_graded_solution_is_exported_with_its_outcome(sqlite: Database, tm
 
 
 def _annotated(db: Database, name: str, problems: int) -> None:
-    synth_set(db, name, problems=problems, seed=7, error_rate=0.3)
-    configure_annotation(db, name, 4)
-    run_in_process(db, worker_runtime(db, WorkerOptions(name="t")))
+    annotated_set(db, name, m=4, problems=problems, seed=7, error_rate=0.3, worker="t", batch_rollouts=128)
 
 
 def test_solutions_without_a_parseable_answer_are_dropped_unless_kept_as_wrong(sqlite: Database) -> None:

@@ -7,16 +7,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from stepq.assembly import worker_runtime
 from stepq.models import Database
 from stepq.models.errors import ConfigError
 from stepq.trainer.preferences.export import export_preferences, preference_records
 from stepq.trainer.preferences.pairs import ScoredTrajectory, prompt_of, q_pairs
-from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.in_process import run_in_process
-from stepq.workers.jobqueue.runtime import WorkerOptions
-from stepq.workers.labelling.annotation_plans import configure_annotation
-from tests.helpers import clean_env, run_stepq
+from tests.helpers import annotated_set, clean_env, run_stepq
 
 
 def _t(
@@ -59,9 +54,17 @@ def test_margin_ties_unsampled_and_other_problems() -> None:
 def test_export_preferences_loads_with_datasets(sqlite: Database, tmp_path: Path) -> None:
     import datasets
 
-    synth_set(sqlite, "pref", problems=12, seed=2, trajectories_per_problem=4, error_rate=0.2)
-    configure_annotation(sqlite, "pref", 8)
-    run_in_process(sqlite, worker_runtime(sqlite, WorkerOptions(name="t")))
+    annotated_set(
+        sqlite,
+        "pref",
+        m=8,
+        problems=12,
+        seed=2,
+        trajectories_per_problem=4,
+        error_rate=0.2,
+        worker="t",
+        batch_rollouts=128,
+    )
     n = export_preferences(sqlite, "pref", tmp_path / "out", margin=0.3)
     records = preference_records(sqlite, "pref", 0.3)
     assert n == len(records) > 0
@@ -79,9 +82,9 @@ def test_export_preferences_loads_with_datasets(sqlite: Database, tmp_path: Path
             ).scalars()
             rejected_prefix = "".join(list(chunks)[: r["prefix_len"]])
         assert r["prompt"] == policy_prompt + rejected_prefix, "both steps were sampled after exactly this text"
-    synth_set(sqlite, "single", problems=3, seed=3)  # one solution per problem: no siblings
-    configure_annotation(sqlite, "single", 2)
-    run_in_process(sqlite, worker_runtime(sqlite, WorkerOptions(name="t")))
+    annotated_set(
+        sqlite, "single", m=2, problems=3, seed=3, worker="t", batch_rollouts=128
+    )  # one solution per problem: no siblings
     with pytest.raises(ConfigError, match="no step pairs"):
         export_preferences(sqlite, "single", tmp_path / "none", margin=0.3)
 
@@ -95,9 +98,17 @@ def test_exported_pairs_point_from_the_higher_q_step_to_the_lower(sqlite: Databa
 
     from stepq.workers.backends.synthetic_policy import step_is_right
 
-    synth_set(sqlite, "dir", problems=12, seed=4, trajectories_per_problem=4, error_rate=0.2)
-    configure_annotation(sqlite, "dir", 8)
-    run_in_process(sqlite, worker_runtime(sqlite, WorkerOptions(name="t")))
+    annotated_set(
+        sqlite,
+        "dir",
+        m=8,
+        problems=12,
+        seed=4,
+        trajectories_per_problem=4,
+        error_rate=0.2,
+        worker="t",
+        batch_rollouts=128,
+    )
     export_preferences(sqlite, "dir", tmp_path / "out", margin=0.3)
     records = [json.loads(line) for line in (tmp_path / "out" / "train.jsonl").read_text().splitlines()]
     assert records

@@ -19,15 +19,24 @@ from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.kinds import SCORINGS
 from stepq.workers.labelling.annotation_plans import configure_annotation
+from tests.helpers import annotated_set
 from tests.trainer_helpers import tiny_recipe
 
 pytestmark = pytest.mark.slow
 
 
 def _label(db: Database, problems: int) -> None:
-    synth_set(db, "s", problems=problems, seed=1, error_rate=0.25, recovery_rate=0.0)
-    configure_annotation(db, "s", 4)
-    run_in_process(db, worker_runtime(db, WorkerOptions(batch_rollouts=64, name="annotator")))
+    annotated_set(
+        db,
+        "s",
+        m=4,
+        problems=problems,
+        seed=1,
+        error_rate=0.25,
+        recovery_rate=0.0,
+        worker="annotator",
+        batch_rollouts=64,
+    )
 
 
 def test_each_new_judge_of_the_lineage_reorders_the_sets_that_follow_it(pg: Database, tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from stepq.assembly import worker_runtime
 from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
 from stepq.trainer.prm.model import StepScorer, encode
@@ -27,20 +26,16 @@ from stepq.trainer.prm.train import (
 from stepq.trainer.tiny_model import build_tiny_model
 from stepq.trainer.training.recipe import Recipe
 from stepq.trainer.training.runs import TrainOptions
-from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.in_process import run_in_process
-from stepq.workers.jobqueue.runtime import WorkerOptions
-from stepq.workers.labelling.annotation_plans import configure_annotation
-from tests.helpers import DATA, clean_env, run_stepq
+from tests.helpers import DATA, annotated_set, clean_env, run_stepq
 from tests.trainer_helpers import prm_recipe
 
 SAMPLE = DATA / "processbench_gsm8k_sample.json"
 
 
 def _set(db: Database, name: str = "o") -> None:
-    synth_set(db, name, problems=6, seed=4, trajectories_per_problem=2, error_rate=0.3)
-    configure_annotation(db, name, 4)
-    run_in_process(db, worker_runtime(db, WorkerOptions(name="t")))
+    annotated_set(
+        db, name, m=4, problems=6, seed=4, trajectories_per_problem=2, error_rate=0.3, worker="t", batch_rollouts=128
+    )
 
 
 def test_encoding_marks_each_steps_last_token(tmp_path: Path) -> None:

@@ -8,17 +8,12 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from stepq.assembly import worker_runtime
 from stepq.models import Database
-from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.grading.grader import Grader
-from stepq.workers.in_process import run_in_process
-from stepq.workers.jobqueue.runtime import WorkerOptions
-from stepq.workers.labelling.annotation_plans import configure_annotation
 from stepq.workers.labelling.labels import parse_rule
 from stepq.workers.labelling.qvalues import relabel_set
 from stepq.workers.labelling.regrade import regrade_set
-from tests.helpers import clean_env, run_stepq
+from tests.helpers import annotated_set, clean_env, run_stepq
 
 
 def _state(db: Database) -> tuple[dict[int, int], dict[tuple[int, int], float], dict[int, bool]]:
@@ -30,9 +25,7 @@ def _state(db: Database) -> tuple[dict[int, int], dict[tuple[int, int], float], 
 
 
 def _annotated(db: Database) -> None:
-    synth_set(db, "g", problems=10, seed=6)
-    configure_annotation(db, "g", 4)
-    run_in_process(db, worker_runtime(db, WorkerOptions(name="t")))
+    annotated_set(db, "g", m=4, problems=10, seed=6, worker="t", batch_rollouts=128)
 
 
 def test_every_rollout_records_how_it_was_graded(any_db: Database) -> None:

@@ -22,7 +22,7 @@ from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.labelling.annotation_plans import configure_annotation
 from stepq.workers.labelling.labels import parse_rule
-from tests.trainer_helpers import annotated_set
+from tests.helpers import annotated_set
 
 
 def _rows(n: int, seed: int, p_pos: float = 0.7, problems: int = 30) -> list[LabelledChunk]:
@@ -75,7 +75,9 @@ def test_a_problem_keeps_its_side_as_the_set_grows() -> None:
 def test_splits_stay_put_across_a_lineage_as_the_set_grows(pg: Database) -> None:
     sides: dict[int, set[str]] = {}
     for number, problems in enumerate((20, 35, 50), 1):
-        annotated_set(pg, problems=problems)  # the same set, grown: only the new problems are annotated
+        annotated_set(
+            pg, problems=problems, error_rate=0.25, recovery_rate=0.0
+        )  # the same set, grown: only the new problems are annotated
         ref = create_snapshot(pg, SnapshotSpec(("s",), "abs-q", 0.25, 0, name=f"L-{number}", lineage="L"))
         with pg.session() as s:
             rows = queries.snapshot_rows(s, ref)
@@ -92,7 +94,7 @@ def _snapshot_rows(db: Database, ref: int) -> list[tuple]:
 
 
 def test_snapshot_on_postgres_is_balanced_reproducible_and_immutable(pg: Database, tmp_path: Path) -> None:
-    annotated_set(pg)
+    annotated_set(pg, error_rate=0.25, recovery_rate=0.0)
     first = create_snapshot(pg, SnapshotSpec(("s",), "abs-q", val_fraction=0.25, seed=5))
     again = create_snapshot(pg, SnapshotSpec(("s",), "abs-q", val_fraction=0.25, seed=5, name="same-seed"))
     other = create_snapshot(pg, SnapshotSpec(("s",), "abs-q", val_fraction=0.25, seed=6, name="other-seed"))
@@ -118,9 +120,9 @@ def test_snapshot_on_postgres_is_balanced_reproducible_and_immutable(pg: Databas
     # more annotation (raise M: labels and Q-values change) and a relabel under another rule
     configure_annotation(pg, "s", 16)
     run_in_process(pg, worker_runtime(pg, WorkerOptions(batch_rollouts=64, name="more")))
-    synth_set(pg, "s", problems=60, seed=1, error_rate=0.25, recovery_rate=0.0)
-    configure_annotation(pg, "s", 16)
-    run_in_process(pg, worker_runtime(pg, WorkerOptions(batch_rollouts=64, name="more2")))
+    annotated_set(
+        pg, "s", m=16, problems=60, seed=1, error_rate=0.25, recovery_rate=0.0, worker="more2", batch_rollouts=64
+    )
     from stepq.workers.labelling.qvalues import relabel_set
 
     relabel_set(pg, "s", parse_rule("rel-ratio:gamma=0.8"))
@@ -147,7 +149,7 @@ def test_snapshot_errors_change_nothing(sqlite: Database) -> None:
 def test_export_loads_with_datasets_and_carries_the_judge_prompt(sqlite: Database, tmp_path: Path, fmt: str) -> None:
     import datasets
 
-    annotated_set(sqlite, problems=25)
+    annotated_set(sqlite, problems=25, error_rate=0.25, recovery_rate=0.0)
     ref = create_snapshot(sqlite, SnapshotSpec(("s",), "abs-q", val_fraction=0.2, seed=0))
     counts = export_snapshot(sqlite, ref, tmp_path / "out", fmt)
     loaded = datasets.load_dataset(str(tmp_path / "out"))
@@ -229,7 +231,7 @@ def test_the_same_set_splits_the_same_way_in_two_databases(tmp_path: Path) -> No
         db = Database(url)
         if other_first:
             synth_set(db, "other", problems=37, seed=9)
-        annotated_set(db, problems=60)
+        annotated_set(db, problems=60, error_rate=0.25, recovery_rate=0.0)
         for split_by in ("external-id", "row-id"):
             ref = create_snapshot(
                 db, SnapshotSpec(("s",), "abs-q", 0.3, 5, balanced=False, name=split_by, split_by=split_by)

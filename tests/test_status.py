@@ -13,6 +13,7 @@ from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.labelling.annotation_plans import configure_annotation
 from stepq.workers.labelling.rollouts import ROLLOUTS
+from tests.helpers import annotated_set
 
 
 def test_rate_and_eta_use_the_real_elapsed_time(any_db: Database) -> None:
@@ -72,9 +73,9 @@ def test_tokens_spent_per_labelled_chunk_and_saved_by_the_budget(any_db: Databas
     estimates the tokens the adaptive budget did not spend at the set's mean per rollout."""
     from sqlalchemy import text
 
-    synth_set(any_db, "t", problems=12, seed=3, error_rate=0.3)
-    configure_annotation(any_db, "t", 8, budget="adaptive")
-    run_in_process(any_db, worker_runtime(any_db, WorkerOptions(name="t")))
+    annotated_set(
+        any_db, "t", m=8, problems=12, seed=3, error_rate=0.3, budget="adaptive", worker="t", batch_rollouts=128
+    )
     with any_db.engine.connect() as conn:
         tokens, prompt, rollouts = conn.execute(
             text("SELECT sum(tokens), sum(prompt_tokens), count(*) FROM rollouts")

@@ -11,7 +11,7 @@ from stepq.models import Database
 from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
 from stepq.trainer.snapshots.export import snapshot_records
 from stepq.trainer.snapshots.stepwise import export_stepwise, runs, stepwise_records
-from tests.trainer_helpers import annotated_set
+from tests.helpers import annotated_set
 
 
 def test_runs_of_consecutive_indices() -> None:
@@ -24,7 +24,7 @@ def test_runs_of_consecutive_indices() -> None:
 def test_stepwise_records_hold_exactly_the_snapshots_labels(sqlite: Database, tmp_path: Path, balance: bool) -> None:
     import datasets
 
-    annotated_set(sqlite, problems=12)
+    annotated_set(sqlite, problems=12, error_rate=0.25, recovery_rate=0.0)
     ref = create_snapshot(sqlite, SnapshotSpec(("s",), "abs-q", val_fraction=0.25, seed=0, balanced=balance))
     rows = snapshot_records(sqlite, ref)
     records = stepwise_records(sqlite, ref)

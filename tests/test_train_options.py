@@ -16,7 +16,7 @@ from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
 from stepq.trainer.tiny_model import build_tiny_model
 from stepq.trainer.training.recipe import Recipe
-from tests.trainer_helpers import annotated_set
+from tests.helpers import annotated_set
 
 CPU_OPTIONS = (
     "trainer.max_steps=1",
@@ -59,7 +59,7 @@ def test_recipe_options_override_and_validate() -> None:
 def test_a_new_user_trains_on_cpu_with_overrides(
     sqlite: Database, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    annotated_set(sqlite, problems=20)
+    annotated_set(sqlite, problems=20, error_rate=0.25, recovery_rate=0.0)
     monkeypatch.setenv("STEPQ_DATABASE_URL", sqlite.url)
     assert CliRunner().invoke(main, ["snapshot", "create", "--sets", "s", "--rule", "abs-q"]).exit_code == 0
     monkeypatch.chdir(tmp_path)

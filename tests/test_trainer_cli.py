@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from stepq.cli import main
 from stepq.models import Database
 from stepq.workers.data.synthetic_set import synth_set
-from tests.trainer_helpers import annotated_set
+from tests.helpers import annotated_set
 
 
 def _run(monkeypatch: pytest.MonkeyPatch, db: Database, *args: str) -> str:
@@ -23,7 +23,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, db: Database, *args: str) -> str:
 
 
 def test_snapshot_commands(sqlite: Database, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    annotated_set(sqlite, problems=25)
+    annotated_set(sqlite, problems=25, error_rate=0.25, recovery_rate=0.0)
     out = _run(monkeypatch, sqlite, "snapshot", "create", "--sets", "s", "--rule", "abs-q", "--val-fraction", "0.2")
     assert "snapshot 1 'snapshot-1'" in out
     listed = json.loads(_run(monkeypatch, sqlite, "snapshot", "list", "--json"))
@@ -41,7 +41,7 @@ def test_snapshot_commands(sqlite: Database, monkeypatch: pytest.MonkeyPatch, tm
 
 
 def test_eval_commands_with_the_oracle(sqlite: Database, monkeypatch: pytest.MonkeyPatch) -> None:
-    annotated_set(sqlite, problems=25)
+    annotated_set(sqlite, problems=25, error_rate=0.25, recovery_rate=0.0)
     _run(monkeypatch, sqlite, "snapshot", "create", "--sets", "s", "--rule", "abs-q", "--val-fraction", "0.3")
     report = json.loads(_run(monkeypatch, sqlite, "eval", "snapshot", "1", "--judge", "oracle", "--json"))
     # Abs-Q labels at M = 8 agree with the truth on nearly every chunk; the oracle is the truth

@@ -24,8 +24,8 @@ from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.labelling.annotation_plans import configure_annotation
-from tests.helpers import DATA, clean_env, run_stepq, wait_for
-from tests.trainer_helpers import annotated_set, tiny_recipe
+from tests.helpers import DATA, annotated_set, clean_env, run_stepq, wait_for
+from tests.trainer_helpers import tiny_recipe
 
 SAMPLE = DATA / "processbench_gsm8k_sample.json"
 pytestmark = pytest.mark.integration
@@ -40,7 +40,7 @@ def _stepq(pg_url: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_grpo_run_is_recorded_and_its_checkpoint_scores_processbench(pg: Database, pg_url: str, tmp_path: Path) -> None:
-    annotated_set(pg, problems=30)
+    annotated_set(pg, problems=30, error_rate=0.25, recovery_rate=0.0)
     snapshot = create_snapshot(pg, SnapshotSpec(("s",), "abs-q", val_fraction=0.2, seed=0))
     model = build_tiny_model(tmp_path / "model", n_positions=4096)
     template = tmp_path / "judge.txt"
@@ -145,7 +145,7 @@ def test_a_second_trainer_waits_for_the_run_lease(pg: Database, tmp_path: Path) 
     from stepq.models.base import epoch
     from stepq.models.errors import TrainingBusy
 
-    annotated_set(pg, problems=20)
+    annotated_set(pg, problems=20, error_rate=0.25, recovery_rate=0.0)
     snapshot = create_snapshot(pg, SnapshotSpec(("s",), "abs-q", val_fraction=0.2))
     model = build_tiny_model(tmp_path / "model")
     recipe = Recipe.load(tiny_recipe(tmp_path / "tiny.yaml", model))

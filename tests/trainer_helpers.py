@@ -4,20 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stepq.assembly import worker_runtime
-from stepq.models import Database
 from stepq.trainer.training.recipe import Recipe
-from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.in_process import run_in_process
-from stepq.workers.jobqueue.runtime import WorkerOptions
-from stepq.workers.labelling.annotation_plans import configure_annotation
-
-
-def annotated_set(db: Database, name: str = "s", problems: int = 40, m: int = 8, seed: int = 1) -> None:
-    """A synthetic set labelled under Abs-Q (error rate 0.25: both classes are common)."""
-    synth_set(db, name, problems=problems, seed=seed, error_rate=0.25, recovery_rate=0.0)
-    configure_annotation(db, name, m)
-    run_in_process(db, worker_runtime(db, WorkerOptions(batch_rollouts=64, name="test")))
 
 
 def tiny_recipe(path: Path, model: Path, max_steps: int = 3, save_steps: int = 2, completion_length: int = 12) -> Path:
