@@ -66,11 +66,10 @@ class JudgeSettings:
 
 
 def settings_for_training(
-    template_path: str | None, conversational: bool, max_completion_length: int, run_id: int
+    template: JudgePrompt, conversational: bool, max_completion_length: int, run_id: int
 ) -> JudgeSettings:
-    """What a GRPO run prompts its judge with (the recipe's template, read now: the file
-    may not exist where the judge is evaluated later)."""
-    template = JudgePrompt.load(template_path) if template_path else JudgePrompt.load()
+    """What a GRPO run prompts its judge with (the recipe's template, kept as read when the
+    run started: the file may not exist where the judge is evaluated later)."""
     return JudgeSettings(template.template, conversational, max_completion_length, f"training run {run_id}")
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from stepq.models import Database
 from stepq.models.errors import ConfigError
 from stepq.trainer.training.recipe import Recipe
-from stepq.trainer.training.runs import RunHandle, RunSpec, TrainOptions, TrainResult, recorded_run, run_trl
+from stepq.trainer.training.runs import RunSpec, TrainOptions, TrainResult, recorded_trl_run
 
 FIELDS = ("prompt", "chosen", "rejected")
 
@@ -67,18 +67,15 @@ def train_dpo(
     # built before the run row: a setting this machine cannot honour leaves no row behind
     config = recipe.config(DPOConfig, output_dir, **(options.trainer_overrides or {}))
 
-    def body(handle: RunHandle) -> tuple[str | None, int]:
-        from datasets import Dataset
-        from trl import DPOTrainer
+    from datasets import Dataset
+    from trl import DPOTrainer
 
-        data = Dataset.from_list(list(pairs))
-        return run_trl(
-            db,
-            handle,
-            output_dir,
-            lambda recorder: DPOTrainer(model=base_model, args=config, train_dataset=data, callbacks=[recorder]),
-            on_step=on_step,
-            max_steps=int(config.max_steps or 0),
-        )
-
-    return recorded_run(db, spec, options, body)
+    data = Dataset.from_list(list(pairs))
+    return recorded_trl_run(
+        db,
+        spec,
+        options,
+        lambda recorder: DPOTrainer(model=base_model, args=config, train_dataset=data, callbacks=[recorder]),
+        on_step=on_step,
+        max_steps=int(config.max_steps or 0),
+    )

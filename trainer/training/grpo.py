@@ -24,19 +24,23 @@ from stepq.trainer.snapshots.export import snapshot_records
 from stepq.trainer.training.ranks import current_rank
 from stepq.trainer.training.recipe import Recipe
 from stepq.trainer.training.records import ClassAccuracy
-from stepq.trainer.training.runs import FINAL, RunHandle, RunSpec, TrainOptions, TrainResult, recorded_run, run_trl
+from stepq.trainer.training.runs import FINAL, RunHandle, RunSpec, TrainOptions, TrainResult, recorded_trl_run
 
 log = logging.getLogger(__name__)
 
 __all__ = ["FINAL", "TrainOptions", "TrainResult", "judge_dataset", "train_judge"]
 
 
-def judge_dataset(db: Database, snapshot: str | int, recipe: Recipe) -> Any:
+def judge_template(recipe: Recipe) -> JudgePrompt:
+    """The recipe's judge template (or the shipped one), read once per run."""
+    return JudgePrompt.load(recipe.judge_template) if recipe.judge_template else JudgePrompt.load()
+
+
+def judge_dataset(db: Database, snapshot: str | int, recipe: Recipe, template: JudgePrompt | None = None) -> Any:
     """The snapshot's train split as TRL prompts, with ``label`` for the rewards."""
     from datasets import Dataset
 
-    template = JudgePrompt.load(recipe.judge_template) if recipe.judge_template else None
-    rows = snapshot_records(db, snapshot, template)[TRAIN]
+    rows = snapshot_records(db, snapshot, template or judge_template(recipe))[TRAIN]
     if not rows:
         raise ConfigError(f"snapshot {snapshot} has no training rows")
 
@@ -89,31 +93,31 @@ def train_judge(
     # built before the run row: a setting this machine cannot honour leaves no row behind
     config = recipe.grpo_config(output_dir, **(options.trainer_overrides or {}))
 
-    def body(handle: RunHandle) -> tuple[str | None, int]:
-        from trl import GRPOTrainer
+    template = judge_template(recipe)
 
-        warn_if_positions_shift(base_model)
-        dataset = judge_dataset(db, snapshot, recipe)
+    def prepare(handle: RunHandle) -> None:
         if handle.run_id is not None:  # the main rank: how this judge is prompted, for its evaluation
-            settings = settings_for_training(
-                recipe.judge_template, recipe.conversational, int(config.max_completion_length), handle.run_id
-            )
-            settings.save(output_dir)
-        accuracy = ClassAccuracy()
-        rewards: list[Any] = [accuracy.wrap(fn) if i == 0 else fn for i, fn in enumerate(get_rewards(recipe.rewards))]
-        return run_trl(
-            db,
-            handle,
-            output_dir,
-            lambda recorder: GRPOTrainer(
-                model=base_model, reward_funcs=rewards, args=config, train_dataset=dataset, callbacks=[recorder]
-            ),
-            accuracy,
-            on_step,
-            max_steps=int(config.max_steps or 0),
-        )
+            length = int(config.max_completion_length)
+            settings_for_training(template, recipe.conversational, length, handle.run_id).save(output_dir)
 
-    result = recorded_run(db, spec, options, body)
+    from trl import GRPOTrainer
+
+    warn_if_positions_shift(base_model)
+    dataset = judge_dataset(db, snapshot, recipe, template)
+    accuracy = ClassAccuracy()
+    rewards: list[Any] = [accuracy.wrap(fn) if i == 0 else fn for i, fn in enumerate(get_rewards(recipe.rewards))]
+    result = recorded_trl_run(
+        db,
+        spec,
+        options,
+        lambda recorder: GRPOTrainer(
+            model=base_model, reward_funcs=rewards, args=config, train_dataset=dataset, callbacks=[recorder]
+        ),
+        prepare=prepare,
+        accuracy=accuracy,
+        on_step=on_step,
+        max_steps=int(config.max_steps or 0),
+    )
     saved = output_dir / JUDGE_SETTINGS
     if current_rank().is_main and saved.is_file() and result.final_model.is_dir():
         shutil.copyfile(saved, result.final_model / JUDGE_SETTINGS)

@@ -155,6 +155,30 @@ def _follow(db: Database, spec: RunSpec, body: Body) -> TrainResult:
     return TrainResult(row.id if row else 0, RUN_DONE, resumed, output_dir / FINAL, step)
 
 
+def recorded_trl_run(
+    db: Database,
+    spec: RunSpec,
+    options: TrainOptions,
+    build: Callable[[Any], Any],
+    *,
+    prepare: Callable[[RunHandle], None] | None = None,
+    accuracy: ClassAccuracy | None = None,
+    on_step: Callable[[], None] | None = None,
+    max_steps: int = 0,
+) -> TrainResult:
+    """A recorded run of a TRL trainer, the whole lifecycle in one call: the run row and its
+    lease (``recorded_run``), then ``prepare(handle)`` (what the method writes beside the
+    model), then the trainer ``build(recorder)`` makes, resumed from the last checkpoint
+    (``run_trl``).  A method describes its run; it is not called back into."""
+
+    def body(handle: RunHandle) -> tuple[str | None, int]:
+        if prepare is not None:
+            prepare(handle)
+        return run_trl(db, handle, spec.output_dir.resolve(), build, accuracy, on_step, max_steps=max_steps)
+
+    return recorded_run(db, spec, options, body)
+
+
 def run_trl(
     db: Database,
     handle: RunHandle,
