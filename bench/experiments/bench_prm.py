@@ -44,7 +44,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.common import emit, train_causal_lm
+from bench.common import emit
+from bench.experiments.lm_training import train_causal_lm
 from bench.experiments.stats import auc, bootstrap
 from stepq.migrations import upgrade
 from stepq.models import Database

@@ -14,34 +14,14 @@ and on one GPU in bf16 (``bench/experiments/judge_gpu.py``).
 
 from __future__ import annotations
 
-import contextlib
-import random
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.experiments.judge_format import judge_answer, judge_prompt
+from bench.experiments.lm_training import CPU, Device, train_causal_lm
 from bench.experiments.stats import balanced_accuracy, bootstrap, grouped, processbench_f1
-
-
-@dataclass(frozen=True)
-class Device:
-    """Where the tensors live; ``bf16``: autocast the matrix work to bfloat16 (CUDA)."""
-
-    name: str = "cpu"
-    bf16: bool = False
-
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        import torch
-
-        if self.bf16:
-            return torch.autocast(device_type=self.name.split(":")[0], dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
-
-CPU = Device()
 
 
 def lm_train(
@@ -56,50 +36,30 @@ def lm_train(
     log_every: int = 0,
 ) -> float:
     """Next-token training on (context, target) pairs, the loss on the target (and the end of
-    text after it) only; AdamW, the rate decaying linearly to 0.  With ``group`` > 1 a batch is
-    made of whole runs of ``group`` consecutive examples (one prompt with each verdict), so no
-    batch pushes one verdict over the other.  Saves the model in place; returns the last loss."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    text after it) only; the rate decaying linearly to 0, AdamW's default weight decay.  With
+    ``group`` > 1 a batch is made of whole runs of ``group`` consecutive examples.  Saves the
+    model in place; returns the last loss."""
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device.name)
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
-    encoded = [
-        (tokenizer.encode(c, add_special_tokens=False), [*tokenizer.encode(t, add_special_tokens=False), 0])
-        for c, t in examples
-    ]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 - s / steps)
-    model.train()
-    loss_value = float("nan")
-    for _step in range(steps):
-        starts = [group * rng.randrange(len(encoded) // group) for _ in range(batch // group)]
-        part = [encoded[s + k] for s in starts for k in range(group)]
-        width = max(len(c) + len(t) for c, t in part)
-        ids = torch.zeros((len(part), width), dtype=torch.long)
-        labels = torch.full((len(part), width), -100, dtype=torch.long)
-        mask = torch.zeros((len(part), width), dtype=torch.long)
-        for i, (c, t) in enumerate(part):
-            ids[i, : len(c) + len(t)] = torch.tensor(c + t)
-            labels[i, len(c) : len(c) + len(t)] = torch.tensor(t)
-            mask[i, : len(c) + len(t)] = 1
-        with device.autocast():
-            loss = model(
-                input_ids=ids.to(device.name), attention_mask=mask.to(device.name), labels=labels.to(device.name)
-            ).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
-        if _step == steps - 1 or _step % 100 == 0:
-            loss_value = float(loss.item())
-        if log_every and (_step + 1) % log_every == 0:
-            print(f"    step {_step + 1}/{steps}: loss {loss_value:.3f}", flush=True)
-    model.to("cpu").save_pretrained(model_dir)
-    return loss_value
+    encoded = []
+    for context, target in examples:
+        c = tokenizer.encode(context, add_special_tokens=False)
+        encoded.append(([*c, *tokenizer.encode(target, add_special_tokens=False), 0], len(c)))
+    return train_causal_lm(
+        model_dir,
+        encoded,
+        steps,
+        batch,
+        seed,
+        lr=lr,
+        schedule="linear-decay",
+        weight_decay=0.01,
+        group=group,
+        device=device,
+        pad_id=0,
+        log_every=log_every,
+    )
 
 
 def pretrain_backbone(

@@ -20,7 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.common import train_causal_lm
+from bench.experiments.lm_training import train_causal_lm
 from stepq.workers.backends.synthetic_policy import SyntheticPolicy, make_problem
 from stepq.workers.data.synthetic_set import NUMBERS
 from stepq.workers.seeds import derive_seed
