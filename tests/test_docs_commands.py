@@ -158,6 +158,26 @@ def test_the_generated_references_match_the_code() -> None:
     assert not stale, f"regenerate with 'python -m stepq.reference': {stale}"
 
 
+@pytest.mark.unit
+def test_every_variable_the_package_reads_is_in_the_configuration_reference() -> None:
+    """A ``STEPQ_*`` name anywhere in the package's code is a setting (or one of the few the
+    reference lists beside them): none is read that an operator cannot look up."""
+    reference = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    named = set()
+    for folder in ("stepq", "models", "workers", "trainer", "migrations"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if folder == "stepq" and path.relative_to(ROOT / folder).parts[0] in {
+                "models",
+                "workers",
+                "trainer",
+                "migrations",
+            }:
+                continue
+            named |= set(re.findall(r"\bSTEPQ_[A-Z][A-Z0-9_]*[A-Z0-9]\b", path.read_text(encoding="utf-8")))
+    missing = sorted(name for name in named if f"`{name}`" not in reference)
+    assert not missing, missing
+
+
 def test_every_fact_in_the_methods_page_names_its_source() -> None:
     """docs/methods.md: each row of its tables cites the paper and part that states it, or
     marks what no paper states as stepq's choice (a row with neither credits a paper for

@@ -80,7 +80,7 @@ def check_base_model(model: str) -> None:
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 METHODS = ("grpo", "dpo", "prm")
-STEPQ_KEYS = {"method", "model", "rewards", "judge_template", "conversational", "trainer"}
+OWN_KEYS = {"method", "model", "rewards", "judge_template", "conversational", "trainer"}
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ class Recipe:
     def _from_mapping(cls, data: Any, text: str, source: str) -> Recipe:
         if not isinstance(data, dict):
             raise ConfigError(f"recipe {source} must be a mapping")
-        unknown = set(data) - STEPQ_KEYS
+        unknown = set(data) - OWN_KEYS
         if unknown:
             raise ConfigError(f"recipe {source}: unknown key(s) {', '.join(sorted(unknown))}")
         if not data.get("model"):
