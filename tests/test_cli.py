@@ -213,16 +213,22 @@ def test_unforeseen_errors_are_one_line_with_exit_70(tmp_path: Path) -> None:
 
 
 def _interrupted_run(tmp_path: Path, presses: int) -> tuple[subprocess.CompletedProcess[str], str]:
-    """``stepq run`` on a set big enough to be mid-annotation, Ctrl-C pressed ``presses``
-    times (SIGINT to its whole process group, as a terminal sends it) once rollouts exist."""
+    """``stepq run`` mid-annotation, Ctrl-C pressed ``presses`` times (SIGINT to its whole
+    process group, as a terminal sends it), 0.3 s apart, in the middle of a generate call: the
+    set's synthetic policy takes 20 ms a completion (a call about 3 s), and the first press
+    comes half a second after the first batch committed, while the next call runs."""
     import os
     import signal
     import sys
     import time
 
+    from stepq.migrations import upgrade
+
     db = tmp_path / "stepq.db"
+    upgrade(f"sqlite:///{db}")
+    synth_set(Database(f"sqlite:///{db}"), "demo", problems=12, seed=0, latency_s=0.02)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stepq", "run", "--synthetic", "400", "--rollouts", "8"],
+        [sys.executable, "-m", "stepq", "run", "--rollouts", "8"],
         cwd=tmp_path,
         env=clean_env(),
         stdout=subprocess.PIPE,
@@ -232,16 +238,17 @@ def _interrupted_run(tmp_path: Path, presses: int) -> tuple[subprocess.Completed
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.05)
         try:
             with sqlite3.connect(db) as conn:
-                if conn.execute("SELECT count(*) FROM rollouts").fetchone()[0] > 200:
+                if conn.execute("SELECT count(*) FROM rollouts").fetchone()[0] > 0:
                     break
         except sqlite3.Error:
             continue
+    time.sleep(0.5)
     for _ in range(presses):
         os.killpg(proc.pid, signal.SIGINT)
-        time.sleep(0.05)
+        time.sleep(0.3)
     out, err = proc.communicate(timeout=120)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), str(db)
 

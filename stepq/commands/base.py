@@ -6,7 +6,9 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -45,6 +47,11 @@ def friendly(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except StepqError as exc:
+            if isinstance(exc, Interrupted) and threading.current_thread() is threading.main_thread():
+                # the operator's stop, on its way out: another Ctrl-C landing now (in this
+                # handler, where no sibling clause catches it) must not turn exit 130 into
+                # death by signal
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
             click.echo(masked(f"stepq: error: {exc}"), err=True)
             sys.exit(exc.exit_code)
         except OperationalError as exc:
