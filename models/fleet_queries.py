@@ -47,6 +47,7 @@ def heartbeat(
     label: str = "",
     engine_s: float | None = None,
     grades: dict[str, int] | None = None,
+    unhealthy: str | None = None,
 ) -> None:
     """Record that a worker is alive and what it has done, in one upsert (``rollouts`` and
     ``tokens`` are added; ``engine_s`` and ``grades`` are the process's running totals)."""
@@ -63,6 +64,7 @@ def heartbeat(
         busy_items=busy_items or 0,
         engine_s=engine_s or 0.0,
         grades=grades,
+        unhealthy=unhealthy,
     )
     table = Worker.__table__.c
     updates: dict[str, Any] = {
@@ -71,6 +73,7 @@ def heartbeat(
         "stopped_at": None,
         "rollouts_done": table.rollouts_done + stmt.excluded.rollouts_done,
         "tokens_done": table.tokens_done + stmt.excluded.tokens_done,
+        "unhealthy": stmt.excluded.unhealthy,
     }
     if busy_items is not None:
         updates["busy_items"] = stmt.excluded.busy_items
@@ -102,6 +105,7 @@ def live_workers(session: Session, since: float) -> list[dict[str, Any]]:
             "last_heartbeat": w.last_heartbeat,
             "engine_s": w.engine_s,
             "grades": dict(w.grades or {}),
+            "unhealthy": w.unhealthy,
         }
         for w in rows
     ]
@@ -121,9 +125,9 @@ def silent_worker_count(session: Session, live_since: float, seen_since: float) 
 
 
 def live_worker_count(session: Session, since: float) -> int:
-    return int(
-        session.scalar(select(func.count()).where(Worker.last_heartbeat >= since, Worker.stopped_at.is_(None))) or 0
-    )
+    """Workers that beat since ``since``, have not stopped, and still take work (not unhealthy)."""
+    fit = (Worker.last_heartbeat >= since, Worker.stopped_at.is_(None), Worker.unhealthy.is_(None))
+    return int(session.scalar(select(func.count()).where(*fit)) or 0)
 
 
 # --- progress ------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, func
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, func
 from sqlalchemy.orm import Mapped, mapped_column
 
 from stepq.models.base import Base
@@ -91,3 +91,5 @@ class Worker(Base):
     """Seconds the process spent inside ``generate`` calls."""
     grades: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
     """Rollouts graded by this process, per grading method."""
+    unhealthy: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """Why the process stopped taking work (the jobs it ran failed, one after another); None: healthy."""

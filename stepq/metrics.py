@@ -151,17 +151,20 @@ class StepqCollector(Collector):
             for method, n in sorted(w["grades"].items()):
                 w_grades.add_metric([*key, method], n)
         yield from (w_rollouts, w_tokens, w_engine, w_busy, w_grades)
-        yield from self._fleet(len(workers), silent)
+        unhealthy = sum(1 for w in workers if w.get("unhealthy"))
+        yield from self._fleet(len(workers) - unhealthy, silent, unhealthy)
         yield from self._training(runs)
 
-    def _fleet(self, live: int, silent: int) -> Iterator[Any]:
+    def _fleet(self, live: int, silent: int, unhealthy: int = 0) -> Iterator[Any]:
         states = GaugeMetricFamily(
             "stepq_workers",
-            "Workers by state: live (a heartbeat within 30 s) or silent (no heartbeat since, never stopped: "
-            "crashed, frozen or cut off)",
+            "Workers by state: live (a heartbeat within 30 s, taking work), unhealthy (alive, but the jobs "
+            "it ran failed one after another: it takes no more) or silent (no heartbeat since, never "
+            "stopped: crashed, frozen or cut off)",
             labels=["state"],
         )
         states.add_metric(["live"], live)
+        states.add_metric(["unhealthy"], unhealthy)
         states.add_metric(["silent"], silent)
         yield states
         bound = broker_bound(self.dispatch, live)

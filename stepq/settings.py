@@ -103,6 +103,10 @@ class Settings:
     db_keepalive_idle_s: int = 30
     """TCP keepalives to and from PostgreSQL after this much silence, so a vanished host is
     noticed in about a minute; 0: off."""
+    unhealthy_after: int = 10
+    """A queue worker whose last this many jobs in a row failed (transient errors: a backend that
+    cannot generate) stops taking work and shows as unhealthy in ``stepq status`` and the
+    metrics, with the last error, until it is restarted; 0: never."""
     openai_api_key: str = field(default="", repr=False)
     """The key an OpenAI-compatible server (the openai backend) is called with, unless the
     backend's config names one; handed to the backends, never stored in the database or printed."""
@@ -201,6 +205,7 @@ class Settings:
             heartbeat_s=self.heartbeat_s,
             openai_api_key=self.openai_api_key,
             generate_timeout_s=self.generate_timeout_s,
+            unhealthy_after=self.unhealthy_after if queue_worker else 0,
         )
 
     def job_kinds(self) -> tuple[JobKind, ...]:

@@ -169,9 +169,13 @@ def render(report: dict[str, Any], verbose: bool = False) -> str:
     lines.append("")
     busy = sum(1 for w in report["workers"] if w["busy_items"])
     live = len(report["workers"])
+    sick = [w for w in report["workers"] if w.get("unhealthy")]
     depth = report.get("broker_queue_depth")
     broker = "" if depth is None else f"; broker queue: {depth} messages"
-    lines.append(f"work items: {work}; workers: {live} live ({busy} busy, {live - busy} idle){broker}")
+    unwell = f", {len(sick)} unhealthy" if sick else ""
+    lines.append(f"work items: {work}; workers: {live} live ({busy} busy, {live - busy} idle{unwell}){broker}")
+    for w in sick:
+        lines.append(said(f"  worker {w['label'] or w['name']} takes no work: ", w["unhealthy"]))
     return "\n".join(lines)
 
 

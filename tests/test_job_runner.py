@@ -201,3 +201,32 @@ def test_the_openai_key_comes_from_the_settings_to_the_backend_and_is_never_prin
         assert own.api_key == "the-sets", "a backend config's own key wins"  # type: ignore[attr-defined]
     finally:
         rt.close()
+
+
+def test_a_worker_whose_jobs_fail_one_after_another_stops_taking_work_and_says_why(memory_db: Database) -> None:
+    """A backend that cannot generate fails every job, each an attempt spent, while the worker
+    looks alive.  After ``unhealthy_after`` failures in a row (transient ones: a permanent
+    error is the job's, a job done resets the count) it claims nothing more, its heartbeat
+    says why, status shows it and the broker bound no longer counts it."""
+    from stepq.models import queries
+    from stepq.status import collect, render
+
+    ids = _add(memory_db, 1, -1, 13, -2, -3, 4)
+    rt = worker_runtime(memory_db, WorkerOptions(name="sick", unhealthy_after=3), judge_factory=lambda *_: None)
+    rt.start()
+    try:
+        assert run_jobs(rt, TOY, ids[:3]) == {ids[0]: "done", ids[1]: "retry", ids[2]: "failed"}
+        assert rt.health.healthy, "one transient failure, and a permanent one (the job's fault)"
+        assert run_jobs(rt, TOY, ids[3:5]) == {ids[3]: "retry", ids[4]: "retry"}
+        assert not rt.health.healthy and "ValueError: -3 is negative" in (rt.health.reason or "")
+        assert run_jobs(rt, TOY, [ids[5]]) == {ids[5]: "handed-back"}, "claims nothing once unhealthy"
+        assert _rows(memory_db)[4] == ("pending", None, 0), "no attempt spent on it"
+        rt.heartbeat.beat()
+        with memory_db.session() as s:
+            (row,) = queries.live_workers(s, 0.0)
+            assert row["unhealthy"] == rt.health.reason
+            assert queries.live_worker_count(s, 0.0) == 0, "the broker bound counts only workers that take work"
+        shown = render(collect(memory_db))
+        assert "1 unhealthy" in shown and "worker sick takes no work: 3 jobs in a row failed" in shown
+    finally:
+        rt.close()

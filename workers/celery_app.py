@@ -17,6 +17,7 @@ Choices, each for a reason:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -129,9 +130,24 @@ def _reachable(producer: Any) -> None:
 
 def _register(app: Celery, kind: JobKind, runtime: Callable[[], WorkerRuntime]) -> None:
     @app.task(name=kind.task_name, bind=True, acks_late=True, ignore_result=True)
-    def run(self: object, job_ids: list[int] | int) -> str:
+    def run(self: Any, job_ids: list[int] | int) -> str:
         ids = [int(job_ids)] if isinstance(job_ids, int) else [int(i) for i in job_ids]
-        return ",".join(f"{i}:{status}" for i, status in run_jobs(runtime(), kind, ids).items())
+        rt = runtime()
+        done = run_jobs(rt, kind, ids)
+        if not rt.health.healthy:  # stop consuming: every job it took failed (its heartbeat says why)
+            _stop_consuming(app, self.request.hostname)
+        return ",".join(f"{i}:{status}" for i, status in done.items())
+
+
+def _stop_consuming(app: Celery, hostname: str | None) -> None:
+    """Ask this worker (by its node name, through the broker: a prefork child cannot reach its
+    parent's consumer) to stop consuming the queue; once is enough, asking again is harmless."""
+    if not hostname:
+        return
+    try:
+        app.control.cancel_consumer(app.stepq_queue, destination=[hostname])  # type: ignore[attr-defined]
+    except Exception as exc:  # the messages it still gets are handed back unclaimed
+        logging.getLogger("stepq.worker").warning("could not stop consuming (%s); handing work back instead", exc)
 
 
 def publisher(app: Celery, kind: JobKind = ROLLOUTS, per_message: int = 1) -> Callable[[Sequence[int]], None]:

@@ -70,8 +70,8 @@ def run_in_process(
                 time.sleep(min(max(0.0, min(wakes) - epoch()), 60.0))  # a retry is backing off
                 continue
             while inbox:
-                if stop is not None and stop():
-                    return outcomes
+                if (stop is not None and stop()) or not runtime.health.healthy:
+                    return outcomes  # an unhealthy runtime claims nothing: do not spin on it
                 kind, ids = inbox[0]  # left in the inbox while it runs: an interrupt puts it back
                 done = run_jobs(runtime, kind, ids)
                 inbox.popleft()

@@ -39,10 +39,11 @@ class Heartbeat:
         backend: Callable[[], str],
         totals: Callable[[], tuple[float, dict[str, int]]] = lambda: (0.0, {}),
         held: HeldJobs | None = None,
+        unhealthy: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.db, self.name, self.label = db, name, label
         self.interval_s, self.lease_ttl_s = interval_s, lease_ttl_s
-        self.busy, self.backend, self.totals = busy, backend, totals
+        self.busy, self.backend, self.totals, self.unhealthy = busy, backend, totals, unhealthy
         self.held = held if held is not None else HeldJobs()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -65,6 +66,7 @@ class Heartbeat:
                 label=self.label,
                 engine_s=engine_s,
                 grades=grades,
+                unhealthy=self.unhealthy(),
             )
         self.beats += 1
         return renewed

@@ -65,11 +65,14 @@ class Claimed:
         """How a job ended (done, lost, writing: a write-behind thread settles it)."""
         with self._lock:
             self.outcomes[job_id] = status
+        if status == "done":
+            self.rt.health.done()
 
     def fail(self, job_id: int, exc: BaseException, **log_extra: Any) -> str:
         """Settle one job after its own error, under the kind's retry policy."""
         status = fail(self.rt.db, self.kind, job_id, self.rt.name, exc, **log_extra)
         self.record(job_id, status)
+        self.rt.health.failed(exc)
         return status
 
     def hand_back(self, job_id: int) -> None:
@@ -87,7 +90,7 @@ def run_jobs(rt: WorkerRuntime, kind: JobKind, ids: Sequence[int]) -> dict[int, 
     has it), lost, retry, failed, handed-back, or writing (a write-behind thread finishes it).
     Safe to call twice for the same ids, at once or later."""
     ids = list(ids)
-    if rt.stopping.is_set():  # none is claimed: still queued, the dispatcher republishes them
+    if rt.stopping.is_set() or not rt.health.healthy:  # none is claimed: the dispatcher republishes them
         return dict.fromkeys(ids, "handed-back")
     claimed = Claimed(rt, kind, [])
     with rt.held.holding(kind, ids), bind(worker=rt.name, item=ids[0] if len(ids) == 1 else ids):
@@ -99,7 +102,10 @@ def run_jobs(rt: WorkerRuntime, kind: JobKind, ids: Sequence[int]) -> dict[int, 
         except BaseException as exc:
             # whatever escaped the handler (a database error loading the next job, a bug,
             # SystemExit, Ctrl-C): what it claimed and did not settle is released, then on its way
-            release_unfinished(rt.db, kind, claimed.unsettled(), rt.name, exc, rt.held)
+            unsettled = claimed.unsettled()
+            release_unfinished(rt.db, kind, unsettled, rt.name, exc, rt.held)
+            for _ in unsettled:
+                rt.health.failed(exc)
             raise
         left = claimed.unsettled()
         if left:

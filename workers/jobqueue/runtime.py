@@ -22,6 +22,7 @@ from stepq.models.errors import GenerationError
 from stepq.models.problems import ProblemSet
 from stepq.workers.backends import GenerationBackend, make_backend
 from stepq.workers.grading.grader import Grader
+from stepq.workers.jobqueue.health import Health
 from stepq.workers.jobqueue.heartbeat import Heartbeat
 from stepq.workers.jobqueue.held_jobs import HeldJobs
 from stepq.workers.jobqueue.runner import fail
@@ -50,6 +51,10 @@ class WorkerOptions:
     restart it.  0: no deadline."""
     openai_api_key: str = field(default="", repr=False)
     """The openai backend's key (``STEPQ_OPENAI_API_KEY``), unless a set's config names one."""
+    unhealthy_after: int = 0
+    """Failed jobs in a row (transient errors) after which the process stops taking work and
+    reports itself unhealthy (``jobqueue.health``); 0: never (a queue worker's setting:
+    ``STEPQ_UNHEALTHY_AFTER``)."""
     write_behind: bool = False
     """Commit a trajectory's last batch on a background thread while the next task generates
     (``write_behind``); a queue worker's setting, not the embedded runner's, which reports each
@@ -82,6 +87,8 @@ class WorkerRuntime:
         # lease must never be mistaken for another process's.
         self.name = f"{self.label}@{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.held = HeldJobs()
+        self.health = Health(self.options.unhealthy_after)
+        """Whether the process still takes work: not after ``unhealthy_after`` failed jobs in a row."""
         """The jobs (of every kind) this process's running tasks hold: what the heartbeat renews."""
         self.writer = WriteBehind(self.held) if self.options.write_behind else None
         self.engine_s = 0.0
@@ -102,6 +109,7 @@ class WorkerRuntime:
             backend=lambda: self._generator,
             totals=lambda: (self.engine_s, dict(self.grades)),
             held=self.held,
+            unhealthy=lambda: self.health.reason,
         )
 
     def request_stop(self) -> None:

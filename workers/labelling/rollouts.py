@@ -161,6 +161,7 @@ class TrajectoryJob:
                 label=rt.label,
                 engine_s=rt.engine_s,
                 grades=dict(rt.grades),
+                unhealthy=rt.health.reason,
             )
             if self.decision.done:  # the last batch commits together with "done"
                 self.claimed.finish(s, self.work_id)
