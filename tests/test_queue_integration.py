@@ -302,3 +302,42 @@ def test_raising_the_budget_schedules_only_the_missing(cluster: Cluster, pg: Dat
     with pg.engine.connect() as conn:
         kept = {r[0] for r in conn.execute(text("SELECT id FROM rollouts WHERE sample_idx < 4"))}
     assert kept == first, "the first four samples per prefix were kept, not redone"
+
+
+def test_a_worker_that_fails_every_job_stops_consuming_and_says_why(cluster: Cluster, pg: Database) -> None:
+    """A worker whose backend cannot generate (a server that is not there) fails the jobs it
+    takes one after another; after STEPQ_UNHEALTHY_AFTER of them it stops consuming, spends no
+    more attempts, and shows as unhealthy with the last error in status and the metrics; a
+    healthy worker then finishes the set exactly."""
+    from stepq.metrics import StepqCollector
+
+    cluster.env["STEPQ_UNHEALTHY_AFTER"] = "3"
+    cluster.env["STEPQ_ITEMS_PER_TASK"] = "1"
+    _prepare(cluster, "sick", problems=8, m=2)
+    cluster.start_worker(
+        "sick", "--backend", "openai", "--base-url", "http://127.0.0.1:9/v1", "--model", "m",
+        "--backend-option", "max_retries=0",
+    )  # fmt: skip
+    start_dispatcher(cluster)
+
+    def unhealthy() -> bool:
+        with pg.engine.connect() as conn:
+            return conn.execute(text("SELECT count(*) FROM workers WHERE unhealthy IS NOT NULL")).scalar_one() == 1
+
+    wait_for(unhealthy, 120, "the failing worker to call itself unhealthy")
+
+    def attempts() -> int:
+        with pg.engine.connect() as conn:
+            return int(conn.execute(text("SELECT coalesce(sum(attempts), 0) FROM rollout_work")).scalar_one())
+
+    spent = attempts()
+    time.sleep(8)  # several dispatcher cycles: lost messages republished, none taken by it
+    assert attempts() == spent, "an unhealthy worker spends no more attempts"
+    shown = cluster.cli("status").stdout
+    assert "1 unhealthy" in shown and "worker sick takes no work: 3 jobs in a row failed" in shown, shown
+    families = {f.name: f for f in StepqCollector(pg).collect()}
+    states = {s.labels["state"]: s.value for s in families["stepq_workers"].samples}
+    assert states["unhealthy"] == 1 and states["live"] == 0
+    cluster.start_worker("well")
+    wait_for(lambda: all_work_done(pg), 240, "the healthy worker to finish the set")
+    assert_exact(pg, "sick", 2)
