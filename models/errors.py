@@ -103,3 +103,8 @@ class GenerationError(StepqError):
 
 class LeaseLost(StepqError):
     """Another process took over work this process held; stop writing for it."""
+
+
+class Superseded(StepqError):
+    """The set was resampled while this process sampled it the old way: its batch is not
+    written, and the job goes back to be sampled the new way."""

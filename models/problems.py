@@ -53,6 +53,10 @@ class ProblemSet(Base):
     the judge behind it (e.g. ``uncertainty:run=3``, ``convincing-wrong:lineage=judge``)."""
     priority_aging_s: Mapped[float] = mapped_column(Float, default=86400.0, server_default="86400")
     """How far a priority of 1 moves work ahead of work planned later (``RolloutWork.dispatch_key``)."""
+    sampling_generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """How many times the set was resampled (``annotate --resample``): a worker writes a batch
+    only while the generation it loaded is still the set's (``queries.check_generation``), so
+    nothing sampled the old way survives a resample."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 

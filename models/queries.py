@@ -69,6 +69,7 @@ from stepq.models.search_queries import (
 )
 from stepq.models.set_queries import (
     add_trajectory,
+    check_generation,
     delete_set,
     delete_trajectories_of,
     discard_rollouts,
@@ -147,6 +148,7 @@ __all__ = [
     "_insert",
     "acquire_lock",
     "add_trajectory",
+    "check_generation",
     "claim_run",
     "count_event",
     "count_labelled",

@@ -13,7 +13,7 @@ from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from stepq.models.counters import LabelCounters, ProgressSample, SetCounters
-from stepq.models.errors import NotFoundError
+from stepq.models.errors import NotFoundError, Superseded
 from stepq.models.fleet_queries import progress
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.rollouts import ChunkLabel, QValue, Rollout
@@ -161,13 +161,32 @@ def set_has_rollouts(session: Session, set_id: int) -> bool:
 def discard_rollouts(session: Session, set_id: int) -> int:
     """Drop a set's rollouts with the Q-values and labels derived from them (Q(n), the
     trajectories' own outcomes, stay): what ``--resample`` does before sampling again with new
-    settings, so no label mixes two generators.  Returns how many rollouts were dropped."""
+    settings, so no label mixes two generators.  The set's sampling generation goes up first,
+    in the same transaction: a worker's batch of the old sampling, committed before, is dropped
+    here; one committed after sees the new generation and is not written
+    (``check_generation``).  Returns how many rollouts were dropped."""
+    session.execute(
+        update(ProblemSet).where(ProblemSet.id == set_id).values(sampling_generation=ProblemSet.sampling_generation + 1)
+    )
     tids = _set_trajectories(set_id)
     chunk_ids = select(Chunk.id).where(Chunk.trajectory_id.in_(tids))
     session.execute(delete(ChunkLabel).where(ChunkLabel.chunk_id.in_(chunk_ids)))
     session.execute(delete(QValue).where(QValue.trajectory_id.in_(tids), QValue.source != "outcome"))
     result = session.execute(delete(Rollout).where(Rollout.trajectory_id.in_(tids)))
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+def check_generation(session: Session, set_id: int, generation: int) -> None:
+    """The fence of a worker's write, last in its transaction: raise ``Superseded`` when the
+    set was resampled since the worker loaded it.  On PostgreSQL the row is read ``FOR SHARE``:
+    a resample committed meanwhile is seen, one under way is waited for, and one that starts
+    after waits for this transaction (its delete then sees the batch and drops it)."""
+    query = select(ProblemSet.sampling_generation).where(ProblemSet.id == set_id)
+    if session.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update(read=True)
+    current = session.scalar(query)
+    if current != generation:
+        raise Superseded(f"set {set_id} was resampled (generation {generation} -> {current}): batch not written")
 
 
 def regrade_outcomes(session: Session, trajectory_ids: Sequence[int], is_right: Any) -> None:

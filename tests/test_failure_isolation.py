@@ -306,3 +306,47 @@ def test_a_stale_task_of_the_same_process_cannot_fail_the_items_new_attempt(pg: 
         assert jobs.fail_or_retry(s, ROLLOUT_WORK, work_id, "proc", "late", decide_after_the_second_claim) == "lost"
     item = _item(pg, work_id)
     assert (item.state, item.attempts, item.last_error) == ("running", 2, None)
+
+
+def test_a_resample_while_a_worker_samples_leaves_nothing_of_the_old_sampling(any_db: Database) -> None:
+    """``annotate --resample`` lands while a worker's generate call is under way with the old
+    sampling: the batch it then writes is refused (the set's sampling generation moved on), its
+    item goes back without an attempt spent, and the set ends with only rollouts of the new
+    sampling, each prefix exactly M of them, nothing failed.  Running the resample again is
+    allowed and samples again."""
+    from stepq.workers.in_process import run_in_process
+    from stepq.workers.kinds import KINDS
+
+    synth_set(any_db, "r", problems=4, seed=5)
+    configure_annotation(any_db, "r", 4)
+
+    class ResampledMidway(SyntheticBackend):
+        calls = 0
+
+        def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
+            ResampledMidway.calls += 1
+            if ResampledMidway.calls == 2:  # after the first batch committed, during the second
+                configure_annotation(any_db, "r", 4, sampling={"temperature": 0.7}, resample=True)
+            return super().generate(requests, params)
+
+    rt = worker_runtime(any_db, WorkerOptions(name="w", batch_rollouts=4), backend=ResampledMidway())
+    outcomes = run_in_process(any_db, rt, kinds=KINDS[:1])
+    assert "failed" not in outcomes and "handed-back" in outcomes, outcomes
+    with any_db.session() as s:
+        generators = set(s.scalars(select(Rollout.generator).distinct()))
+        per_prefix = s.execute(
+            select(Rollout.trajectory_id, Rollout.prefix_len, Rollout.sample_idx).order_by(
+                Rollout.trajectory_id, Rollout.prefix_len, Rollout.sample_idx
+            )
+        ).all()
+        items = list(s.scalars(select(RolloutWork)))
+    assert len(generators) == 1 and "0.7" in next(iter(generators)), generators
+    counts: dict[tuple[int, int], list[int]] = {}
+    for tid, k, j in per_prefix:
+        counts.setdefault((tid, k), []).append(j)
+    assert all(js == [0, 1, 2, 3] for js in counts.values()), "each prefix: exactly M samples of the new sampling"
+    assert {i.state for i in items} == {"done"} and max(i.attempts for i in items) == 1
+    configure_annotation(any_db, "r", 4, sampling={"temperature": 0.7}, resample=True)  # again: re-runnable
+    with any_db.session() as s:
+        assert s.scalar(select(Rollout.id).limit(1)) is None, "the second resample discarded too"
+        assert {w.state for w in s.scalars(select(RolloutWork))} == {"pending"}

@@ -39,8 +39,9 @@ from stepq.workers.backends import BACKENDS as BACKEND_NAMES
 @click.option(
     "--resample",
     is_flag=True,
-    help="With a changed backend, model or sampling on a set that has rollouts: discard its rollouts, Q-values and "
-    "labels and sample again with the new settings (without it such a change is refused).",
+    help="Discard the set's rollouts, Q-values and labels and sample again (with a changed backend, model or "
+    "sampling: the new settings; without the flag such a change is refused).  Safe while workers run: a batch "
+    "sampled the old way is never written.",
 )
 @click.option(
     "--priority",

@@ -76,7 +76,9 @@ def configure_annotation(
     if anything, is still missing.  A Q-value is a mean over draws of one distribution, so
     changing how a set with rollouts samples (backend, model, sampling) is refused unless
     ``resample``: then its rollouts, and the Q-values and labels made of them, are discarded
-    and every item samples again with the new settings.
+    and every item samples again with the new settings, while workers run (a batch they
+    sampled the old way is never written: ``queries.check_generation``).  ``resample`` with
+    the settings unchanged samples again all the same: the command can be run again.
     """
     if backend is not None:
         check_config(backend, dict(backend_config or {}))
@@ -107,7 +109,7 @@ def configure_annotation(
             pset.sampling = {**pset.sampling, **sampling}
         changed = generation_changes(generation_before, (pset.backend, pset.backend_config, pset.sampling))
         discarded = False
-        if changed and queries.set_has_rollouts(s, pset.id):
+        if (changed or resample) and queries.set_has_rollouts(s, pset.id):
             if not resample:
                 raise ConfigError(
                     f"set '{set_name}' has rollouts sampled with other settings ({'; '.join(changed)}): a Q-value "

@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from stepq.models import queries
-from stepq.models.errors import ConfigError, GenerationError, LeaseLost
+from stepq.models.errors import ConfigError, GenerationError, LeaseLost, Superseded
 from stepq.models.rollouts import Rollout
 from stepq.models.work import ROLLOUT_WORK
 from stepq.workers.backends import (
@@ -66,6 +66,8 @@ class TrajectoryJob:
     def __init__(self, claimed: Claimed, work_id: int, ctx: queries.WorkContext) -> None:
         self.claimed, self.rt, self.work_id, self.ctx = claimed, claimed.rt, work_id, ctx
         self.set_name = ctx.problem_set.name
+        self.generation = ctx.problem_set.sampling_generation
+        """The set's sampling as loaded: a resample since voids this job's batches (the fence)."""
         pset, traj, problem = ctx.problem_set, ctx.trajectory, ctx.problem
         if not problem.reference_answer:
             raise ConfigError(f"problem {problem.external_id} has no reference answer to grade against")
@@ -163,6 +165,7 @@ class TrajectoryJob:
                 grades=dict(rt.grades),
                 unhealthy=rt.health.reason,
             )
+            queries.check_generation(s, self.ctx.problem_set.id, self.generation)  # last: see its docstring
             if self.decision.done:  # the last batch commits together with "done"
                 self.claimed.finish(s, self.work_id)
         return self.decision.done
@@ -244,6 +247,9 @@ def handle_rollouts(rt: WorkerRuntime, claimed: Claimed) -> None:
                 except LeaseLost as exc:
                     log.warning("%s", exc)
                     claimed.record(job.work_id, "lost")
+                except Superseded as exc:  # resampled meanwhile: sampled again the new way, no attempt spent
+                    log.info("work item %s: %s; handing it back", job.work_id, exc)
+                    claimed.hand_back(job.work_id)
                 except Exception as exc:
                     claimed.fail(job.work_id, exc, set=job.set_name)
         active = still
@@ -257,6 +263,9 @@ def _commit_last_batch(job: TrajectoryJob, requests: list[GenerationRequest], re
             job.claimed.hand_back(job.work_id)
     except LeaseLost as exc:
         log.warning("%s", exc)
+    except Superseded as exc:
+        log.info("work item %s: %s; handing it back", job.work_id, exc)
+        job.claimed.hand_back(job.work_id)
     except Exception as exc:
         job.claimed.fail(job.work_id, exc, set=job.set_name)
 
