@@ -105,6 +105,11 @@ class LeaseLost(StepqError):
     """Another process took over work this process held; stop writing for it."""
 
 
+class WrongGenerator(StepqError):
+    """This worker generates otherwise than the set it was handed (another model or sampling):
+    it refuses the set's work, which goes back for a worker that matches."""
+
+
 class Superseded(StepqError):
     """The set was resampled while this process sampled it the old way: its batch is not
     written, and the job goes back to be sampled the new way."""

@@ -48,6 +48,7 @@ def heartbeat(
     engine_s: float | None = None,
     grades: dict[str, int] | None = None,
     unhealthy: str | None = None,
+    refused: str | None = None,
 ) -> None:
     """Record that a worker is alive and what it has done, in one upsert (``rollouts`` and
     ``tokens`` are added; ``engine_s`` and ``grades`` are the process's running totals)."""
@@ -65,6 +66,7 @@ def heartbeat(
         engine_s=engine_s or 0.0,
         grades=grades,
         unhealthy=unhealthy,
+        refused=refused,
     )
     table = Worker.__table__.c
     updates: dict[str, Any] = {
@@ -74,6 +76,7 @@ def heartbeat(
         "rollouts_done": table.rollouts_done + stmt.excluded.rollouts_done,
         "tokens_done": table.tokens_done + stmt.excluded.tokens_done,
         "unhealthy": stmt.excluded.unhealthy,
+        "refused": stmt.excluded.refused,
     }
     if busy_items is not None:
         updates["busy_items"] = stmt.excluded.busy_items
@@ -106,6 +109,7 @@ def live_workers(session: Session, since: float) -> list[dict[str, Any]]:
             "engine_s": w.engine_s,
             "grades": dict(w.grades or {}),
             "unhealthy": w.unhealthy,
+            "refused": w.refused,
         }
         for w in rows
     ]

@@ -55,8 +55,12 @@ class ProblemSet(Base):
     """How far a priority of 1 moves work ahead of work planned later (``RolloutWork.dispatch_key``)."""
     sampling_generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     """How many times the set was resampled (``annotate --resample``): a worker writes a batch
-    only while the generation it loaded is still the set's (``queries.check_generation``), so
+    only while the generation it loaded is still the set's (``queries.fence_write``), so
     nothing sampled the old way survives a resample."""
+    generator: Mapped[str | None] = mapped_column(String(400), nullable=True)
+    """Who draws the set's rollouts (backend, model and sampling: ``generator_id``), pinned by
+    the first batch written (None: none yet, or resampled since): a worker that generates
+    otherwise refuses the set's work, so no set is labelled by two models."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 

@@ -69,12 +69,12 @@ from stepq.models.search_queries import (
 )
 from stepq.models.set_queries import (
     add_trajectory,
-    check_generation,
     delete_set,
     delete_trajectories_of,
     discard_rollouts,
     ensure_set,
     existing_problem_ids,
+    fence_write,
     flag_for_planning,
     get_set,
     given_chunks,
@@ -96,6 +96,7 @@ from stepq.models.set_queries import (
     trajectory_keys,
     unannotated_trajectories,
     update_problems,
+    wrong_generator,
 )
 from stepq.models.sql import (
     _insert,
@@ -148,7 +149,6 @@ __all__ = [
     "_insert",
     "acquire_lock",
     "add_trajectory",
-    "check_generation",
     "claim_run",
     "count_event",
     "count_labelled",
@@ -162,6 +162,7 @@ __all__ = [
     "ensure_set",
     "event_counts",
     "existing_problem_ids",
+    "fence_write",
     "find_run",
     "flag_for_planning",
     "get_run",
@@ -253,4 +254,5 @@ __all__ = [
     "work_trajectories",
     "worker_stopped",
     "write_priorities",
+    "wrong_generator",
 ]

@@ -13,7 +13,7 @@ from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from stepq.models.counters import LabelCounters, ProgressSample, SetCounters
-from stepq.models.errors import NotFoundError, Superseded
+from stepq.models.errors import NotFoundError, Superseded, WrongGenerator
 from stepq.models.fleet_queries import progress
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.rollouts import ChunkLabel, QValue, Rollout
@@ -164,9 +164,11 @@ def discard_rollouts(session: Session, set_id: int) -> int:
     settings, so no label mixes two generators.  The set's sampling generation goes up first,
     in the same transaction: a worker's batch of the old sampling, committed before, is dropped
     here; one committed after sees the new generation and is not written
-    (``check_generation``).  Returns how many rollouts were dropped."""
+    (``fence_write``).  Returns how many rollouts were dropped."""
     session.execute(
-        update(ProblemSet).where(ProblemSet.id == set_id).values(sampling_generation=ProblemSet.sampling_generation + 1)
+        update(ProblemSet)
+        .where(ProblemSet.id == set_id)
+        .values(sampling_generation=ProblemSet.sampling_generation + 1, generator=None)
     )
     tids = _set_trajectories(set_id)
     chunk_ids = select(Chunk.id).where(Chunk.trajectory_id.in_(tids))
@@ -176,17 +178,31 @@ def discard_rollouts(session: Session, set_id: int) -> int:
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
-def check_generation(session: Session, set_id: int, generation: int) -> None:
+def fence_write(session: Session, set_id: int, generation: int, generator: str) -> None:
     """The fence of a worker's write, last in its transaction: raise ``Superseded`` when the
-    set was resampled since the worker loaded it.  On PostgreSQL the row is read ``FOR SHARE``:
-    a resample committed meanwhile is seen, one under way is waited for, and one that starts
-    after waits for this transaction (its delete then sees the batch and drops it)."""
-    query = select(ProblemSet.sampling_generation).where(ProblemSet.id == set_id)
+    set was resampled since the worker loaded it, ``WrongGenerator`` when its rollouts are
+    another generator's (the first batch written pins the set's).  On PostgreSQL the row is
+    read ``FOR SHARE``: a resample committed meanwhile is seen, one under way is waited for,
+    and one that starts after waits for this transaction (its delete then sees the batch)."""
+    query = select(ProblemSet.sampling_generation, ProblemSet.generator, ProblemSet.name).where(ProblemSet.id == set_id)
     if session.get_bind().dialect.name == "postgresql":
         query = query.with_for_update(read=True)
-    current = session.scalar(query)
+    current, pinned, name = session.execute(query).one()
     if current != generation:
         raise Superseded(f"set {set_id} was resampled (generation {generation} -> {current}): batch not written")
+    if pinned is None:  # the first batch: pin it (a concurrent first batch of another loses here)
+        session.execute(
+            update(ProblemSet)
+            .where(ProblemSet.id == set_id, ProblemSet.generator.is_(None))
+            .values(generator=generator)
+        )
+        pinned = session.scalar(select(ProblemSet.generator).where(ProblemSet.id == set_id))
+    if pinned != generator:
+        raise WrongGenerator(wrong_generator(name, str(pinned), generator))
+
+
+def wrong_generator(set_name: str, pinned: str, mine: str) -> str:
+    return f"set '{set_name}' is sampled by {pinned}; this worker generates with {mine}"
 
 
 def regrade_outcomes(session: Session, trajectory_ids: Sequence[int], is_right: Any) -> None:

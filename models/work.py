@@ -93,3 +93,5 @@ class Worker(Base):
     """Rollouts graded by this process, per grading method."""
     unhealthy: Mapped[str | None] = mapped_column(Text, nullable=True)
     """Why the process stopped taking work (the jobs it ran failed, one after another); None: healthy."""
+    refused: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """The latest work it refused, and why (a set whose rollouts another generator draws)."""

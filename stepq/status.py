@@ -176,6 +176,9 @@ def render(report: dict[str, Any], verbose: bool = False) -> str:
     lines.append(f"work items: {work}; workers: {live} live ({busy} busy, {live - busy} idle{unwell}){broker}")
     for w in sick:
         lines.append(said(f"  worker {w['label'] or w['name']} takes no work: ", w["unhealthy"]))
+    for w in report["workers"]:
+        if w.get("refused"):
+            lines.append(said(f"  worker {w['label'] or w['name']} refuses work: ", w["refused"]))
     return "\n".join(lines)
 
 

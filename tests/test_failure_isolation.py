@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from stepq.assembly import worker_runtime
-from stepq.models import ChunkLabel, Database, Rollout, RolloutWork, jobs, queries
+from stepq.models import ChunkLabel, Database, ProblemSet, Rollout, RolloutWork, jobs, queries
 from stepq.models.errors import GenerationError
 from stepq.models.jobs import JobTable
 from stepq.models.search import STEP_SEARCHES
@@ -211,17 +211,58 @@ def test_raising_m_while_an_item_runs_keeps_its_lease_and_reruns_it(any_db: Data
     assert (item.state, item.lease_owner, item.target_m, item.rerun) == ("running", "w", 4, True)
 
 
-def test_a_worker_with_another_generator_refuses_the_trajectory(any_db: Database) -> None:
+class _OtherModel(SyntheticBackend):
+    @property
+    def generator(self) -> str:
+        return "another-model"
+
+
+def test_a_worker_with_another_generator_refuses_the_set_and_says_so(any_db: Database) -> None:
+    """The set's first batch pins who samples it; a worker with another model hands the
+    set's work back unharmed (no attempt spent: nothing failed for good) and says why, in its
+    log and, through its heartbeat, in ``stepq status``; nothing of it is mixed in."""
+    from stepq.status import collect, render
+
+    first, second = _setup(any_db, problems=2, m=2)
+    assert run_work_item(worker_runtime(any_db, WorkerOptions(name="a")), first).status == "done"
+    rt = worker_runtime(any_db, WorkerOptions(name="b"), backend=_OtherModel())
+    assert run_work_item(rt, second).status == "handed-back"
+    item = _item(any_db, second)
+    assert (item.state, item.attempts, item.last_error) == ("pending", 0, None)
+    assert rt.refused is not None and "set 'f' is sampled by synthetic" in rt.refused and "another-model" in rt.refused
+    rt.heartbeat.beat()
+    assert "worker b refuses work: set 'f' is sampled by synthetic" in render(collect(any_db))
+    with any_db.session() as s:
+        generators = {g for (g,) in s.execute(select(Rollout.generator))}
+    assert len(generators) == 1, "nothing was mixed in"
+    assert run_work_item(worker_runtime(any_db, WorkerOptions(name="a2")), second).status == "done"
+
+
+def test_two_workers_with_different_models_on_a_fresh_set_never_split_it(any_db: Database) -> None:
+    """Both start before anything is written: the first batch committed pins the set, the
+    other's write is refused at the fence and its item goes back to the matching worker."""
+    ids = _setup(any_db, problems=4, m=2)
+    a = worker_runtime(any_db, WorkerOptions(name="a"))
+    b = worker_runtime(any_db, WorkerOptions(name="b"), backend=_OtherModel())
+    statuses = [run_work_item(b if i % 2 else a, work_id).status for i, work_id in enumerate(ids)]
+    assert statuses == ["done", "handed-back", "done", "handed-back"]
+    for work_id in ids:
+        run_work_item(a, work_id)
+    with any_db.session() as s:
+        generators = {g for (g,) in s.execute(select(Rollout.generator))}
+        assert {w.state for w in s.scalars(select(RolloutWork))} == {"done"}
+    assert len(generators) == 1 and "another-model" not in next(iter(generators))
+
+
+def test_a_trajectory_of_another_generator_is_refused_where_the_set_is_not_pinned(any_db: Database) -> None:
+    """A database annotated before sets were pinned (its set's generator unknown): the
+    trajectory's own rollouts still say who sampled it, and the item is refused."""
     (work_id,) = _setup(any_db, problems=1, m=2)
     assert run_work_item(worker_runtime(any_db, WorkerOptions(name="a")), work_id).status == "done"
     configure_annotation(any_db, "f", 4)
-
-    class Other(SyntheticBackend):
-        @property
-        def generator(self) -> str:
-            return "another-model"
-
-    rt = worker_runtime(any_db, WorkerOptions(name="b"), backend=Other())
+    with any_db.session() as s:
+        s.execute(update(ProblemSet).values(generator=None))
+    rt = worker_runtime(any_db, WorkerOptions(name="b"), backend=_OtherModel())
     assert run_work_item(rt, work_id).status == "retry"
     item = _item(any_db, work_id)
     assert item.last_error is not None and "was sampled by synthetic" in item.last_error
@@ -350,3 +391,27 @@ def test_a_resample_while_a_worker_samples_leaves_nothing_of_the_old_sampling(an
     with any_db.session() as s:
         assert s.scalar(select(Rollout.id).limit(1)) is None, "the second resample discarded too"
         assert {w.state for w in s.scalars(select(RolloutWork))} == {"pending"}
+
+
+def test_a_worker_serving_another_model_than_the_set_names_refuses_it_from_the_start(any_db: Database) -> None:
+    """A set configured for one served model, a fleet worker started with another: refused
+    before anything is written (the first batch would otherwise pin the wrong model)."""
+
+    class Served(SyntheticBackend):  # a stand-in for an engine serving ``model``
+        def __init__(self, model: str) -> None:
+            super().__init__()
+            self.model = model
+
+        @property
+        def generator(self) -> str:
+            return f"openai:{self.model}"
+
+    (work_id,) = _setup(any_db, problems=1, m=2)
+    configure_annotation(any_db, "f", 2, backend="openai", backend_config={"model": "m1", "base_url": "http://x/v1"})
+    wrong = worker_runtime(any_db, WorkerOptions(name="wrong"), backend=Served("m2"))
+    assert run_work_item(wrong, work_id).status == "handed-back"
+    assert wrong.refused == "set 'f' names openai:m1; this worker generates with openai:m2"
+    right = worker_runtime(any_db, WorkerOptions(name="right"), backend=Served("m1"))
+    assert run_work_item(right, work_id).status == "done"
+    with any_db.session() as s:
+        assert set(s.scalars(select(Rollout.generator).distinct())) == {"openai:m1[t=1,p=1,max=8192]"}

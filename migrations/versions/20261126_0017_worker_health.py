@@ -1,4 +1,5 @@
-"""worker health: why a worker stopped taking work (every job it ran failed, one after another)
+"""worker health: why a worker stopped taking work (every job it ran failed, one after another),
+and the latest work it refused (a set whose rollouts another generator drew)
 
 Revision ID: 20261126_0017
 Revises: 20261126_0016
@@ -18,8 +19,10 @@ depends_on = None
 
 def upgrade() -> None:
     op.add_column("workers", sa.Column("unhealthy", sa.Text(), nullable=True))
+    op.add_column("workers", sa.Column("refused", sa.Text(), nullable=True))
 
 
 def downgrade() -> None:
     # SQLite drops a column in place (3.35+); rebuilding the table would trip the views over it
+    op.execute("ALTER TABLE workers DROP COLUMN refused")
     op.execute("ALTER TABLE workers DROP COLUMN unhealthy")

@@ -66,4 +66,17 @@ def make_backend(name: str, config: dict[str, Any] | None = None, *, api_key: st
 BACKENDS = ("synthetic", "openai", "vllm", "hf")
 
 
+def named_model(name: str, config: dict[str, Any]) -> str | None:
+    """The model a set's backend config names, as its backend's ``generator`` says it
+    (``vllm:/weights/qwen``), without loading anything; None where no model is named (the
+    synthetic policy).  A worker whose own engine serves another model refuses the set."""
+    model = config.get("model")
+    return f"{name}:{model}" if name != "synthetic" and model else None
+
+
+def serves_model(backend: GenerationBackend, named: str) -> bool:
+    """Whether ``backend`` is the model ``named`` (a stand-in engine's note aside)."""
+    return backend.generator.split(" (", 1)[0] == named
+
+
 __all__ = ["Completion", "GenerationBackend", "GenerationRequest", "SamplingParams", "generator_id", "make_backend"]

@@ -40,10 +40,12 @@ class Heartbeat:
         totals: Callable[[], tuple[float, dict[str, int]]] = lambda: (0.0, {}),
         held: HeldJobs | None = None,
         unhealthy: Callable[[], str | None] = lambda: None,
+        refused: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.db, self.name, self.label = db, name, label
         self.interval_s, self.lease_ttl_s = interval_s, lease_ttl_s
         self.busy, self.backend, self.totals, self.unhealthy = busy, backend, totals, unhealthy
+        self.refused = refused
         self.held = held if held is not None else HeldJobs()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -67,6 +69,7 @@ class Heartbeat:
                 engine_s=engine_s,
                 grades=grades,
                 unhealthy=self.unhealthy(),
+                refused=self.refused(),
             )
         self.beats += 1
         return renewed

@@ -88,6 +88,8 @@ class WorkerRuntime:
         self.name = f"{self.label}@{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.held = HeldJobs()
         self.health = Health(self.options.unhealthy_after)
+        self.refused: str | None = None
+        """The latest work this process refused, and why (heartbeat: ``stepq status`` shows it)."""
         """Whether the process still takes work: not after ``unhealthy_after`` failed jobs in a row."""
         """The jobs (of every kind) this process's running tasks hold: what the heartbeat renews."""
         self.writer = WriteBehind(self.held) if self.options.write_behind else None
@@ -110,6 +112,7 @@ class WorkerRuntime:
             totals=lambda: (self.engine_s, dict(self.grades)),
             held=self.held,
             unhealthy=lambda: self.health.reason,
+            refused=lambda: self.refused,
         )
 
     def request_stop(self) -> None:

@@ -77,7 +77,7 @@ def configure_annotation(
     changing how a set with rollouts samples (backend, model, sampling) is refused unless
     ``resample``: then its rollouts, and the Q-values and labels made of them, are discarded
     and every item samples again with the new settings, while workers run (a batch they
-    sampled the old way is never written: ``queries.check_generation``).  ``resample`` with
+    sampled the old way is never written: ``queries.fence_write``).  ``resample`` with
     the settings unchanged samples again all the same: the command can be run again.
     """
     if backend is not None:

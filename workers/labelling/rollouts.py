@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from stepq.models import queries
-from stepq.models.errors import ConfigError, GenerationError, LeaseLost, Superseded
+from stepq.models.errors import ConfigError, GenerationError, LeaseLost, Superseded, WrongGenerator
 from stepq.models.rollouts import Rollout
 from stepq.models.work import ROLLOUT_WORK
 from stepq.workers.backends import (
@@ -27,6 +27,8 @@ from stepq.workers.backends import (
     GenerationRequest,
     SamplingParams,
     generator_id,
+    named_model,
+    serves_model,
 )
 from stepq.workers.jobqueue.kinds import JobKind
 from stepq.workers.jobqueue.runner import Claimed, run_jobs
@@ -75,6 +77,13 @@ class TrajectoryJob:
         self.params = SamplingParams.from_config(pset.sampling)
         self.backend = self.rt.backend_for(pset)
         self.generator = generator_id(self.backend, self.params)
+        named = named_model(pset.backend, pset.backend_config or {})
+        if named is not None and not serves_model(self.backend, named):
+            raise WrongGenerator(
+                f"set '{pset.name}' names {named}; this worker generates with {self.backend.generator}"
+            )
+        if pset.generator is not None and pset.generator != self.generator:
+            raise WrongGenerator(queries.wrong_generator(pset.name, pset.generator, self.generator))
         if ctx.generator is not None and ctx.generator != self.generator:
             # One trajectory's samples must be draws of one distribution.
             raise GenerationError(
@@ -164,8 +173,9 @@ class TrajectoryJob:
                 engine_s=rt.engine_s,
                 grades=dict(rt.grades),
                 unhealthy=rt.health.reason,
+                refused=rt.refused,
             )
-            queries.check_generation(s, self.ctx.problem_set.id, self.generation)  # last: see its docstring
+            queries.fence_write(s, self.ctx.problem_set.id, self.generation, self.generator)  # last: see its docstring
             if self.decision.done:  # the last batch commits together with "done"
                 self.claimed.finish(s, self.work_id)
         return self.decision.done
@@ -217,6 +227,8 @@ def handle_rollouts(rt: WorkerRuntime, claimed: Claimed) -> None:
     for work_id in claimed.ids:
         try:
             active.append(TrajectoryJob(claimed, work_id, loaded[trajectory_of[work_id]]))
+        except WrongGenerator as exc:
+            _refuse(rt, claimed, work_id, exc)
         except Exception as exc:
             claimed.fail(work_id, exc)
     while active and not claimed.stopping:
@@ -250,9 +262,19 @@ def handle_rollouts(rt: WorkerRuntime, claimed: Claimed) -> None:
                 except Superseded as exc:  # resampled meanwhile: sampled again the new way, no attempt spent
                     log.info("work item %s: %s; handing it back", job.work_id, exc)
                     claimed.hand_back(job.work_id)
+                except WrongGenerator as exc:  # another worker pinned the set first
+                    _refuse(rt, claimed, job.work_id, exc)
                 except Exception as exc:
                     claimed.fail(job.work_id, exc, set=job.set_name)
         active = still
+
+
+def _refuse(rt: WorkerRuntime, claimed: Claimed, work_id: int, exc: WrongGenerator) -> None:
+    """Work of a set another generator samples: back, unharmed, for a worker that matches; the
+    refusal is logged and shown in ``stepq status`` (the worker's heartbeat)."""
+    log.warning("work item %s refused: %s", work_id, exc)
+    rt.refused = str(exc)
+    claimed.hand_back(work_id)
 
 
 def _commit_last_batch(job: TrajectoryJob, requests: list[GenerationRequest], results: list[list[Completion]]) -> None:
@@ -266,6 +288,8 @@ def _commit_last_batch(job: TrajectoryJob, requests: list[GenerationRequest], re
     except Superseded as exc:
         log.info("work item %s: %s; handing it back", job.work_id, exc)
         job.claimed.hand_back(job.work_id)
+    except WrongGenerator as exc:
+        _refuse(job.rt, job.claimed, job.work_id, exc)
     except Exception as exc:
         job.claimed.fail(job.work_id, exc, set=job.set_name)
 
