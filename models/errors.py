@@ -105,9 +105,10 @@ class LeaseLost(StepqError):
     """Another process took over work this process held; stop writing for it."""
 
 
-class WrongGenerator(StepqError):
-    """This worker generates otherwise than the set it was handed (another model or sampling):
-    it refuses the set's work, which goes back for a worker that matches."""
+class WrongGenerator(ConfigError):
+    """This worker generates otherwise than the set it was handed (another model or sampling).
+    A fleet worker refuses the set's work, which goes back for a worker that matches; alone
+    (the embedded runner), nobody else could take it: the item fails, saying why."""
 
 
 class Superseded(StepqError):

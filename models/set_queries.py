@@ -179,11 +179,12 @@ def discard_rollouts(session: Session, set_id: int) -> int:
 
 
 def fence_write(session: Session, set_id: int, generation: int, generator: str) -> None:
-    """The fence of a worker's write, last in its transaction: raise ``Superseded`` when the
-    set was resampled since the worker loaded it, ``WrongGenerator`` when its rollouts are
-    another generator's (the first batch written pins the set's).  On PostgreSQL the row is
-    read ``FOR SHARE``: a resample committed meanwhile is seen, one under way is waited for,
-    and one that starts after waits for this transaction (its delete then sees the batch)."""
+    """The fence of a worker's write: raise ``Superseded`` when the set was resampled since the
+    worker loaded it, ``WrongGenerator`` when its rollouts are another generator's (the first
+    batch written pins the set's).  On PostgreSQL the row is read ``FOR SHARE`` first in the
+    transaction (a resample locks it first too): a resample committed meanwhile is seen, one
+    under way is waited for, and one that starts after waits for this transaction (its delete
+    then sees the batch).  SQLite reads outside its write lock: the writer checks again last."""
     query = select(ProblemSet.sampling_generation, ProblemSet.generator, ProblemSet.name).where(ProblemSet.id == set_id)
     if session.get_bind().dialect.name == "postgresql":
         query = query.with_for_update(read=True)

@@ -206,6 +206,7 @@ class Settings:
             openai_api_key=self.openai_api_key,
             generate_timeout_s=self.generate_timeout_s,
             unhealthy_after=self.unhealthy_after if queue_worker else 0,
+            hands_back_refused=queue_worker,
         )
 
     def job_kinds(self) -> tuple[JobKind, ...]:

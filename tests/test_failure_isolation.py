@@ -225,7 +225,7 @@ def test_a_worker_with_another_generator_refuses_the_set_and_says_so(any_db: Dat
 
     first, second = _setup(any_db, problems=2, m=2)
     assert run_work_item(worker_runtime(any_db, WorkerOptions(name="a")), first).status == "done"
-    rt = worker_runtime(any_db, WorkerOptions(name="b"), backend=_OtherModel())
+    rt = worker_runtime(any_db, WorkerOptions(name="b", hands_back_refused=True), backend=_OtherModel())
     assert run_work_item(rt, second).status == "handed-back"
     item = _item(any_db, second)
     assert (item.state, item.attempts, item.last_error) == ("pending", 0, None)
@@ -243,7 +243,7 @@ def test_two_workers_with_different_models_on_a_fresh_set_never_split_it(any_db:
     other's write is refused at the fence and its item goes back to the matching worker."""
     ids = _setup(any_db, problems=4, m=2)
     a = worker_runtime(any_db, WorkerOptions(name="a"))
-    b = worker_runtime(any_db, WorkerOptions(name="b"), backend=_OtherModel())
+    b = worker_runtime(any_db, WorkerOptions(name="b", hands_back_refused=True), backend=_OtherModel())
     statuses = [run_work_item(b if i % 2 else a, work_id).status for i, work_id in enumerate(ids)]
     assert statuses == ["done", "handed-back", "done", "handed-back"]
     for work_id in ids:
@@ -408,9 +408,14 @@ def test_a_worker_serving_another_model_than_the_set_names_refuses_it_from_the_s
 
     (work_id,) = _setup(any_db, problems=1, m=2)
     configure_annotation(any_db, "f", 2, backend="openai", backend_config={"model": "m1", "base_url": "http://x/v1"})
-    wrong = worker_runtime(any_db, WorkerOptions(name="wrong"), backend=Served("m2"))
+    wrong = worker_runtime(any_db, WorkerOptions(name="wrong", hands_back_refused=True), backend=Served("m2"))
     assert run_work_item(wrong, work_id).status == "handed-back"
     assert wrong.refused == "set 'f' names openai:m1; this worker generates with openai:m2"
+    alone = worker_runtime(any_db, WorkerOptions(name="alone"), backend=Served("m2"))
+    assert run_work_item(alone, work_id).status == "failed", "alone (embedded), nobody else would take it"
+    assert "names openai:m1" in (_item(any_db, work_id).last_error or "")
+    with any_db.session() as s:
+        jobs.retry_failed(s, ROLLOUT_WORK)
     right = worker_runtime(any_db, WorkerOptions(name="right"), backend=Served("m1"))
     assert run_work_item(right, work_id).status == "done"
     with any_db.session() as s:

@@ -3,7 +3,8 @@ processes.  Each case ends with exactly the rollouts and labels of an uninterrup
 item left running: a worker SIGKILLed; the dispatcher SIGKILLed; Redis stopped mid-run (the
 dispatcher's PID unchanged); Redis flushed; one message lost while others wait; PostgreSQL
 restarted; every database connection killed under tasks holding claimed items; a generate
-call that hangs; 300 pending searches with no worker (the queue within its bound)."""
+call that hangs; 300 pending searches with no worker (the queue within its bound); a resample
+under load; a worker with another model joining a set under way."""
 
 from __future__ import annotations
 
@@ -416,3 +417,53 @@ def test_a_publish_that_fails_part_way_sends_no_message_twice(pg: Database, priv
     everything = in_broker()
     assert len(everything) == len(set(everything)) == 1000 == queued()
     dispatcher.release()
+
+
+def _generators(pg: Database) -> set[str]:
+    with pg.engine.connect() as conn:
+        return {g for (g,) in conn.execute(text("SELECT DISTINCT generator FROM rollouts"))}
+
+
+def test_a_resample_under_load_leaves_only_the_new_sampling(cluster: Cluster, pg: Database) -> None:
+    """``annotate --resample`` with a new temperature while two workers sample the set: every
+    batch sampled the old way that lands after it is refused, the set ends exact under the new
+    sampling alone, nothing failed or stuck, no attempt spent on a refused batch."""
+    cluster.cli("synth", "--set", "rs", "--problems", "40", "--seed", "2", "--latency-s", "0.004")
+    cluster.cli("annotate", "--set", "rs", "--rollouts", "8")
+    cluster.start_worker("w1")
+    cluster.start_worker("w2")
+    start_dispatcher(cluster)
+    wait_for(lambda: rollout_count(pg) > 400, 120, "the run to be under way")
+    cluster.cli("annotate", "--set", "rs", "--rollouts", "8", "--temperature", "0.7", "--resample")
+    wait_for(lambda: all_work_done(pg), 300, "all work done after the resample")
+    (generator,) = _generators(pg)
+    assert "t=0.7" in generator, generator
+    assert_exact(pg, "rs", 8, discarded=True)
+    with pg.engine.connect() as conn:
+        states = dict(conn.execute(text("SELECT state, count(*) FROM rollout_work GROUP BY state")).all())
+    assert set(states) == {"done"}, states
+
+
+def test_a_worker_with_another_model_never_splits_a_set(cluster: Cluster, pg: Database) -> None:
+    """A worker whose policy differs (another error rate: another model, as far as the labels
+    go) joins a set another worker is sampling: it refuses the set's work, says so in `stepq
+    status`, spends no attempt, and the set ends exact under one generator."""
+    cluster.cli("synth", "--set", "one", "--problems", "40", "--seed", "4", "--latency-s", "0.004")
+    cluster.cli("annotate", "--set", "one", "--rollouts", "8")
+    cluster.start_worker("right")
+    start_dispatcher(cluster)
+    wait_for(lambda: rollout_count(pg) > 200, 120, "the set's first batches written (its generator pinned)")
+    cluster.start_worker("odd", "--backend", "synthetic", "--backend-option", "error_rate=0.3")
+
+    def refused() -> bool:
+        with pg.engine.connect() as conn:
+            return bool(conn.execute(text("SELECT count(*) FROM workers WHERE refused IS NOT NULL")).scalar_one())
+
+    wait_for(refused, 120, "the odd worker to refuse the set's work")
+    wait_for(lambda: all_work_done(pg), 300, "all work done by the matching worker")
+    assert len(_generators(pg)) == 1
+    assert_exact(pg, "one", 8)
+    assert "odd refuses work: set 'one' is sampled by synthetic(err=0.1" in cluster.cli("status").stdout
+    with pg.engine.connect() as conn:
+        spent = conn.execute(text("SELECT max(attempts) FROM rollout_work")).scalar_one()
+    assert spent == 1, "a refusal spends no attempt"

@@ -23,7 +23,6 @@ from stepq.workers.backends.synthetic_policy import (
 from stepq.workers.data.segmentation import segment
 from stepq.workers.grading.grader import Grader
 from stepq.workers.seeds import derive_seed
-from tests.helpers import annotated_set
 
 
 def test_problems_round_trip_through_their_prompt() -> None:
@@ -208,17 +207,23 @@ def test_a_synthetic_set_of_small_numbers_is_annotated_from_its_own_problems(tmp
 
     import pytest
 
+    from stepq.assembly import worker_runtime
     from stepq.migrations import upgrade
     from stepq.models import Database
     from stepq.models.errors import ConfigError
     from stepq.workers.data.synthetic_set import synth_set
+    from stepq.workers.in_process import run_in_process
+    from stepq.workers.jobqueue.runtime import WorkerOptions
+    from stepq.workers.labelling.annotation_plans import configure_annotation
 
     url = f"sqlite:///{tmp_path / 's.db'}"
     upgrade(url)
     db = Database(url)
     synth_set(db, "small", problems=6, seed=1, numbers="small")
     with pytest.raises(ConfigError, match="same settings"):
-        annotated_set(db, "small", m=2, problems=7, seed=1, worker="t", batch_rollouts=128)
+        synth_set(db, "small", problems=7, seed=1)
+    configure_annotation(db, "small", 2)
+    run_in_process(db, worker_runtime(db, WorkerOptions(name="t")))
     with db.engine.connect() as conn:
         questions = [q for (q,) in conn.execute(text("SELECT question FROM problems"))]
         rollouts = conn.execute(text("SELECT count(*) FROM rollouts")).scalar_one()

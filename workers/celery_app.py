@@ -129,7 +129,7 @@ def _reachable(producer: Any) -> None:
 
 
 def _register(app: Celery, kind: JobKind, runtime: Callable[[], WorkerRuntime]) -> None:
-    @app.task(name=kind.task_name, bind=True, acks_late=True, ignore_result=True)
+    @app.task(name=kind.task_name, bind=True, acks_late=True, ignore_result=True, shared=False)
     def run(self: Any, job_ids: list[int] | int) -> str:
         ids = [int(job_ids)] if isinstance(job_ids, int) else [int(i) for i in job_ids]
         rt = runtime()

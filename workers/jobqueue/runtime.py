@@ -55,6 +55,9 @@ class WorkerOptions:
     """Failed jobs in a row (transient errors) after which the process stops taking work and
     reports itself unhealthy (``jobqueue.health``); 0: never (a queue worker's setting:
     ``STEPQ_UNHEALTHY_AFTER``)."""
+    hands_back_refused: bool = False
+    """Work of a set another generator samples goes back for another worker (a fleet worker);
+    off, it fails with the reason (the embedded runner: no other worker would take it)."""
     write_behind: bool = False
     """Commit a trajectory's last batch on a background thread while the next task generates
     (``write_behind``); a queue worker's setting, not the embedded runner's, which reports each

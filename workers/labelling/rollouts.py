@@ -154,6 +154,9 @@ class TrajectoryJob:
                     }
                 )
         with rt.db.session() as s:
+            # the fence first: the set's row before any other (a resample takes it first too,
+            # so the two never wait on each other in a circle)...
+            queries.fence_write(s, self.ctx.problem_set.id, self.generation, self.generator)
             self.claimed.renew(s, self.work_id)
             queries.insert_ignore(s, Rollout, rows)
             if self.first:
@@ -175,7 +178,8 @@ class TrajectoryJob:
                 unhealthy=rt.health.reason,
                 refused=rt.refused,
             )
-            queries.fence_write(s, self.ctx.problem_set.id, self.generation, self.generator)  # last: see its docstring
+            # ...and again last: SQLite reads the first outside the write lock it now holds
+            queries.fence_write(s, self.ctx.problem_set.id, self.generation, self.generator)
             if self.decision.done:  # the last batch commits together with "done"
                 self.claimed.finish(s, self.work_id)
         return self.decision.done
@@ -270,11 +274,15 @@ def handle_rollouts(rt: WorkerRuntime, claimed: Claimed) -> None:
 
 
 def _refuse(rt: WorkerRuntime, claimed: Claimed, work_id: int, exc: WrongGenerator) -> None:
-    """Work of a set another generator samples: back, unharmed, for a worker that matches; the
-    refusal is logged and shown in ``stepq status`` (the worker's heartbeat)."""
-    log.warning("work item %s refused: %s", work_id, exc)
+    """Work of a set another generator samples: back, unharmed, for a worker that matches (a
+    fleet worker), the refusal logged and shown in ``stepq status`` (its heartbeat); alone, the
+    item fails for good with the reason (nobody else would take it)."""
     rt.refused = str(exc)
-    claimed.hand_back(work_id)
+    if rt.options.hands_back_refused:
+        log.warning("work item %s refused: %s", work_id, exc)
+        claimed.hand_back(work_id)
+    else:
+        claimed.fail(work_id, exc)
 
 
 def _commit_last_batch(job: TrajectoryJob, requests: list[GenerationRequest], results: list[list[Completion]]) -> None:
