@@ -1,21 +1,26 @@
-"""A process that runs queue work, put together the one way every front end uses: the worker
-command, the embedded runner (``stepq run``), ``stepq search run``, the benchmarks and the
-tests.  The settings give its options and its kinds' retry policy; the trainer gives the judge
-factory priority scoring asks (workers never import the trainer: docs/architecture.md).
+"""A process that runs queue work, and the fleet's dispatcher, put together the one way every
+front end uses: the worker and dispatch commands, the embedded runner (``stepq run``), ``stepq
+search run``, the benchmarks and the tests.  The settings give its options and its kinds'
+retry policy; the trainer gives the judge factory priority scoring asks (workers never import
+the trainer: docs/architecture.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepq.models import Database
 from stepq.settings import Settings
 from stepq.trainer.evaluation.scoring_judges import ScoringJudges
 from stepq.workers.backends import GenerationBackend
 from stepq.workers.grading.grader import Grader
+from stepq.workers.jobqueue.dispatcher import Dispatcher
 from stepq.workers.jobqueue.kinds import JobKind
 from stepq.workers.jobqueue.runtime import WorkerOptions, WorkerRuntime
+
+if TYPE_CHECKING:
+    from stepq.models.wakeup import WorkListener
 
 
 def worker_runtime(
@@ -56,6 +61,27 @@ def configured_runtime(
         backend=backend,
         owns_backend=backend is not None,
     )
+
+
+def queue_dispatcher(settings: Settings, db: Database) -> tuple[Dispatcher, WorkListener | None]:
+    """The fleet's dispatcher: every kind under the settings' retry policy, published through
+    the broker within its bound, the broker's contents read to find lost messages, woken by
+    PostgreSQL's notices of new work (the listener: close it when done; None on SQLite)."""
+    from stepq.models.wakeup import WorkListener
+    from stepq.workers.celery_app import create_app, outlets
+    from stepq.workers.jobqueue.broker_contents import redis_jobs_in_broker, redis_queue_depth
+
+    app = create_app(settings.celery_options())
+    listener = WorkListener(db.engine) if db.engine.dialect.name == "postgresql" else None
+    dispatcher = Dispatcher(
+        db,
+        outlets(app, settings.items_per_task, settings.job_kinds()),
+        options=settings.dispatch_options(),
+        queue_depth=redis_queue_depth(settings.broker_url, settings.queue),
+        in_broker=redis_jobs_in_broker(settings.broker_url, settings.queue),
+        wakeup=listener.wait if listener else None,
+    )
+    return dispatcher, listener
 
 
 def self_tested_grader(settings: Settings) -> None:

@@ -138,27 +138,16 @@ def worker(
 @click.option("--wait", type=float, default=None, help="With --once: give up after waiting this long for the lock.")
 @friendly
 def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
-    """Publish missing work (rollouts, step searches) to the broker; only one dispatcher
-    acts at a time."""
-    from stepq.models.wakeup import WorkListener
-    from stepq.workers.celery_app import create_app, outlets, wait_for_broker
-    from stepq.workers.jobqueue.broker_contents import redis_jobs_in_broker, redis_queue_depth
-    from stepq.workers.jobqueue.dispatcher import Dispatcher
+    """Publish missing work of every kind (rollouts, step searches, priority scorings) to the
+    broker; only one dispatcher acts at a time."""
+    from stepq.assembly import queue_dispatcher
+    from stepq.workers.celery_app import wait_for_broker
 
     settings = load_settings()
     setup_logging(settings.log_level, settings.log_format)
     database = open_db(settings)
     wait_for_broker(settings.broker_url, settings.broker_wait_s)
-    app = create_app(settings.celery_options())
-    listener = WorkListener(database.engine) if database.engine.dialect.name == "postgresql" else None
-    dispatcher = Dispatcher(
-        database,
-        outlets(app, settings.items_per_task, settings.job_kinds()),
-        options=settings.dispatch_options(),
-        queue_depth=redis_queue_depth(settings.broker_url, settings.queue),
-        in_broker=redis_jobs_in_broker(settings.broker_url, settings.queue),
-        wakeup=listener.wait if listener else None,
-    )
+    dispatcher, listener = queue_dispatcher(settings, database)
     try:
         published = dispatcher.run(once=once, interval_s=interval or settings.dispatch_interval_s, wait_s=wait)
     except KeyboardInterrupt:
