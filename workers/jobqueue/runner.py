@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +79,22 @@ class Claimed:
         """Return one job unharmed, its attempt not counted."""
         hand_back(self.rt.db, {self.kind: [job_id]}, self.rt.name)
         self.record(job_id, "handed-back")
+
+    def one_by_one(self, work: Callable[[int], bool]) -> None:
+        """For handlers that do one job at a time: ``work(job_id)`` returns whether it ended the
+        job (False: it stopped for the process's stop, and the runner hands the job back); a lost
+        lease and an error of the job's own are settled here."""
+        for job_id in self.ids:
+            if self.stopping:
+                return
+            try:
+                if work(job_id):
+                    self.record(job_id, "done")
+            except LeaseLost as exc:
+                log.warning("%s", exc)
+                self.record(job_id, "lost")
+            except Exception as exc:  # an attempt counted, retried with backoff unless permanent
+                self.fail(job_id, exc)
 
     def unsettled(self) -> list[int]:
         with self._lock:

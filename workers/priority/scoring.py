@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stepq.models import PriorityRound, PriorityScoring, ProblemSet, queries
-from stepq.models.errors import ConfigError, LeaseLost
+from stepq.models.errors import ConfigError
 from stepq.models.prioritization import PRIORITY_SCORINGS
 from stepq.workers.jobqueue.kinds import JobKind
 from stepq.workers.jobqueue.runner import Claimed, run_jobs
@@ -38,20 +38,10 @@ def judge_of(rt: WorkerRuntime, run_id: int, strategy: Strategy) -> Any:
 
 def handle_scorings(rt: WorkerRuntime, claimed: Claimed) -> None:
     """Score each claimed job's waiting trajectories and write their priorities."""
-    for job_id in claimed.ids:
-        if claimed.stopping:
-            return
-        try:
-            _score(rt, claimed, job_id)
-            claimed.record(job_id, "done")
-        except LeaseLost as exc:
-            log.warning("%s", exc)
-            claimed.record(job_id, "lost")
-        except Exception as exc:  # an attempt counted, retried with backoff unless permanent
-            claimed.fail(job_id, exc)
+    claimed.one_by_one(lambda job_id: _score(rt, claimed, job_id))
 
 
-def _score(rt: WorkerRuntime, claimed: Claimed, job_id: int) -> None:
+def _score(rt: WorkerRuntime, claimed: Claimed, job_id: int) -> bool:
     with rt.db.session() as s:
         job = s.get_one(PriorityScoring, job_id)
         round_ = s.get_one(PriorityRound, job.round_id)
@@ -73,6 +63,7 @@ def _score(rt: WorkerRuntime, claimed: Claimed, job_id: int) -> None:
     with rt.db.session() as s:
         written = queries.write_priorities(s, round_id, rows)
         claimed.finish(s, job_id, scored=written)
+    return True
 
 
 SCORINGS = JobKind(PRIORITY_SCORINGS, "stepq.priority_scoring", handle_scorings)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from stepq.models import queries
-from stepq.models.errors import ConfigError, LeaseLost
+from stepq.models.errors import ConfigError
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.search import FINISH, STEP_SEARCHES, StepSearch
 from stepq.workers.backends import GenerationBackend, SamplingParams
@@ -42,17 +42,7 @@ def judge_for(
 
 def handle_searches(rt: WorkerRuntime, claimed: Claimed) -> None:
     """Run each claimed search to its end (or to the process's stop) under its lease."""
-    for search_id in claimed.ids:
-        if claimed.stopping:
-            return
-        try:
-            if _run_search(rt, claimed, search_id):
-                claimed.record(search_id, "done")
-        except LeaseLost as exc:
-            log.warning("%s", exc)
-            claimed.record(search_id, "lost")
-        except Exception as exc:  # an attempt counted, retried with backoff unless permanent
-            claimed.fail(search_id, exc)
+    claimed.one_by_one(lambda search_id: _run_search(rt, claimed, search_id))
 
 
 def _run_search(rt: WorkerRuntime, claimed: Claimed, search_id: int) -> bool:
