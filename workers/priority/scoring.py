@@ -12,7 +12,6 @@ share of Positive verdicts.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,8 +22,6 @@ from stepq.workers.jobqueue.kinds import JobKind
 from stepq.workers.jobqueue.runner import Claimed, run_jobs
 from stepq.workers.jobqueue.runtime import WorkerRuntime
 from stepq.workers.priority.strategies import Strategy, dispatch_key, parse_strategy, priority
-
-log = logging.getLogger("stepq.worker")
 
 
 def judge_of(rt: WorkerRuntime, run_id: int, strategy: Strategy) -> Any:

@@ -4,7 +4,6 @@ search's next holder redoes it with the same seeds.  Thin: the logic is ``step_s
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,7 +18,6 @@ from stepq.workers.jobqueue.runtime import WorkerRuntime
 from stepq.workers.search.pairwise import VERDICT_BY, ModelPairwiseJudge, PairwiseJudge, SyntheticPairwiseOracle
 from stepq.workers.search.step_search import SearchSpec, next_turn, replay
 
-log = logging.getLogger(__name__)
 ORACLE = "synthetic-oracle"
 JUDGE_KEYS = ("sampling", "verdict_by")
 """Keys of a judge's config that say how it is asked, not how its backend is built."""
