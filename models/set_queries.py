@@ -178,15 +178,19 @@ def discard_rollouts(session: Session, set_id: int) -> int:
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
-def fence_write(session: Session, set_id: int, generation: int, generator: str) -> None:
+def fence_write(session: Session, set_id: int, generation: int, generator: str, *, recheck: bool = False) -> None:
     """The fence of a worker's write: raise ``Superseded`` when the set was resampled since the
     worker loaded it, ``WrongGenerator`` when its rollouts are another generator's (the first
     batch written pins the set's).  On PostgreSQL the row is read ``FOR SHARE`` first in the
     transaction (a resample locks it first too): a resample committed meanwhile is seen, one
     under way is waited for, and one that starts after waits for this transaction (its delete
-    then sees the batch).  SQLite reads outside its write lock: the writer checks again last."""
+    then sees the batch).  SQLite reads outside its write lock: the writer checks again last
+    (``recheck``, a no-op on PostgreSQL, whose first read holds the row until commit)."""
+    postgres = session.get_bind().dialect.name == "postgresql"
+    if recheck and postgres:
+        return
     query = select(ProblemSet.sampling_generation, ProblemSet.generator, ProblemSet.name).where(ProblemSet.id == set_id)
-    if session.get_bind().dialect.name == "postgresql":
+    if postgres:
         query = query.with_for_update(read=True)
     current, pinned, name = session.execute(query).one()
     if current != generation:

@@ -125,12 +125,13 @@ def run_jobs(rt: WorkerRuntime, kind: JobKind, ids: Sequence[int]) -> dict[int, 
             raise
         left = claimed.unsettled()
         if left:
-            if not rt.stopping.is_set():
-                log.warning("the %s handler left jobs %s unsettled; handing them back", kind.table.name, left)
             hand_back(rt.db, {kind: left}, rt.name)
             for job_id in left:
                 claimed.record(job_id, "handed-back")
-            log.info("stopping: handed back %d %s jobs after the work in flight", len(left), kind.table.name)
+            if rt.stopping.is_set():
+                log.info("stopping: handed back %d %s jobs after the work in flight", len(left), kind.table.name)
+            else:
+                log.warning("the %s handler left jobs %s unsettled; handed them back", kind.table.name, left)
     return {i: claimed.outcomes.get(i, "skipped") for i in ids}
 
 

@@ -1,7 +1,7 @@
 """What a worker process keeps between tasks: its database, grader and warm backends, the
 jobs it holds (renewed by its heartbeat), its write-behind thread, and the deadline that
 bounds a call that may hang.  The same object in a Celery worker and in the embedded runner;
-``stepq.workers.assembly`` builds it the one way every front end uses."""
+``stepq.assembly`` builds it the one way every front end uses."""
 
 from __future__ import annotations
 

@@ -178,8 +178,8 @@ class TrajectoryJob:
                 unhealthy=rt.health.reason,
                 refused=rt.refused,
             )
-            # ...and again last: SQLite reads the first outside the write lock it now holds
-            queries.fence_write(s, self.ctx.problem_set.id, self.generation, self.generator)
+            # ...and again last where the first read held no lock (SQLite)
+            queries.fence_write(s, self.ctx.problem_set.id, self.generation, self.generator, recheck=True)
             if self.decision.done:  # the last batch commits together with "done"
                 self.claimed.finish(s, self.work_id)
         return self.decision.done
@@ -260,17 +260,25 @@ def handle_rollouts(rt: WorkerRuntime, claimed: Claimed) -> None:
                         claimed.record(job.work_id, "done")
                     else:
                         still.append(job)
-                except LeaseLost as exc:
-                    log.warning("%s", exc)
-                    claimed.record(job.work_id, "lost")
-                except Superseded as exc:  # resampled meanwhile: sampled again the new way, no attempt spent
-                    log.info("work item %s: %s; handing it back", job.work_id, exc)
-                    claimed.hand_back(job.work_id)
-                except WrongGenerator as exc:  # another worker pinned the set first
-                    _refuse(rt, claimed, job.work_id, exc)
                 except Exception as exc:
-                    claimed.fail(job.work_id, exc, set=job.set_name)
+                    _settle_failed_write(job, exc)
         active = still
+
+
+def _settle_failed_write(job: TrajectoryJob, exc: Exception) -> None:
+    """A batch that was not written: its lease lost (another worker has the item), the set
+    resampled meanwhile (sampled again the new way, no attempt spent), the set pinned to another
+    generator (refused), or an error of its own (an attempt counted)."""
+    if isinstance(exc, LeaseLost):
+        log.warning("%s", exc)
+        job.claimed.record(job.work_id, "lost")
+    elif isinstance(exc, Superseded):
+        log.info("work item %s: %s; handing it back", job.work_id, exc)
+        job.claimed.hand_back(job.work_id)
+    elif isinstance(exc, WrongGenerator):
+        _refuse(job.rt, job.claimed, job.work_id, exc)
+    else:
+        job.claimed.fail(job.work_id, exc, set=job.set_name)
 
 
 def _refuse(rt: WorkerRuntime, claimed: Claimed, work_id: int, exc: WrongGenerator) -> None:
@@ -291,15 +299,8 @@ def _commit_last_batch(job: TrajectoryJob, requests: list[GenerationRequest], re
         if not job.write(requests, results):  # cannot happen while asks_once holds; never strand it
             log.warning("work item %s is not done after its last batch; handing it back", job.work_id)
             job.claimed.hand_back(job.work_id)
-    except LeaseLost as exc:
-        log.warning("%s", exc)
-    except Superseded as exc:
-        log.info("work item %s: %s; handing it back", job.work_id, exc)
-        job.claimed.hand_back(job.work_id)
-    except WrongGenerator as exc:
-        _refuse(job.rt, job.claimed, job.work_id, exc)
     except Exception as exc:
-        job.claimed.fail(job.work_id, exc, set=job.set_name)
+        _settle_failed_write(job, exc)
 
 
 def plan_rollouts(session: Session) -> int:
