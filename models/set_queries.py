@@ -181,21 +181,27 @@ def discard_rollouts(session: Session, set_id: int) -> int:
 def fence_write(session: Session, set_id: int, generation: int, generator: str, *, recheck: bool = False) -> None:
     """The fence of a worker's write: raise ``Superseded`` when the set was resampled since the
     worker loaded it, ``WrongGenerator`` when its rollouts are another generator's (the first
-    batch written pins the set's).  On PostgreSQL the row is read ``FOR SHARE`` first in the
-    transaction (a resample locks it first too): a resample committed meanwhile is seen, one
-    under way is waited for, and one that starts after waits for this transaction (its delete
-    then sees the batch).  SQLite reads outside its write lock: the writer checks again last
-    (``recheck``, a no-op on PostgreSQL, whose first read holds the row until commit)."""
+    batch written pins the set's).  On PostgreSQL the row is locked first in the transaction (a
+    resample locks it first too): a resample committed meanwhile is seen, one under way is
+    waited for, and one that starts after waits for this transaction (its delete then sees the
+    batch).  The lock is shared once the set is pinned, so writers of one set go side by side;
+    a write that may pin takes it exclusive from the start, because two first batches that both
+    held it shared and then both pinned would deadlock (one batch lost, its work done twice).
+    SQLite reads outside its write lock: the writer checks again last (``recheck``, a no-op on
+    PostgreSQL, whose first read holds the row until commit)."""
     postgres = session.get_bind().dialect.name == "postgresql"
     if recheck and postgres:
         return
     query = select(ProblemSet.sampling_generation, ProblemSet.generator, ProblemSet.name).where(ProblemSet.id == set_id)
     if postgres:
-        query = query.with_for_update(read=True)
+        # Unlocked, only to choose the lock: a pinned set is unpinned only by a resample,
+        # which also moves the generation that the locked read below checks.
+        may_pin = session.scalar(select(ProblemSet.generator).where(ProblemSet.id == set_id)) is None
+        query = query.with_for_update(read=not may_pin, key_share=may_pin)
     current, pinned, name = session.execute(query).one()
     if current != generation:
         raise Superseded(f"set {set_id} was resampled (generation {generation} -> {current}): batch not written")
-    if pinned is None:  # the first batch: pin it (a concurrent first batch of another loses here)
+    if pinned is None:  # the first batch: pin it (on SQLite a concurrent first batch loses here)
         session.execute(
             update(ProblemSet)
             .where(ProblemSet.id == set_id, ProblemSet.generator.is_(None))
