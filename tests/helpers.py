@@ -83,12 +83,14 @@ class Cluster:
     env: dict[str, str]
     logs: Path
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    host: list[str] = field(default_factory=list)
+    """What runs its workers on another host (``tests/hosts.TestHost.exec_prefix``); here when empty."""
 
     def start_worker(self, name: str, *extra: str, python: str = sys.executable) -> subprocess.Popen[bytes]:
         log = self.logs / f"{name}.log"
         handle = log.open("wb")
         proc = subprocess.Popen(
-            [python, "-m", "stepq", "worker", "--name", name, "--loglevel", "INFO", *extra],
+            [*self.host, python, "-m", "stepq", "worker", "--name", name, "--loglevel", "INFO", *extra],
             env=self.env,
             stdout=handle,
             stderr=subprocess.STDOUT,

@@ -65,7 +65,9 @@ def _pg_bindir() -> Path:
 
 
 class PrivatePostgres:
-    def __init__(self) -> None:
+    def __init__(self, also_listen_on: str | None = None) -> None:
+        """``also_listen_on``: an address besides loopback (a test host's link, ``tests/hosts.py``)."""
+        self.addresses = ",".join(a for a in ("127.0.0.1", also_listen_on) if a)
         self.port = free_port()
         self.root = Path(tempfile.mkdtemp(prefix="stepq-test-pg-"))
         self.data = self.root / "data"
@@ -99,8 +101,11 @@ class PrivatePostgres:
                     raise ServiceError("running as root needs a 'postgres' user to own the test cluster") from None
                 os.chown(self.root, owner.pw_uid, owner.pw_gid)
             self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
+            if "," in self.addresses:  # the other end of a listened-on link may connect too
+                with (self.data / "pg_hba.conf").open("a") as hba:
+                    hba.write("host all all samenet trust\n")
         options = (
-            f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c fsync=off "
+            f"-c listen_addresses={self.addresses} -p {self.port} -k {self.root} -c fsync=off "
             "-c synchronous_commit=off -c full_page_writes=off -c max_connections=300"
         )
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "log"), "-o", options, "-w", "start")
@@ -125,7 +130,8 @@ class PrivatePostgres:
 class PrivateRedis:
     """A Redis server of the caller's own, on a free port, that it may stop and start."""
 
-    def __init__(self, workdir: Path | None = None) -> None:
+    def __init__(self, workdir: Path | None = None, also_listen_on: str | None = None) -> None:
+        self.addresses = [a for a in ("127.0.0.1", also_listen_on) if a]
         self.port = free_port()
         self.owns_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="stepq-test-redis-"))
@@ -138,7 +144,9 @@ class PrivateRedis:
     def start(self) -> None:
         if shutil.which("redis-server") is None:
             raise ServiceError("redis-server is not installed: see docs/testing.md")
-        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        args = ["redis-server", "--port", str(self.port), "--bind", *self.addresses, "--save", "", "--appendonly", "no"]
+        if len(self.addresses) > 1:  # bound to loopback and a test host's link, nothing else
+            args += ["--protected-mode", "no"]
         self.proc = subprocess.Popen(args, cwd=self.workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis.from_url(self.url)
         try:

@@ -4,7 +4,8 @@ item left running: a worker SIGKILLed; the dispatcher SIGKILLed; Redis stopped m
 dispatcher's PID unchanged); Redis flushed; one message lost while others wait; PostgreSQL
 restarted; every database connection killed under tasks holding claimed items; a generate
 call that hangs; 300 pending searches with no worker (the queue within its bound); a resample
-under load; a worker with another model joining a set under way."""
+under load; a worker with another model joining a set under way; a host cut off from the
+network for a minute (``tests/hosts.py``)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ import pytest
 import redis
 from sqlalchemy import text
 
+from stepq.migrations import upgrade
 from stepq.models import Database
 from stepq.models.errors import BrokerError
+from tests import hosts
 from tests.helpers import (
     Cluster,
     all_work_done,
@@ -32,6 +35,7 @@ from tests.helpers import (
     start_dispatcher,
     wait_for,
 )
+from tests.hosts import TestHost
 from tests.pipeline_checks import assert_exact
 from tests.services import PrivatePostgres, PrivateRedis
 
@@ -467,3 +471,86 @@ def test_a_worker_with_another_model_never_splits_a_set(cluster: Cluster, pg: Da
     with pg.engine.connect() as conn:
         spent = conn.execute(text("SELECT max(attempts) FROM rollout_work")).scalar_one()
     assert spent == 1, "a refusal spends no attempt"
+
+
+@pytest.fixture
+def test_host() -> Iterator[TestHost]:
+    """A second host on this machine (``tests/hosts.py``); CI runs as root and must make one."""
+    reason = hosts.why_not()
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    host = TestHost()
+    try:
+        yield host.create()
+    finally:
+        host.remove()
+
+
+def test_a_host_cut_off_for_a_minute_loses_nothing_and_stalls_no_one(
+    cluster: Cluster, test_host: TestHost, tmp_path: Path
+) -> None:
+    """One worker on a host of its own, cut off from PostgreSQL and Redis for a minute mid-run
+    (every packet dropped, both ways, without a word), then healed.  While it is away the
+    others take its items once their leases run out and finish the set; once back, it writes
+    nothing of what it lost, and it takes new work again: nothing lost, doubled or stuck.  The
+    servers here are the test's own, listening on the host's link too."""
+    server = PrivatePostgres(also_listen_on=test_host.address_here)
+    broker = PrivateRedis(tmp_path, also_listen_on=test_host.address_here)
+    database = f"postgresql+psycopg://postgres@127.0.0.1:{server.port}/postgres"
+    db = Database(database)
+    here = Cluster({}, cluster.logs)
+    there = Cluster({}, cluster.logs)
+    try:
+        server.start()
+        broker.start()
+        upgrade(database)
+        here = Cluster({**cluster.env, "STEPQ_DATABASE_URL": database, "STEPQ_BROKER_URL": broker.url}, cluster.logs)
+        far_env = {
+            **here.env,
+            "STEPQ_DATABASE_URL": database.replace("127.0.0.1", test_host.address_here),
+            "STEPQ_BROKER_URL": broker.url.replace("127.0.0.1", test_host.address_here),
+        }
+        there = Cluster(far_env, cluster.logs, host=test_host.exec_prefix())
+        here.cli("synth", "--set", "cut", "--problems", "40", "--seed", "6", "--latency-s", "0.004")
+        here.cli("annotate", "--set", "cut", "--rollouts", "8")
+        far = there.start_worker("far")
+        here.start_worker("near1")
+        here.start_worker("near2")
+        start_dispatcher(here)
+
+        def far_holds() -> int:
+            with db.engine.connect() as conn:
+                query = "SELECT count(*) FROM rollout_work WHERE state = 'running' AND lease_owner LIKE 'far@%'"
+                return int(conn.execute(text(query)).scalar_one())
+
+        wait_for(lambda: far_holds() > 0 and rollout_count(db) > 300, 120, "the far worker to hold work mid-run")
+        test_host.cut()
+        cut_at = time.monotonic()
+        wait_for(lambda: far_holds() == 0, 30, "the others to take the cut-off worker's items")
+        taken_after = time.monotonic() - cut_at
+        wait_for(lambda: all_work_done(db), 55, "the set finished while the host is away")
+        assert time.monotonic() - cut_at < 60, "finished inside the minute, without the far worker"
+        time.sleep(max(0.0, 60 - (time.monotonic() - cut_at)))
+        assert far.poll() is None, "the cut-off worker rode the minute out"
+        test_host.heal()
+        assert_exact(db, "cut", 8)
+        with db.engine.connect() as conn:
+            before = conn.execute(text("SELECT count(*) FROM rollouts WHERE worker LIKE 'far@%'")).scalar_one()
+        here.cli("annotate", "--set", "cut", "--rollouts", "16")  # new work after the heal
+        wait_for(lambda: all_work_done(db), 240, "the new work done with the far worker back")
+        assert_exact(db, "cut", 16)
+        with db.engine.connect() as conn:
+            after = conn.execute(text("SELECT count(*) FROM rollouts WHERE worker LIKE 'far@%'")).scalar_one()
+            running = conn.execute(text("SELECT count(*) FROM rollout_work WHERE state <> 'done'")).scalar_one()
+        assert running == 0
+        assert after > before, "the healed worker took new work"
+        lease = float(cluster.env["STEPQ_LEASE_TTL_S"]) + float(cluster.env["STEPQ_LOST_GRACE_S"])
+        assert taken_after < lease + 10, f"its items were taken {taken_after:.1f} s after the cut"
+    finally:
+        for fleet in (here, there):
+            fleet.stop()
+        db.dispose()
+        broker.remove()
+        server.remove()

@@ -87,6 +87,7 @@ def test_an_unreachable_broker_gives_up_after_a_bounded_wait(tmp_path: Path) -> 
     # a longer wait is not silent: each failed try that another follows is logged
     proc = _stepq(tmp_path, "dispatch", "--once", env={**env, "STEPQ_BROKER_WAIT_S": "6"}, timeout=60)
     assert proc.returncode == 6 and "unreachable (try 1:" in proc.stderr and "trying again for" in proc.stderr
+    assert "broker redis://127.0.0.1:1/0 unreachable" in proc.stderr, "no password shown where none was set"
 
 
 def test_status_on_a_database_that_does_not_exist(tmp_path: Path) -> None:

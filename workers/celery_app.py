@@ -198,7 +198,7 @@ def wait_for_broker(broker_url: str, wait_s: float) -> None:
 
     started = time.monotonic()
     deadline = started + wait_s
-    safe = masked(Connection(broker_url).as_uri())  # password masked
+    safe = masked(broker_url)  # as given, password masked (kombu's as_uri shows one where none was set)
     tries = 0
     while True:
         tries += 1
