@@ -325,3 +325,81 @@ def test_a_cost_weighted_stop_stops_early_chunks_sooner_and_late_ones_later(rule
                 scale = stop_scale(i, n)
                 assert (b is not None and scale > 1) or (b is None and scale < 1), (n, i, scale)
     assert disagreements > 0, "the weighting changes some decisions"
+
+
+def _labelled(policy: Adaptive, rule: object, q: list[float], key: str, m: int = 16) -> tuple[list[bool | None], int]:
+    """Run ``policy`` on one trajectory to the end: ``q`` its prefixes' Q-values and, last, its
+    outcome (0 or 1); each rollout a fixed draw, the same for every policy.  Returns the labels
+    and the chunks generated."""
+    n, rewards, chunks = len(q) - 1, {}, 0  # type: ignore[var-annotated]
+    outcome = q[-1] == 1.0
+    while True:
+        d = policy.decide(Observation(n, m, outcome, rewards, True, key), rule)  # type: ignore[arg-type]
+        if d.done:
+            return d.labels, chunks
+        for k, idx in d.requests.items():
+            for i in idx:
+                rewards.setdefault(k, {})[i] = int(random.Random(f"{key}-{k}-{i}").random() < q[k])
+                chunks += n - k
+
+
+@pytest.mark.parametrize("rule", [RATIO, EFF])
+def test_choosing_the_side_by_gain_per_token_generates_less_for_the_same_labels(rule: object) -> None:
+    """An open relative-rule chunk samples the side where a round buys the most accuracy per
+    chunk generated (a rollout from the prefix before it writes one chunk more): over many
+    trajectories that recover now and then, fewer chunks are generated than by sampling the
+    less-known side, and the labels are as often right against the rule on the true Q."""
+    rng = random.Random(5)
+    totals = {0: [0, 0], 1: [0, 0]}  # side -> [chunks generated, labels right]
+    labels_in_all = 0
+    for t in range(300):
+        n = rng.randint(3, 8)
+        q, value = [], rng.uniform(0.5, 0.95)
+        for _ in range(n):
+            q.append(value)
+            value = min(0.98, max(0.02, value * rng.choice([1.0, 1.0, 0.85, 0.5]) + rng.choice([0.0, 0.0, 0.1])))
+        q.append(float(rng.random() < value))
+        labels_in_all += n
+        truth = [rule(q[i - 1], q[i]) for i in range(1, n + 1)]  # type: ignore[operator]
+        for side in (0, 1):
+            labels, chunks = _labelled(Adaptive(side=side), rule, q, f"t{t}")
+            totals[side][0] += chunks
+            totals[side][1] += sum(a == b for a, b in zip(labels, truth, strict=True))
+    assert totals[1][0] < totals[0][0], totals
+    assert totals[1][1] >= totals[0][1] - 0.01 * labels_in_all, totals
+
+
+def test_an_open_chunk_samples_the_side_that_buys_the_most_per_chunk_generated() -> None:
+    """Before: 1 success in 2 samples; after: 1 in 6.  A round of 2 on the before side raises
+    the Rel-Ratio label's expected accuracy by 0.094, on the after side by 0.061 (1.55 times
+    less).  Near the end of 8 chunks (chunk 7) a rollout from the before side writes 2 chunks
+    and one from the after side 1: the after side buys more per chunk.  At chunk 1 they
+    write 8 and 7: the before side does.  Sampling the less-known side takes the before side
+    both times."""
+    from stepq.workers.labelling.posterior import Prefix, settling_gain
+
+    before, after = Prefix(2, 1, more=14), Prefix(6, 1, more=10)
+    gains = [
+        settling_gain(RATIO, Prefix(2, 1, more=2), Prefix(6, 1), 1.5, 0.5),
+        settling_gain(RATIO, Prefix(2, 1), Prefix(6, 1, more=2), 1.5, 0.5),
+    ]
+    assert [round(g, 3) for g in gains] == [0.094, 0.061]
+    policy = Adaptive()
+    assert policy.best_buy(RATIO, before, after, 7, 8) == 7, "late: the cheap side"
+    assert policy.best_buy(RATIO, before, after, 1, 8) == 0, "early: the informative side"
+    assert policy.best_buy(RATIO, Prefix(4, 3, more=12), Prefix(4, 2, more=12), 2, 4) == 2
+    assert policy.best_buy(RATIO, Prefix(6, 4, more=10), Prefix(6, 3, more=10), 2, 4) is None, (
+        "no round alone would change the label: both sides, as before"
+    )
+
+
+def test_a_set_pinned_before_the_side_choice_keeps_its_budget() -> None:
+    """Last release's pinned form (every parameter but ``side``) keeps sampling the
+    less-known side; the release before's keeps its older behaviour too."""
+    last = Adaptive(side=0).pinned.replace(",side=0", "")
+    assert "side" not in last and parse_budget(last) == Adaptive(side=0)
+    before = parse_budget("adaptive:confidence=0.75,min=2,round=2,probe=0.1,settle=0.12,prior=1.5,link=0.5")
+    assert isinstance(before, Adaptive) and before.side == 0 and before.cost == 0
+    assert parse_budget("adaptive:round=3").side == 1  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError):
+        parse_budget("adaptive:side=0.5")

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from stepq.models.errors import ConfigError
@@ -173,6 +173,11 @@ class Adaptive:
     """1: the value-of-information stop asks more of dear samples than of cheap ones (gain per
     token: ``settle`` scaled by the chunk's rollout length against the trajectory's mean,
     ``stop_scale``); 0: the same ``settle`` for every chunk."""
+    side: float = 1
+    """1: an open relative-rule chunk samples the side of it where a round buys the most label
+    accuracy per generated token (each side's value of information alone, over the chunks a
+    rollout from it writes: the prefix before the chunk writes one chunk more); 0: the side
+    with fewer samples (both when equal)."""
 
     @property
     def spec(self) -> str:
@@ -248,13 +253,36 @@ class Adaptive:
         settle = self.settle * (stop_scale(i, ev.n, ev.surplus) if self.stop else 1.0)
         if settle > 0 and settling_gain(rule, before, after, self.prior, self.link) < settle:
             return p_pos >= 0.5  # what the budget has left cannot settle it (for what it costs)
-        # sample the less-known side of the chunk (both when equally known)
         sides = [k for k in (i - 1, i) if ev.can_sample(obs, k)]
+        cheapest = self.best_buy(rule, before, after, i, ev.n, ev.surplus) if self.side and len(sides) == 2 else None
+        if cheapest is not None:
+            asks(cheapest)
+            return None
+        # sample the less-known side of the chunk (both when equally known)
         fewest = min(ev.samples(k) for k in sides)
         for k in sides:
             if ev.samples(k) == fewest:
                 asks(k)
         return None
+
+    def best_buy(
+        self, rule: LabelRule, before: Prefix, after: Prefix, i: int, n: int, surplus: float = 0.0
+    ) -> int | None:
+        """The side of open chunk i (prefix i - 1 or i) whose next round alone raises the
+        label's expected accuracy the most per chunk generated, a rollout from prefix k writing
+        n - k chunks and the answer's ``surplus``; None when neither round alone would."""
+        best: tuple[float, int] | None = None
+        for k, side in ((i - 1, before), (i, after)):
+            more = min(self.round_size, side.more)
+            if more <= 0 or side.known is not None:
+                continue
+            b = replace(before, more=more if k == i - 1 else 0)
+            a = replace(after, more=more if k == i else 0)
+            gain = settling_gain(rule, b, a, self.prior, self.link)
+            per_chunk = gain / (more * (n - k + surplus))
+            if gain > 1e-9 and (best is None or per_chunk > best[0]):
+                best = (per_chunk, k)
+        return best[1] if best is not None else None
 
 
 @dataclass(frozen=True)
@@ -351,12 +379,17 @@ _PARAMS = {
     "cost": "cost",
     "sib": "siblings",
     "stop": "stop",
+    "side": "side",
 }
 """Spec keys of the adaptive budget and the fields they set."""
 _INTEGER = {"min_samples", "round_size", "probe_samples"}
-_ADDED = {"probe_samples": 4.0, "cost": 0.0, "siblings": 0.0, "stop": 0.0}
-"""Parameters added after sets were first pinned, with the values that behave as before them:
-a spec naming every other parameter is an earlier release's pinned form and gets these."""
+_ADDED: tuple[dict[str, float], ...] = (
+    {"probe_samples": 4.0, "cost": 0.0, "siblings": 0.0, "stop": 0.0},
+    {"side": 0.0},
+)
+"""Parameters added after sets were first pinned, release by release, with the values that
+behave as before them: a spec naming every parameter but those added since some release is
+that release's pinned form and gets these."""
 
 
 def parse_budget(spec: str) -> BudgetPolicy:
@@ -377,8 +410,12 @@ def parse_budget(spec: str) -> BudgetPolicy:
             values[_PARAMS[key]] = float(value)
         except ValueError:
             raise ConfigError(f"budget parameter {key}={value!r} is not a number") from None
-    if set(_PARAMS.values()) - set(values) == set(_ADDED):
-        values.update(_ADDED)
+    missing = set(_PARAMS.values()) - set(values)
+    for since in range(len(_ADDED)):
+        added = {k: v for release in _ADDED[since:] for k, v in release.items()}
+        if missing == set(added):
+            values.update(added)
+            break
     policy = Adaptive(**{k: int(v) if k in _INTEGER else v for k, v in values.items()})  # type: ignore[arg-type]
     if not (
         0.5 < policy.confidence < 1
@@ -392,9 +429,10 @@ def parse_budget(spec: str) -> BudgetPolicy:
         and policy.cost in (0, 1)
         and policy.siblings in (0, 1)
         and policy.stop in (0, 1)
+        and policy.side in (0, 1)
     ):
         raise ConfigError(
             "adaptive budget needs 0.5 < confidence < 1, round >= 1, min >= 0, 0 <= probe <= 1, "
-            "probe_n >= 1, 0 <= settle < 0.5, prior > 0, 0 <= link < 1, cost, sib and stop 0 or 1"
+            "probe_n >= 1, 0 <= settle < 0.5, prior > 0, 0 <= link < 1, cost, sib, stop and side 0 or 1"
         )
     return policy
