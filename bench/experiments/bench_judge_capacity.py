@@ -6,7 +6,9 @@ real annotation code), the same backbone recipe and the same kind of held-out Pr
 file.  Each cell of the sweep varies one thing that decides learnability:
 
 - ``analysis``: ``none`` (verdict only), ``recompute`` (the judged step's arithmetic redone,
-  then the verdict), ``resolve`` (the problem re-solved up to the step, then the verdict);
+  then the verdict), ``resolve`` (the problem re-solved up to the step, then the verdict),
+  ``compact`` (``recompute`` in a spelling the step never shows, ``45-7=38``, learnt by the
+  backbone from arithmetic drills mixed into its pretraining);
 - ``form``: ``all`` labelled chunks (StepWiser's snapshot) or ``first-dead`` (each trajectory
   only up to its first dead prefix: ``stepq snapshot create --until-first-error``);
 - ``layers``: the backbone's depth (head dimension 64 for vLLM's CPU kernels; width 64);
@@ -41,6 +43,7 @@ from bench.experiments.judge_capacity import (
     CPU,
     Device,
     answer_room,
+    drill_accuracy,
     evaluate_capacity,
     pretrain_backbone,
     teach_verdict,
@@ -185,22 +188,25 @@ def run_cell(
     train, val = (_load(where / cell.data_key / f"{n}.json.gz") for n in ("train", "validation"))
     heldout = json.loads((where / "heldout.json").read_text())
     tune = json.loads((where / "tune.json").read_text())
-    backbone = models / f"seed{seed}-layers{cell.layers}"
+    drills = args.pretrain_problems if cell.analysis == "compact" else 0  # as many drill documents as solutions
+    backbone = models / (f"seed{seed}-layers{cell.layers}" + ("-drills" if drills else ""))
     pretrain_s = 0.0
     if not (backbone / "config.json").exists():
         started = time.perf_counter()
         loss = pretrain_backbone(
             backbone, seed, layers=cell.layers, width=args.width, problems=args.pretrain_problems,
-            steps=args.pretrain_steps, numbers="small", batch=args.batch, device=device,
+            steps=args.pretrain_steps, numbers="small", batch=args.batch, device=device, drills=drills,
         )  # fmt: skip
         pretrain_s = time.perf_counter() - started
         print(f"  backbone seed {seed}, {cell.layers} layers: loss {loss:.3f}, {pretrain_s:.0f} s", flush=True)
+    drilled = drill_accuracy(backbone, seed, device=device) if drills else None
     max_new = answer_room(train, cell.analysis)
     result: dict[str, Any] = {
         "seed": seed, "cell": cell.name, **asdict(cell), "train_rows": len(train), "validation_rows": len(val),
         "positive_share": sum(r["label"] == "Positive" for r in train) / max(1, len(train)),
         "label_truth_agreement": sum((r["label"] == "Positive") == r["truth"] for r in train) / max(1, len(train)),
         "random_guess_f1": random_guess_f1(heldout, seed), "pretrain_s": round(pretrain_s),
+        "backbone_drill_accuracy": drilled,
     }  # fmt: skip
     for target in ("label", "truth"):
         started = time.perf_counter()
@@ -230,6 +236,11 @@ def show(r: dict[str, Any]) -> None:
         f"seed {r['seed']} {r['cell']}: {r['train_rows']} rows ({100 * r['positive_share']:.0f}% Positive, "
         f"labels agree with the truth on {100 * r['label_truth_agreement']:.0f}%), "
         f"random-guess F1 {r['random_guess_f1']:.1f}"
+        + (
+            f", backbone computes {r['backbone_drill_accuracy']:.0f}% of drills"
+            if r["backbone_drill_accuracy"] is not None
+            else ""
+        )
     )
     for target in ("label", "truth"):
         m = r[target]

@@ -14,14 +14,16 @@ and on one GPU in bf16 (``bench/experiments/judge_gpu.py``).
 
 from __future__ import annotations
 
+import random
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.experiments.judge_format import judge_answer, judge_prompt
+from bench.experiments.judge_format import drill_lines, judge_answer, judge_prompt
 from bench.experiments.lm_training import CPU, Device, train_causal_lm
 from bench.experiments.stats import balanced_accuracy, bootstrap, grouped, processbench_f1
+from stepq.workers.seeds import derive_seed
 
 
 def lm_train(
@@ -73,13 +75,14 @@ def pretrain_backbone(
     numbers: str,
     batch: int = 16,
     device: Device = CPU,
+    drills: int = 0,
 ) -> float:
     """A character-level Llama (head dimension 64) pretrained on correct synthetic solutions,
-    so it computes the steps it will judge.  Returns the last loss."""
+    so it computes the steps it will judge, and on ``drills`` documents of arithmetic drills in
+    the compact analysis's spelling (8 lines each), mixed in.  Returns the last loss."""
     from stepq.trainer.tiny_model import build_tiny_llama
     from stepq.workers.backends.synthetic_policy import SyntheticPolicy, make_problem
     from stepq.workers.data.synthetic_set import NUMBERS
-    from stepq.workers.seeds import derive_seed
 
     build_tiny_llama(path, seed=seed, max_positions=1024, hidden_size=width, num_layers=layers)
     policy = SyntheticPolicy(error_rate=0.0, recovery_rate=0.0)
@@ -87,7 +90,21 @@ def pretrain_backbone(
     for i in range(problems):
         problem = make_problem(derive_seed("judge-grpo-pretrain", seed, i), numbers=NUMBERS[numbers])
         solutions.append((problem.question + "\n", "".join(s.text for s in policy.solve(problem, i))))
+    rng = random.Random(derive_seed("judge-drills", seed))
+    solutions += [("Drill:\n", drill_lines(rng, 8)) for _ in range(drills)]
+    random.Random(seed).shuffle(solutions)
     return lm_train(path, solutions, steps, batch, 1e-3, seed, device=device, log_every=1000)
+
+
+def drill_accuracy(path: Path, seed: int, count: int = 300, device: Device = CPU) -> float:
+    """How many of ``count`` fresh drills (``45-7=``) the backbone completes right, greedily:
+    whether it computes in the compact spelling at all."""
+    rng = random.Random(derive_seed("judge-drills-held-out", seed))
+    lines = drill_lines(rng, count).split("\n")
+    judge = LocalJudge(path, device)
+    heads = ["Drill:\n" + line[: line.index("=") + 1] for line in lines]
+    answers = judge.answers(heads, 5)
+    return 100.0 * sum(a.split("\n")[0] == line.split("=")[1] for a, line in zip(answers, lines, strict=True)) / count
 
 
 def teach_verdict(

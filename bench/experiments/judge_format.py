@@ -8,19 +8,25 @@ Analyses (StepWiser's judge writes "1. Analysis ... 2. Final Judgment", here in 
 - ``none``: the verdict alone;
 - ``recompute``: the judged step's own arithmetic, redone (``45 - 7 = 38``), then the verdict,
   so the verdict compares two numbers the judge has written side by side;
-- ``resolve``: the problem re-solved, correctly, up to the judged step, then the verdict.
+- ``resolve``: the problem re-solved, correctly, up to the judged step, then the verdict;
+- ``compact``: the judged step's arithmetic redone in another spelling (``45-7=38``, no spaces),
+  then the verdict.  ``recompute`` judges were seen copying the step's claimed result instead
+  of computing it: after ``45 - 7 = `` the prompt already shows what follows.  No text in the
+  prompt continues ``45-7=``, so the answer must be computed; the backbone learns that
+  spelling in pretraining from arithmetic drills (``drill_lines``), never from a judged step.
 
 The analysis is always the correct computation; it carries no verdict.
 """
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 JUDGE_TEMPLATE = "{problem}\n{history}\n>> {chunk}\nVerdict:"
-ANALYSES = ("none", "recompute", "resolve")
+ANALYSES = ("none", "recompute", "resolve", "compact")
 EQUATION = re.compile(r"Step \d+: (-?\d+) ([+*-]) (\d+) = (-?\d+)\.")
 _APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
@@ -41,6 +47,21 @@ def recomputed_analysis(chunk: str) -> str:
     return f"{a} {op} {b} = {_APPLY[op](a, b)}"
 
 
+def compact_analysis(chunk: str) -> str:
+    """``recomputed_analysis`` without spaces: a spelling the judged step never shows."""
+    return recomputed_analysis(chunk).replace(" ", "")
+
+
+def drill_lines(rng: random.Random, count: int, low: int = -20, high: int = 100) -> str:
+    """``count`` sums and differences in the compact spelling, one a line (``45-7=38``): the
+    operands of the small-number sets' steps (a running value, a one-digit operand), right."""
+    lines = []
+    for _ in range(count):
+        a, op, b = rng.randint(low, high), rng.choice("+-"), rng.randint(1, 9)
+        lines.append(f"{a}{op}{b}={_APPLY[op](a, b)}")
+    return "\n".join(lines)
+
+
 def resolved_analysis(problem: str, steps: int) -> str:
     """The problem re-solved, correctly, up to the judged step (the equations a model
     pretrained on solutions writes anyway)."""
@@ -54,6 +75,8 @@ def resolved_analysis(problem: str, steps: int) -> str:
 def analysis_text(row: Mapping[str, Any], analysis: str) -> str:
     if analysis == "recompute":
         return recomputed_analysis(row["chunk"])
+    if analysis == "compact":
+        return compact_analysis(row["chunk"])
     if analysis == "resolve":
         return resolved_analysis(row["problem"], len(row["history"]) + 1)
     raise ValueError(f"unknown analysis {analysis!r}; one of {ANALYSES}")

@@ -17,14 +17,17 @@ once (``stepq_recount()``), as an operator would after a bulk import.  Then it t
   Q-values, labels and "done".
 
 Each is the median of ``--repeat`` runs.  Targets: each at 10M within 1.5x of its time at
-1M, and status under 1 s at 10M.  Needs a local PostgreSQL (STEPQ_BENCH_PG_URL) and disk
-for the 10M database (~3 GB).
+1M, and status under 1 s at 10M.  It also reports the database's size on disk, the server's
+``shared_buffers`` and the benchmark process's peak memory.  Needs a local PostgreSQL
+(STEPQ_BENCH_PG_URL) and disk for the 10M database (~3 GB); ``--sizes 1000000,55000000`` is
+StepWiser's whole data set (about 3.5M chunks, 55M rollouts).
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import resource
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -226,6 +229,9 @@ def measure(rollouts: int, repeat: int) -> dict[str, float | int]:
         load_s = time.perf_counter() - started
         with db.session() as s:
             stored = int(s.scalar(text("SELECT count(*) FROM rollouts")) or 0)
+            chunks = int(s.scalar(text("SELECT count(*) FROM chunks")) or 0)
+            disk = int(s.scalar(text("SELECT pg_database_size(current_database())")) or 0)
+            shared_buffers = str(s.scalar(text("SHOW shared_buffers")))
             queries.heartbeat(s, "bench", hostname="h", pid=1, backend="instant", busy_items=0)
         status_s = _median(lambda: collect(db), repeat)
         published: list[int] = []
@@ -251,8 +257,12 @@ def measure(rollouts: int, repeat: int) -> dict[str, float | int]:
         db.dispose()
     return {
         "rollouts": stored,
+        "chunks": chunks,
         "trajectories": trajectories,
         "load_s": round(load_s, 1),
+        "database_gb": round(disk / 1e9, 2),
+        "server_shared_buffers": shared_buffers,
+        "bench_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "status_ms": round(1000 * status_s, 2),
         "dispatch_cycle_ms": round(1000 * cycle_s, 2),
         "claim_and_write_ms": round(1000 * statistics.median(task_times), 2),
