@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,14 @@ import pytest
 
 from bench.experiments.bench_judge_capacity import Cell
 from bench.experiments.judge_capacity import answer_room, verdict_examples
-from bench.experiments.judge_format import judge_answer, recomputed_analysis, resolved_analysis, step_truth
+from bench.experiments.judge_format import (
+    drill_lines,
+    judge_answer,
+    judge_prompt,
+    recomputed_analysis,
+    resolved_analysis,
+    step_truth,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEM = "Start with 45. Subtract 7. Add 3. What is the result?"
@@ -26,6 +34,21 @@ def test_recompute_redoes_the_steps_own_arithmetic() -> None:
     assert recomputed_analysis(WRONG) == "45 - 7 = 38"
     assert recomputed_analysis("Step 2: 37 + 3 = 40.") == "37 + 3 = 40"  # after an error: its own operands
     assert recomputed_analysis("no step here") == ""
+
+
+@pytest.mark.unit
+def test_compact_redoes_it_in_a_spelling_the_prompt_never_shows() -> None:
+    import random
+
+    row = {"problem": PROBLEM, "history": [], "chunk": WRONG}
+    assert judge_answer(row, "Negative", "compact") == " Analysis:\n45-7=38\n\\boxed{Negative}"
+    assert "45-7=" not in judge_prompt(PROBLEM, [], WRONG), "nothing in the prompt to copy the result from"
+    drills = drill_lines(random.Random(0), 50).split("\n")
+    assert len(drills) == 50 and len(set(drills)) > 40
+    for line in drills:  # every drill right: ``a+b=c`` or ``a-b=c``, b one digit
+        left, result = line.split("=")
+        a, op, b = re.fullmatch(r"(-?\d+)([+-])(\d)", left).groups()  # type: ignore[union-attr]
+        assert int(result) == (int(a) + int(b) if op == "+" else int(a) - int(b))
 
 
 @pytest.mark.unit
