@@ -125,20 +125,22 @@ def test_a_failing_backend_marks_work_failed_after_max_attempts(sqlite: Database
         assert jobs.retry_failed(s, ROLLOUT_WORK) == 2
 
 
-def _labels(db: Database, name: str) -> dict[tuple[str, int, str], bool]:
+def _labels(db: Database, name: str) -> dict[tuple[str, str, int, str], bool]:
+    """Every label of the set by (problem, trajectory, chunk, rule): a problem's trajectories
+    (siblings) each keep their own, whatever order the rows come in."""
     from sqlalchemy import text
 
     with db.engine.connect() as conn:
         rows = conn.execute(
             text(
-                "SELECT p.external_id, c.idx, l.rule, l.positive FROM chunk_labels l "
+                "SELECT p.external_id, t.source_key, c.idx, l.rule, l.positive FROM chunk_labels l "
                 "JOIN chunks c ON c.id = l.chunk_id JOIN trajectories t ON t.id = c.trajectory_id "
                 "JOIN problems p ON p.id = t.problem_id JOIN problem_sets s ON s.id = p.problem_set_id "
                 "WHERE s.name = :n"
             ),
             {"n": name},
         )
-        return {(ext, idx, rule): bool(pos) for ext, idx, rule, pos in rows}
+        return {(ext, key, idx, rule): bool(pos) for ext, key, idx, rule, pos in rows}
 
 
 def test_adaptive_budget_labels_every_chunk_with_fewer_rollouts(any_db: Database) -> None:
@@ -153,8 +155,8 @@ def test_adaptive_budget_labels_every_chunk_with_fewer_rollouts(any_db: Database
     assert ad["labelled_chunks"] == ad["chunks"] == ex["chunks"]
     assert ad["rollouts_done"] * 4 < ex["rollouts_done"], "Abs-Q needs far fewer rollouts"
     assert ad["rollouts_saved"] == ad["rollouts_planned"] - ad["rollouts_done"]
-    ex_labels = {k[:2]: v for k, v in _labels(any_db, "ex").items()}
-    ad_labels = {k[:2]: v for k, v in _labels(any_db, "ad").items()}
+    ex_labels = {k[:3]: v for k, v in _labels(any_db, "ex").items()}
+    ad_labels = {k[:3]: v for k, v in _labels(any_db, "ad").items()}
     assert ad_labels == ex_labels, "without recovery adaptive Abs-Q labels equal the exhaustive ones"
     assert run_in_process(any_db, _runtime(any_db)) == {}
 
@@ -206,7 +208,7 @@ def test_a_new_rule_on_an_adaptive_set_samples_only_what_it_needs(sqlite: Databa
         after = {r.id for r in s.scalars(select(Rollout))}
     assert first < after, "kept every earlier rollout and added some"
     labels = _labels(sqlite, "a")
-    assert {rule for _, _, rule in labels} == {"abs-q", "rel-ratio:gamma=0.8"}
+    assert {rule for _, _, _, rule in labels} == {"abs-q", "rel-ratio:gamma=0.8"}
     with sqlite.session() as s:
         row = queries.progress(s)[0]
     assert row["labelled_chunks"] == row["chunks"]
@@ -334,7 +336,7 @@ def test_adaptive_labels_hold_where_the_policy_recovers(sqlite: Database, rule: 
         synth_set(sqlite, budget, problems=60, seed=11, **config)  # type: ignore[arg-type]
         _annotate(sqlite, budget, 16, budget=budget, rule=rule)
         run_in_process(sqlite, _runtime(sqlite))
-        got = {k[:2]: v for k, v in _labels(sqlite, budget).items()}
+        got = {(k[0], k[2]): v for k, v in _labels(sqlite, budget).items()}  # one trajectory a problem
         with sqlite.engine.connect() as conn:
             rows = conn.execute(
                 text(

@@ -37,12 +37,14 @@ def test_recompute_redoes_the_steps_own_arithmetic() -> None:
 
 
 @pytest.mark.unit
-def test_compact_redoes_it_in_a_spelling_the_prompt_never_shows() -> None:
+def test_compact_redoes_it_in_a_spelling_the_prompt_never_shows_and_compare_adds_the_claim() -> None:
     import random
 
     row = {"problem": PROBLEM, "history": [], "chunk": WRONG}
     assert judge_answer(row, "Negative", "compact") == " Analysis:\n45-7=38\n\\boxed{Negative}"
     assert "45-7=" not in judge_prompt(PROBLEM, [], WRONG), "nothing in the prompt to copy the result from"
+    assert judge_answer(row, "Negative", "compare") == " Analysis:\n45-7=38 vs 37\n\\boxed{Negative}"
+    assert judge_answer({**row, "chunk": RIGHT}, "Positive", "compare").startswith(" Analysis:\n45-7=38 vs 38\n")
     drills = drill_lines(random.Random(0), 50).split("\n")
     assert len(drills) == 50 and len(set(drills)) > 40
     for line in drills:  # every drill right: ``a+b=c`` or ``a-b=c``, b one digit

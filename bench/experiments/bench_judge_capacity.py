@@ -8,7 +8,8 @@ file.  Each cell of the sweep varies one thing that decides learnability:
 - ``analysis``: ``none`` (verdict only), ``recompute`` (the judged step's arithmetic redone,
   then the verdict), ``resolve`` (the problem re-solved up to the step, then the verdict),
   ``compact`` (``recompute`` in a spelling the step never shows, ``45-7=38``, learnt by the
-  backbone from arithmetic drills mixed into its pretraining);
+  backbone from arithmetic drills mixed into its pretraining), ``compare`` (``compact`` and the
+  step's claimed result side by side, ``45-7=38 vs 37``);
 - ``form``: ``all`` labelled chunks (StepWiser's snapshot) or ``first-dead`` (each trajectory
   only up to its first dead prefix: ``stepq snapshot create --until-first-error``);
 - ``layers``: the backbone's depth (head dimension 64 for vLLM's CPU kernels; width 64);
@@ -188,7 +189,8 @@ def run_cell(
     train, val = (_load(where / cell.data_key / f"{n}.json.gz") for n in ("train", "validation"))
     heldout = json.loads((where / "heldout.json").read_text())
     tune = json.loads((where / "tune.json").read_text())
-    drills = args.pretrain_problems if cell.analysis == "compact" else 0  # as many drill documents as solutions
+    # as many drill documents as solutions, for the analyses in the drills' spelling
+    drills = args.pretrain_problems if cell.analysis in ("compact", "compare") else 0
     backbone = models / (f"seed{seed}-layers{cell.layers}" + ("-drills" if drills else ""))
     pretrain_s = 0.0
     if not (backbone / "config.json").exists():

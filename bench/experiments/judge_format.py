@@ -13,7 +13,12 @@ Analyses (StepWiser's judge writes "1. Analysis ... 2. Final Judgment", here in 
   then the verdict.  ``recompute`` judges were seen copying the step's claimed result instead
   of computing it: after ``45 - 7 = `` the prompt already shows what follows.  No text in the
   prompt continues ``45-7=``, so the answer must be computed; the backbone learns that
-  spelling in pretraining from arithmetic drills (``drill_lines``), never from a judged step.
+  spelling in pretraining from arithmetic drills (``drill_lines``), never from a judged step;
+- ``compare``: ``compact``, then the step's own claimed result beside it (``45-7=38 vs 37``),
+  so the verdict compares two numbers written side by side.  Measured 2026-11-26: ``compact``
+  judges computed 99-100% of held-out steps right, yet their verdicts followed their own
+  analysis about half the time: the comparison with a claim far back in the prompt, not the
+  arithmetic, was what they could not learn.
 
 The analysis is always the correct computation; it carries no verdict.
 """
@@ -26,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 JUDGE_TEMPLATE = "{problem}\n{history}\n>> {chunk}\nVerdict:"
-ANALYSES = ("none", "recompute", "resolve", "compact")
+ANALYSES = ("none", "recompute", "resolve", "compact", "compare")
 EQUATION = re.compile(r"Step \d+: (-?\d+) ([+*-]) (\d+) = (-?\d+)\.")
 _APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
@@ -50,6 +55,12 @@ def recomputed_analysis(chunk: str) -> str:
 def compact_analysis(chunk: str) -> str:
     """``recomputed_analysis`` without spaces: a spelling the judged step never shows."""
     return recomputed_analysis(chunk).replace(" ", "")
+
+
+def compared_analysis(chunk: str) -> str:
+    """``compact_analysis`` and the result the step claims, side by side."""
+    m = EQUATION.search(chunk)
+    return f"{compact_analysis(chunk)} vs {m.group(4)}" if m else ""
 
 
 def drill_lines(rng: random.Random, count: int, low: int = -20, high: int = 100) -> str:
@@ -77,6 +88,8 @@ def analysis_text(row: Mapping[str, Any], analysis: str) -> str:
         return recomputed_analysis(row["chunk"])
     if analysis == "compact":
         return compact_analysis(row["chunk"])
+    if analysis == "compare":
+        return compared_analysis(row["chunk"])
     if analysis == "resolve":
         return resolved_analysis(row["problem"], len(row["history"]) + 1)
     raise ValueError(f"unknown analysis {analysis!r}; one of {ANALYSES}")
