@@ -12,7 +12,7 @@ publishing and recovering are written once.  States::
 The broker carries only ids; everything a worker needs and every decision is in the row,
 so losing the broker loses no work.  Ownership changes only through the lease primitive's
 conditional updates (``leases``).  How long to back off and when to give up is the worker's
-retry policy (``stepq.workers.jobqueue.kinds.RetryPolicy``), passed in as ``decide``.
+retry policy (``stepq.workers.jobqueue.job_kind.RetryPolicy``), passed in as ``decide``.
 """
 
 from __future__ import annotations

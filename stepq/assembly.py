@@ -16,7 +16,7 @@ from stepq.trainer.evaluation.scoring_judges import ScoringJudges
 from stepq.workers.backends import GenerationBackend
 from stepq.workers.grading.grader import Grader
 from stepq.workers.jobqueue.dispatcher import Dispatcher
-from stepq.workers.jobqueue.kinds import JobKind
+from stepq.workers.jobqueue.job_kind import JobKind
 from stepq.workers.jobqueue.runtime import WorkerOptions, WorkerRuntime
 
 if TYPE_CHECKING:

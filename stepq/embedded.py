@@ -19,8 +19,8 @@ from stepq.status import collect, render
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import run_in_process
 from stepq.workers.labelling.annotation_plans import configure_annotation
-from stepq.workers.labelling.rollouts import ROLLOUTS
-from stepq.workers.priority.scoring import SCORINGS
+from stepq.workers.labelling.rollout_handler import ROLLOUTS
+from stepq.workers.priority.scoring_handler import SCORINGS
 
 DEFAULT_M = 8
 

@@ -13,7 +13,7 @@ from stepq.models.db import SessionGuards
 from stepq.models.errors import ConfigError
 from stepq.workers.celery_app import DEFAULT_QUEUE, CeleryOptions
 from stepq.workers.jobqueue.dispatcher import DispatchOptions
-from stepq.workers.jobqueue.kinds import JobKind, RetryPolicy, with_retry
+from stepq.workers.jobqueue.job_kind import JobKind, RetryPolicy, with_retry
 from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.kinds import KINDS
 

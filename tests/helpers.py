@@ -141,7 +141,7 @@ def outlets(
 ) -> list:
     """A dispatcher's outlets publishing into test callables: rollout work ``per_message`` ids
     to a message, and (when given) step searches; ``retry``: the kinds' retry policy."""
-    from stepq.workers.jobqueue.kinds import Outlet, with_retry
+    from stepq.workers.jobqueue.job_kind import Outlet, with_retry
     from stepq.workers.kinds import ROLLOUTS, SEARCHES
 
     rollout_kind, search_kind = with_retry([ROLLOUTS, SEARCHES], retry) if retry is not None else (ROLLOUTS, SEARCHES)

@@ -13,7 +13,7 @@ from stepq.models import Database, Problem, ProblemSet, Rollout, Trajectory, job
 from stepq.models.work import ROLLOUT_WORK
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import run_in_process
-from stepq.workers.jobqueue.kinds import RetryPolicy, with_retry
+from stepq.workers.jobqueue.job_kind import RetryPolicy, with_retry
 from stepq.workers.jobqueue.runtime import WorkerOptions, WorkerRuntime
 from stepq.workers.kinds import KINDS
 from stepq.workers.labelling.annotation_plans import configure_annotation

@@ -25,10 +25,10 @@ from stepq.models.work import ROLLOUT_WORK
 from stepq.workers.backends import Completion, GenerationRequest, SamplingParams
 from stepq.workers.backends.synthetic import SyntheticBackend
 from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.jobqueue.kinds import RetryPolicy
+from stepq.workers.jobqueue.job_kind import RetryPolicy
 from stepq.workers.jobqueue.runtime import WorkerOptions, WorkerRuntime
 from stepq.workers.labelling.annotation_plans import configure_annotation
-from stepq.workers.labelling.rollouts import ROLLOUTS, run_work_item, run_work_items
+from stepq.workers.labelling.rollout_handler import ROLLOUTS, run_work_item, run_work_items
 from tests.pipeline_checks import assert_exact
 
 
@@ -131,7 +131,7 @@ def test_heartbeat_keeps_a_step_search_through_a_turn_longer_than_its_lease(pg: 
     can outlast the lease.  The heartbeat renews search leases like work leases."""
     from stepq.models import queries
     from stepq.workers.search.plan import SearchPlan, start_search
-    from stepq.workers.search.runner import run_search
+    from stepq.workers.search.search_handler import run_search
 
     synth_set(pg, "f", problems=1, seed=4)
     assert start_search(pg, SearchPlan("f", "n", max_turns=1)) == 1

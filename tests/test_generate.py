@@ -178,7 +178,7 @@ def test_resegment_touches_only_trajectories_without_rollouts(sqlite: Database, 
     from stepq.workers.data.policy_sampling import resegment_set
     from stepq.workers.data.synthetic_set import synth_set
     from stepq.workers.jobqueue.runtime import WorkerOptions
-    from stepq.workers.labelling.rollouts import run_work_item
+    from stepq.workers.labelling.rollout_handler import run_work_item
 
     synth_set(sqlite, "r", problems=6, seed=3)
     with sqlite.session() as s:

@@ -25,7 +25,7 @@ from stepq.models.jobs import JobTable, LeasedJob
 from stepq.models.problems import ProblemSet
 from stepq.workers.celery_app import CeleryOptions, create_app
 from stepq.workers.in_process import run_in_process
-from stepq.workers.jobqueue.kinds import JobKind, RetryPolicy
+from stepq.workers.jobqueue.job_kind import JobKind, RetryPolicy
 from stepq.workers.jobqueue.runner import Claimed, run_jobs
 from stepq.workers.jobqueue.runtime import WorkerOptions, WorkerRuntime
 from stepq.workers.kinds import KINDS
@@ -167,7 +167,7 @@ def test_an_error_escaping_the_handler_fails_what_it_claimed_and_a_lost_lease_wr
 
 def test_the_dispatcher_expires_a_toy_lease_under_the_kinds_policy(memory_db: Database) -> None:
     from stepq.workers.jobqueue.dispatcher import Dispatcher
-    from stepq.workers.jobqueue.kinds import Outlet
+    from stepq.workers.jobqueue.job_kind import Outlet
 
     (job,) = _add(memory_db, 9)
     published: list[int] = []

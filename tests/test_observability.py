@@ -31,7 +31,7 @@ from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.dispatcher import Dispatcher
 from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.labelling.annotation_plans import configure_annotation
-from stepq.workers.labelling.rollouts import run_work_items
+from stepq.workers.labelling.rollout_handler import run_work_items
 from tests.helpers import clean_env, outlets
 
 

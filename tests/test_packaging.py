@@ -69,7 +69,7 @@ def test_wheel_adds_only_the_stepq_import_name(wheel: Path) -> None:
     assert top == {"stepq"}
     for module in (
         "stepq/models/base.py",
-        "stepq/workers/labelling/rollouts.py",
+        "stepq/workers/labelling/rollout_handler.py",
         "stepq/trainer/__init__.py",
         "stepq/migrations/env.py",
         "stepq/migrations/script.py.mako",

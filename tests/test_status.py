@@ -12,7 +12,7 @@ from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.labelling.annotation_plans import configure_annotation
-from stepq.workers.labelling.rollouts import ROLLOUTS
+from stepq.workers.labelling.rollout_handler import ROLLOUTS
 from tests.helpers import annotated_set
 
 
@@ -25,7 +25,7 @@ def test_rate_and_eta_use_the_real_elapsed_time(any_db: Database) -> None:
     half = worker_runtime(any_db, WorkerOptions(name="t"))
     with any_db.session() as s:
         ids = jobs.pending_ids(s, ROLLOUT_WORK, 10)
-    from stepq.workers.labelling.rollouts import run_work_items
+    from stepq.workers.labelling.rollout_handler import run_work_items
 
     run_work_items(half, ids)
     before = time.time()

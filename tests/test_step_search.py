@@ -276,7 +276,7 @@ def test_a_failing_search_gives_up_after_max_attempts_and_a_hand_back_costs_none
 
     from stepq.models import jobs
     from stepq.models.search import STEP_SEARCHES
-    from stepq.workers.jobqueue.kinds import RetryPolicy
+    from stepq.workers.jobqueue.job_kind import RetryPolicy
 
     with sqlite.session() as s:
         (sid,) = jobs.mark_queued(s, STEP_SEARCHES, jobs.pending_ids(s, STEP_SEARCHES, 10), 0.0)

@@ -14,10 +14,10 @@ from stepq.models import Database, RolloutWork, jobs, queries
 from stepq.models.work import ROLLOUT_WORK
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.jobqueue.dispatcher import Dispatcher, DispatchOptions
-from stepq.workers.jobqueue.kinds import RetryPolicy
+from stepq.workers.jobqueue.job_kind import RetryPolicy
 from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.kinds import ROLLOUTS
-from stepq.workers.labelling.rollouts import next_batch, run_work_item
+from stepq.workers.labelling.rollout_handler import next_batch, run_work_item
 from tests.helpers import outlets
 
 

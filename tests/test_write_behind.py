@@ -18,7 +18,7 @@ from stepq.workers.jobqueue.held_jobs import HeldJobs
 from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.jobqueue.write_behind import WriteBehind
 from stepq.workers.labelling.annotation_plans import configure_annotation
-from stepq.workers.labelling.rollouts import ROLLOUTS, run_work_items
+from stepq.workers.labelling.rollout_handler import ROLLOUTS, run_work_items
 from tests.pipeline_checks import assert_exact
 
 

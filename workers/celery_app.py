@@ -25,7 +25,7 @@ from typing import Any
 from celery import Celery, signals
 
 from stepq.workers import kinds as work_kinds
-from stepq.workers.jobqueue.kinds import JobKind, Outlet, PartlyPublished
+from stepq.workers.jobqueue.job_kind import JobKind, Outlet, PartlyPublished
 from stepq.workers.jobqueue.runner import run_jobs
 from stepq.workers.jobqueue.runtime import WorkerRuntime
 from stepq.workers.kinds import KINDS, ROLLOUTS

@@ -14,13 +14,13 @@ from dataclasses import replace
 
 from stepq.models import Database, epoch, jobs
 from stepq.workers.jobqueue.dispatcher import Dispatcher, DispatchOptions
-from stepq.workers.jobqueue.kinds import JobKind
+from stepq.workers.jobqueue.job_kind import JobKind
 from stepq.workers.jobqueue.runner import run_jobs
 from stepq.workers.jobqueue.runtime import WorkerRuntime
 from stepq.workers.kinds import outlets
-from stepq.workers.labelling.rollouts import ROLLOUTS
-from stepq.workers.priority.scoring import SCORINGS
-from stepq.workers.search.runner import SEARCHES
+from stepq.workers.labelling.rollout_handler import ROLLOUTS
+from stepq.workers.priority.scoring_handler import SCORINGS
+from stepq.workers.search.search_handler import SEARCHES
 
 
 def run_in_process(

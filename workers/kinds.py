@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from sqlalchemy.orm import Session
 
 from stepq.models import jobs
-from stepq.workers.jobqueue.kinds import JobKind, Outlet
-from stepq.workers.labelling.rollouts import ROLLOUTS
-from stepq.workers.priority.scoring import SCORINGS
-from stepq.workers.search.runner import SEARCHES
+from stepq.workers.jobqueue.job_kind import JobKind, Outlet
+from stepq.workers.labelling.rollout_handler import ROLLOUTS
+from stepq.workers.priority.scoring_handler import SCORINGS
+from stepq.workers.search.search_handler import SEARCHES
 
 KINDS: tuple[JobKind, ...] = (ROLLOUTS, SEARCHES, SCORINGS)
 

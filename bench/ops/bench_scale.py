@@ -41,10 +41,10 @@ from stepq.models.work import ROLLOUT_WORK
 from stepq.status import collect
 from stepq.workers.backends import Completion, GenerationRequest, SamplingParams
 from stepq.workers.jobqueue.dispatcher import Dispatcher, DispatchOptions
-from stepq.workers.jobqueue.kinds import Outlet
+from stepq.workers.jobqueue.job_kind import Outlet
 from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.kinds import ROLLOUTS, SEARCHES
-from stepq.workers.labelling.rollouts import run_work_item
+from stepq.workers.labelling.rollout_handler import run_work_item
 
 CHUNKS = 7
 M = 16

@@ -385,7 +385,7 @@ def eval_step_search(set_name: str, seed: int, as_json: bool, choices: SearchCho
     step, the pairwise judge keeps the best; against the policy alone on the same sampling."""
     from stepq.trainer.evaluation.validation import set_step_search
     from stepq.workers.backends import make_backend
-    from stepq.workers.search.runner import judge_for
+    from stepq.workers.search.search_handler import judge_for
 
     settings = load_settings()
     key = settings.openai_api_key or None

@@ -166,7 +166,7 @@ def search_run() -> None:
     """Run every pending search in this process (the embedded default; no broker)."""
     from stepq.assembly import configured_runtime, kinds_of
     from stepq.workers.in_process import run_searches_here
-    from stepq.workers.search.runner import SEARCHES
+    from stepq.workers.search.search_handler import SEARCHES
 
     settings = load_settings()
     db = open_db(settings)

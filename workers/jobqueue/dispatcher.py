@@ -37,7 +37,7 @@ from typing import Any
 from stepq.models import Database, epoch, jobs, queries
 from stepq.models.errors import BrokerError, Busy
 from stepq.workers.jobqueue.broker_contents import JobsInBroker
-from stepq.workers.jobqueue.kinds import Outlet, PartlyPublished
+from stepq.workers.jobqueue.job_kind import Outlet, PartlyPublished
 from stepq.workers.jobqueue.message_split import SmallMessages, split_messages, tail_threshold
 
 log = logging.getLogger("stepq.dispatcher")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from stepq.workers.jobqueue.kinds import is_permanent
+from stepq.workers.jobqueue.job_kind import is_permanent
 
 log = logging.getLogger("stepq.worker")
 

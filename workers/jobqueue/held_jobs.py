@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from sqlalchemy.orm import Session
 
 from stepq.models import jobs
-from stepq.workers.jobqueue.kinds import JobKind
+from stepq.workers.jobqueue.job_kind import JobKind
 
 
 class HeldJobs:

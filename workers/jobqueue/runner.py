@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from stepq.models import Database, jobs, queries
 from stepq.models.errors import LeaseLost
 from stepq.workers.jobqueue.held_jobs import HeldJobs
-from stepq.workers.jobqueue.kinds import JobKind, is_permanent
+from stepq.workers.jobqueue.job_kind import JobKind, is_permanent
 from stepq.workers.jobqueue.logcontext import bind
 
 if TYPE_CHECKING:

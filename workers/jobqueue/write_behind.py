@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from stepq.workers.jobqueue.held_jobs import HeldJobs
-from stepq.workers.jobqueue.kinds import JobKind
+from stepq.workers.jobqueue.job_kind import JobKind
 
 log = logging.getLogger("stepq.worker")
 

@@ -2,7 +2,7 @@
 
 A round resolves the strategy's judge to one finished training run (``run=N`` as named,
 ``lineage=NAME`` its latest finished run now), records what the set had spent and labelled,
-and leaves the scoring itself to queue jobs (``workers/priority/scoring.py``), so a million
+and leaves the scoring itself to queue jobs (``workers/priority/scoring_handler.py``), so a million
 waiting trajectories are scored by the fleet, resumably, not by the command that asked.
 """
 

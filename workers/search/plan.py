@@ -14,7 +14,7 @@ from stepq.models.errors import ConfigError
 from stepq.workers.data.prompts import load_template, render
 from stepq.workers.labelling.annotation_plans import require_synthetic_problems
 from stepq.workers.search.pairwise import EACH_VERDICT, SCORINGS
-from stepq.workers.search.runner import ORACLE
+from stepq.workers.search.search_handler import ORACLE
 
 PAPER_SAMPLING = {"temperature": 0.5, "top_p": 0.95}
 """How the process-based self-rewarding method samples candidate steps (T = 0.5, top_p = 0.95)."""

@@ -12,7 +12,7 @@ from stepq.models.errors import ConfigError
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.search import FINISH, STEP_SEARCHES, StepSearch
 from stepq.workers.backends import GenerationBackend, SamplingParams
-from stepq.workers.jobqueue.kinds import JobKind
+from stepq.workers.jobqueue.job_kind import JobKind
 from stepq.workers.jobqueue.runner import Claimed, run_jobs
 from stepq.workers.jobqueue.runtime import WorkerRuntime
 from stepq.workers.search.pairwise import VERDICT_BY, ModelPairwiseJudge, PairwiseJudge, SyntheticPairwiseOracle

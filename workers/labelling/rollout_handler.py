@@ -30,7 +30,7 @@ from stepq.workers.backends import (
     named_model,
     serves_model,
 )
-from stepq.workers.jobqueue.kinds import JobKind
+from stepq.workers.jobqueue.job_kind import JobKind
 from stepq.workers.jobqueue.runner import Claimed, run_jobs
 from stepq.workers.jobqueue.runtime import WorkerRuntime
 from stepq.workers.labelling.budget import parse_budget

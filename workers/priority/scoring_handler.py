@@ -18,7 +18,7 @@ from typing import Any
 from stepq.models import PriorityRound, PriorityScoring, ProblemSet, queries
 from stepq.models.errors import ConfigError
 from stepq.models.prioritization import PRIORITY_SCORINGS
-from stepq.workers.jobqueue.kinds import JobKind
+from stepq.workers.jobqueue.job_kind import JobKind
 from stepq.workers.jobqueue.runner import Claimed, run_jobs
 from stepq.workers.jobqueue.runtime import WorkerRuntime
 from stepq.workers.priority.strategies import Strategy, dispatch_key, parse_strategy, priority
