@@ -15,11 +15,13 @@ import pytest
 from bench.experiments.bench_judge_capacity import Cell
 from bench.experiments.judge_capacity import answer_room, verdict_examples
 from bench.experiments.judge_format import (
+    chained_analysis,
     drill_lines,
     judge_answer,
     judge_prompt,
     recomputed_analysis,
     resolved_analysis,
+    step_local_truth,
     step_truth,
 )
 
@@ -67,12 +69,39 @@ def test_truth_is_the_prefix_truth() -> None:
 
 
 @pytest.mark.unit
+def test_the_local_truth_judges_the_step_alone() -> None:
+    after_error = "Step 2: 37 + 3 = 40."  # right from the wrong value 37
+    assert step_local_truth({"problem": PROBLEM, "history": [WRONG], "chunk": after_error}) is True
+    # up to the first wrong step it is the truth
+    for chunk in (RIGHT, WRONG):
+        row = {"problem": PROBLEM, "history": [], "chunk": chunk}
+        assert step_local_truth(row) is step_truth(row)
+    # a step that recovers the true value from a wrong one computes wrong: locally wrong
+    assert step_local_truth({"problem": PROBLEM, "history": [WRONG], "chunk": "Step 2: 37 + 3 = 41."}) is False
+    # the wrong operation, the wrong operand, or a value other than the one written before
+    for chunk in ("Step 1: 45 + 7 = 52.", "Step 1: 45 - 6 = 39.", "Step 1: 44 - 7 = 37."):
+        assert step_local_truth({"problem": PROBLEM, "history": [], "chunk": chunk}) is False
+
+
+@pytest.mark.unit
+def test_chain_recomputes_the_running_value_from_the_problem() -> None:
+    # after a wrong step the chain carries the true value, so the claim 40 stands beside 41
+    assert chained_analysis(PROBLEM, "Step 2: 37 + 3 = 40.") == "45-7=38\n38+3=41 vs 40"
+    assert chained_analysis(PROBLEM, RIGHT) == "45-7=38 vs 38"
+    assert chained_analysis(PROBLEM, "no step") == ""
+
+
+@pytest.mark.unit
 def test_the_verdict_is_taught_from_the_target_asked_for() -> None:
     # a wrong step that rollouts still finished: labelled Positive, truly wrong
     row = {"problem": PROBLEM, "history": [], "chunk": WRONG, "label": "Positive", "truth": False}
     (_, by_label), (_, by_truth) = (verdict_examples([row], t, "recompute")[0] for t in ("label", "truth"))
     assert by_label == " Analysis:\n45 - 7 = 38\n\\boxed{Positive}"
     assert by_truth == " Analysis:\n45 - 7 = 38\n\\boxed{Negative}"
+    # right from a wrong value: the truth says Negative, the step alone Positive
+    after = {**row, "history": [WRONG], "chunk": "Step 2: 37 + 3 = 40.", "label": "Negative", "truth": False}
+    assert verdict_examples([after], "truth", "none")[0][1] == " \\boxed{Negative}"
+    assert verdict_examples([after], "local", "none")[0][1] == " \\boxed{Positive}"
     assert judge_answer(row, "Negative", "none") == " \\boxed{Negative}"
     prompt, _ = verdict_examples([row], "label", "none")[0]
     assert prompt.endswith(">> Step 1: 45 - 7 = 37.\nVerdict:")
@@ -93,7 +122,10 @@ def test_the_judge_has_room_for_the_whole_answer() -> None:
 @pytest.mark.unit
 def test_cells_parse_and_refuse_garbage() -> None:
     assert Cell.parse("recompute/first-dead/4/600/16") == Cell("recompute", "first-dead", 4, 600, 16)
-    for bad in ("recompute/first-dead/4/600", "think/all/2/600/8", "none/some/2/600/8"):
+    ratio = Cell.parse("chain/first-dead/2/600/8/rel-ratio")
+    assert ratio.rule == "rel-ratio" and ratio.name == "chain/first-dead/2/600/8/rel-ratio"
+    assert ratio.data_key != Cell.parse("chain/first-dead/2/600/8").data_key  # its own snapshot
+    for bad in ("recompute/first-dead/4/600", "think/all/2/600/8", "none/some/2/600/8", "none/all/2/600/8/x-q"):
         with pytest.raises(SystemExit):
             Cell.parse(bad)
 

@@ -42,6 +42,7 @@ from typing import Any
 
 from bench.experiments.judge_capacity import (
     CPU,
+    TARGETS,
     Device,
     answer_room,
     drill_accuracy,
@@ -49,9 +50,10 @@ from bench.experiments.judge_capacity import (
     pretrain_backbone,
     teach_verdict,
 )
-from bench.experiments.judge_format import ANALYSES, step_truth
+from bench.experiments.judge_format import ANALYSES, step_local_truth, step_truth
 from bench.experiments.judge_heldout import write_processbench
 from bench.experiments.stats import random_guess_f1
+from stepq.workers.labelling.labels import RULES
 
 OP_ERROR_RATES = {"Add": 0.05, "Subtract": 0.25}  # bench_judge_grpo's --numbers small
 FORMS = ("all", "first-dead")
@@ -76,27 +78,36 @@ class Cell:
     layers: int
     problems: int
     m: int
+    rule: str = "abs-q"
 
     @classmethod
     def parse(cls, text: str) -> Cell:
+        parts = text.strip().split("/")
         try:
-            analysis, form, layers, problems, m = text.strip().split("/")
-            cell = cls(analysis, form, int(layers), int(problems), int(m))
+            if len(parts) not in (5, 6):
+                raise ValueError
+            analysis, form, layers, problems, m = parts[:5]
+            cell = cls(analysis, form, int(layers), int(problems), int(m), *parts[5:])
         except ValueError:
             raise SystemExit(
-                f"a cell is analysis/form/layers/problems/m, e.g. recompute/first-dead/2/600/8; not {text!r}"
+                "a cell is analysis/form/layers/problems/m[/rule], e.g. recompute/first-dead/2/600/8 or "
+                f"compare/first-dead/2/16000/8/rel-ratio; not {text!r}"
             ) from None
-        if cell.analysis not in ANALYSES or cell.form not in FORMS:
-            raise SystemExit(f"cell {text!r}: analysis one of {ANALYSES}, form one of {FORMS}")
+        if cell.analysis not in ANALYSES or cell.form not in FORMS or cell.rule not in RULES:
+            raise SystemExit(
+                f"cell {text!r}: analysis one of {ANALYSES}, form one of {FORMS}, rule one of {tuple(RULES)}"
+            )
         return cell
 
     @property
     def name(self) -> str:
-        return f"{self.analysis}/{self.form}/{self.layers}/{self.problems}/{self.m}"
+        tail = "" if self.rule == "abs-q" else f"/{self.rule}"
+        return f"{self.analysis}/{self.form}/{self.layers}/{self.problems}/{self.m}{tail}"
 
     @property
     def data_key(self) -> str:
-        return f"p{self.problems}-m{self.m}-{self.form}"
+        tail = "" if self.rule == "abs-q" else f"-{self.rule}"
+        return f"p{self.problems}-m{self.m}-{self.form}{tail}"
 
 
 def _dump(path: Path, rows: Any) -> None:
@@ -139,14 +150,14 @@ def prepare_labels(out: Path, seed: int, cell: Cell, recovery_rate: float) -> di
             op_error_rates=OP_ERROR_RATES,
             numbers="small",
         )
-        configure_annotation(db, "judge", cell.m, rule="abs-q")
+        configure_annotation(db, "judge", cell.m, rule=cell.rule)
         run_in_process(db, worker_runtime(db, WorkerOptions(batch_rollouts=256, name="bench")))
         spec = SnapshotSpec(
-            ("judge",), "abs-q", val_fraction=0.2, seed=seed, until_first_error=cell.form == "first-dead"
+            ("judge",), cell.rule, val_fraction=0.2, seed=seed, until_first_error=cell.form == "first-dead"
         )
         records = snapshot_records(db, create_snapshot(db, spec))
         db.engine.dispose()
-    keep = ("problem_id", "problem", "history", "chunk", "label", "chunk_index")
+    keep = ("problem_id", "problem", "history", "chunk", "label", "chunk_index", "q_before", "q_after")
     parts = {
         name: [{**{k: r[k] for k in keep}, "truth": step_truth(r)} for r in records[split]]
         for name, split in (("train", TRAIN), ("validation", VALIDATION))
@@ -190,7 +201,7 @@ def run_cell(
     heldout = json.loads((where / "heldout.json").read_text())
     tune = json.loads((where / "tune.json").read_text())
     # as many drill documents as solutions, for the analyses in the drills' spelling
-    drills = args.pretrain_problems if cell.analysis in ("compact", "compare") else 0
+    drills = args.pretrain_problems if cell.analysis in ("compact", "compare", "chain") else 0
     backbone = models / (f"seed{seed}-layers{cell.layers}" + ("-drills" if drills else ""))
     pretrain_s = 0.0
     if not (backbone / "config.json").exists():
@@ -207,10 +218,13 @@ def run_cell(
         "seed": seed, "cell": cell.name, **asdict(cell), "train_rows": len(train), "validation_rows": len(val),
         "positive_share": sum(r["label"] == "Positive" for r in train) / max(1, len(train)),
         "label_truth_agreement": sum((r["label"] == "Positive") == r["truth"] for r in train) / max(1, len(train)),
+        "label_local_agreement": sum((r["label"] == "Positive") == step_local_truth(r) for r in train)
+        / max(1, len(train)),
+        "truth_local_agreement": sum(r["truth"] == step_local_truth(r) for r in train) / max(1, len(train)),
         "random_guess_f1": random_guess_f1(heldout, seed), "pretrain_s": round(pretrain_s),
         "backbone_drill_accuracy": drilled,
     }  # fmt: skip
-    for target in ("label", "truth"):
+    for target in args.targets.split(","):
         started = time.perf_counter()
         judge = models / f"seed{seed}-{cell.name.replace('/', '_')}-{target}"
         loss = teach_verdict(
@@ -236,7 +250,9 @@ def show(r: dict[str, Any]) -> None:
 
     print(
         f"seed {r['seed']} {r['cell']}: {r['train_rows']} rows ({100 * r['positive_share']:.0f}% Positive, "
-        f"labels agree with the truth on {100 * r['label_truth_agreement']:.0f}%), "
+        f"labels agree with the truth on {100 * r['label_truth_agreement']:.0f}%, with the local truth on "
+        f"{100 * r.get('label_local_agreement', float('nan')):.0f}%; the truth with the local truth on "
+        f"{100 * r.get('truth_local_agreement', float('nan')):.0f}%), "
         f"random-guess F1 {r['random_guess_f1']:.1f}"
         + (
             f", backbone computes {r['backbone_drill_accuracy']:.0f}% of drills"
@@ -244,7 +260,7 @@ def show(r: dict[str, Any]) -> None:
             else ""
         )
     )
-    for target in ("label", "truth"):
+    for target in (t for t in TARGETS if t in r):
         m = r[target]
         print(
             f"  taught {target:<5}: F1 greedy {ci(m['processbench_f1'], m['processbench_f1_ci'])}, thresholded "
@@ -259,6 +275,11 @@ def show(r: dict[str, Any]) -> None:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0")
+    ap.add_argument(
+        "--targets",
+        default="label,truth",
+        help=f"What to teach, comma-separated, of {','.join(TARGETS)} (local: the step alone).",
+    )
     ap.add_argument(
         "--cells", default=",".join(DEFAULT_CELLS), help="analysis/form/layers/problems/m, comma-separated."
     )

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.experiments.judge_format import drill_lines, judge_answer, judge_prompt
+from bench.experiments.judge_format import drill_lines, judge_answer, judge_prompt, step_local_truth
 from bench.experiments.lm_training import CPU, Device, train_causal_lm
 from bench.experiments.stats import balanced_accuracy, bootstrap, grouped, processbench_f1
 from stepq.workers.seeds import derive_seed
@@ -120,8 +120,7 @@ def teach_verdict(
     seed: int,
     device: Device = CPU,
 ) -> float:
-    """The verdict taught by cross-entropy: ``target`` ``label`` (the snapshot's Monte Carlo
-    label) or ``truth`` (the synthetic step truth, the ceiling)."""
+    """The verdict taught by cross-entropy: ``target`` one of ``TARGETS``."""
     examples = verdict_examples(rows, target, analysis)
     if out.exists():
         shutil.rmtree(out)
@@ -129,13 +128,21 @@ def teach_verdict(
     return lm_train(out, examples, steps, batch, lr, seed, device=device, log_every=1000)
 
 
+TARGETS = ("label", "truth", "local")
+"""What a judge may be taught: the snapshot's Monte Carlo ``label``; the synthetic ``truth`` of
+the step and every step before it (a ceiling); the ``local`` truth of the step alone (the
+same on every step ProcessBench scores, and the check a one-step analysis can make)."""
+
+
 def verdict_examples(rows: Sequence[Mapping[str, Any]], target: str, analysis: str) -> list[tuple[str, str]]:
-    """(prompt, answer) pairs; the answer's verdict is the row's label or its truth."""
-    if target not in ("label", "truth"):
-        raise ValueError(f"target is label or truth, not {target!r}")
+    """(prompt, answer) pairs; the answer's verdict is the row's ``target``."""
+    if target not in TARGETS:
+        raise ValueError(f"target is one of {TARGETS}, not {target!r}")
 
     def positive(r: Mapping[str, Any]) -> bool:
-        return bool(r["truth"]) if target == "truth" else r["label"] == "Positive"
+        if target == "label":
+            return r["label"] == "Positive"
+        return bool(r["truth"]) if target == "truth" else step_local_truth(r)
 
     return [
         (

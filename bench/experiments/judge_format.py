@@ -19,6 +19,12 @@ Analyses (StepWiser's judge writes "1. Analysis ... 2. Final Judgment", here in 
   judges computed 99-100% of held-out steps right, yet their verdicts followed their own
   analysis about half the time: the comparison with a claim far back in the prompt, not the
   arithmetic, was what they could not learn.
+- ``chain``: the running value recomputed from the problem in the compact spelling, one line a
+  step up to the judged one, then the step's claim beside the last (``45-7=38`` newline
+  ``38+3=41 vs 40``): the check of the step *and every step before it*, the truth that Monte
+  Carlo labels follow (a step computing right from a wrong value leaves the solution wrong).
+  Measured 2026-11-27: a quarter of the first-dead rows come after a wrong step, where the
+  one-step ``compare`` analysis and the labels disagree by construction.
 
 The analysis is always the correct computation; it carries no verdict.
 """
@@ -31,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 JUDGE_TEMPLATE = "{problem}\n{history}\n>> {chunk}\nVerdict:"
-ANALYSES = ("none", "recompute", "resolve", "compact", "compare")
+ANALYSES = ("none", "recompute", "resolve", "compact", "compare", "chain")
 EQUATION = re.compile(r"Step \d+: (-?\d+) ([+*-]) (\d+) = (-?\d+)\.")
 _APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
@@ -63,6 +69,25 @@ def compared_analysis(chunk: str) -> str:
     return f"{compact_analysis(chunk)} vs {m.group(4)}" if m else ""
 
 
+def chained_analysis(problem: str, chunk: str) -> str:
+    """The true running value up to the judged step (from the problem, not from the steps
+    shown), in the compact spelling, and the step's claim beside the last line."""
+    from stepq.workers.backends.synthetic_policy import parse_problem
+
+    m = EQUATION.search(chunk)
+    step = re.match(r"Step (\d+):", chunk)
+    if not m or not step:
+        return ""
+    parsed = parse_problem(f"Problem: {problem}")
+    lines, value = [], parsed.start
+    for name, x in parsed.ops[: int(step.group(1))]:
+        op = {"Add": "+", "Subtract": "-"}.get(name, "*")
+        new = _APPLY[op](value, x)
+        lines.append(f"{value}{op}{x}={new}")
+        value = new
+    return "\n".join(lines) + f" vs {m.group(4)}"
+
+
 def drill_lines(rng: random.Random, count: int, low: int = -20, high: int = 100) -> str:
     """``count`` sums and differences in the compact spelling, one a line (``45-7=38``): the
     operands of the small-number sets' steps (a running value, a one-digit operand), right."""
@@ -90,6 +115,8 @@ def analysis_text(row: Mapping[str, Any], analysis: str) -> str:
         return compact_analysis(row["chunk"])
     if analysis == "compare":
         return compared_analysis(row["chunk"])
+    if analysis == "chain":
+        return chained_analysis(row["problem"], row["chunk"])
     if analysis == "resolve":
         return resolved_analysis(row["problem"], len(row["history"]) + 1)
     raise ValueError(f"unknown analysis {analysis!r}; one of {ANALYSES}")
@@ -100,6 +127,18 @@ def judge_answer(row: Mapping[str, Any], verdict: str, analysis: str) -> str:
     if analysis == "none":
         return f" \\boxed{{{verdict}}}"
     return f" Analysis:\n{analysis_text(row, analysis)}\n\\boxed{{{verdict}}}"
+
+
+def step_local_truth(row: Mapping[str, Any]) -> bool:
+    """Whether the judged step itself is right, from the value the step before it wrote: the
+    truth up to a solution's first wrong step, which is all ProcessBench scores; after it, a
+    step computing right from a wrong value is locally right (and not ``step_truth``)."""
+    from stepq.workers.backends.synthetic_policy import step_locally_right
+
+    right = step_locally_right(row["problem"], row["history"], row["chunk"])
+    if right is None:
+        raise ValueError("not a synthetic step: no truth to compare with")
+    return right
 
 
 def step_truth(row: Mapping[str, Any]) -> bool:

@@ -189,6 +189,28 @@ def step_is_right(question: str, history: Sequence[str], chunk: str) -> bool | N
     return all(int(s[0]) <= len(truth) and int(s[4]) == truth[int(s[0]) - 1] for s in steps)
 
 
+def step_locally_right(question: str, history: Sequence[str], chunk: str) -> bool | None:
+    """Whether ``chunk`` itself is right: it starts from the value the step before it wrote
+    (the problem's start for the first), applies the problem's operation, and writes the result.
+    Up to a solution's first wrong step this is ``step_is_right``; after it, a step computing
+    right from a wrong value is locally right and not right.  None for a non-synthetic text."""
+    try:
+        problem = parse_problem(f"Problem: {question}")
+    except ValueError:
+        return None
+    m = _STEP.search(chunk)
+    if not m:
+        return None
+    before = _STEP.findall("".join(history))
+    i = int(m.group(1)) - 1
+    if not 0 <= i < len(problem.ops) or i != len(before):
+        return False
+    start = int(before[-1][4]) if before else problem.start
+    name, x = problem.ops[i]
+    shown, op, operand, result = int(m.group(2)), m.group(3), int(m.group(4)), int(m.group(5))
+    return shown == start and op == _OPS[name] and operand == x and result == apply(name, start, x)
+
+
 def ground_truth(steps: Sequence[Step]) -> list[bool]:
     """Chunk i is right iff it and every chunk before it are error-free (a slip included)."""
     out, ok = [], True
