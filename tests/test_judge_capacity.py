@@ -21,6 +21,8 @@ from bench.experiments.judge_format import (
     judge_prompt,
     recomputed_analysis,
     resolved_analysis,
+    spelled_analysis,
+    spelled_digits,
     step_local_truth,
     step_truth,
 )
@@ -86,9 +88,21 @@ def test_the_local_truth_judges_the_step_alone() -> None:
 @pytest.mark.unit
 def test_chain_recomputes_the_running_value_from_the_problem() -> None:
     # after a wrong step the chain carries the true value, so the claim 40 stands beside 41
-    assert chained_analysis(PROBLEM, "Step 2: 37 + 3 = 40.") == "45-7=38\n38+3=41 vs 40"
-    assert chained_analysis(PROBLEM, RIGHT) == "45-7=38 vs 38"
+    assert chained_analysis(PROBLEM, "Step 2: 37 + 3 = 40.") == "45-7=38\n38+3=41 vs 40\n4=4 1#0"
+    assert chained_analysis(PROBLEM, RIGHT) == "45-7=38 vs 38\n3=3 8=8"
     assert chained_analysis(PROBLEM, "no step") == ""
+
+
+@pytest.mark.unit
+def test_spelled_compares_digit_by_digit_right_aligned() -> None:
+    assert spelled_digits("38", "37") == "3=3 8#7"
+    assert spelled_digits("100", "99") == "1#_ 0#9 0#9"
+    assert spelled_digits("-3", "3") == "-#_ 3=3"
+    row = {"problem": PROBLEM, "history": [], "chunk": WRONG}
+    assert judge_answer(row, "Negative", "spelled") == " Analysis:\n45-7=38 vs 37\n3=3 8#7\n\\boxed{Negative}"
+    # a right step has no mark of difference; a wrong one has at least one
+    for chunk, differs in ((RIGHT, False), (WRONG, True), ("Step 1: 45 - 7 = 48.", True)):
+        assert ("#" in spelled_analysis(chunk)) is differs
 
 
 @pytest.mark.unit
@@ -179,3 +193,27 @@ def test_the_gpu_script_says_when_there_is_no_gpu() -> None:
         text=True,
     )
     assert done.returncode != 0 and "--device cpu" in done.stderr
+
+
+@pytest.mark.unit
+def test_the_verdict_weight_counts_the_verdicts_token_and_nothing_else(tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from bench.experiments.lm_training import _weighted_loss
+    from stepq.trainer.tiny_model import build_tiny_llama
+
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_llama(tmp_path / "m", hidden_size=64))
+    ids = torch.randint(3, 90, (2, 12))
+    labels = ids.clone()
+    labels[:, :4] = -100  # the prompt
+    with torch.no_grad():
+        out = model(input_ids=ids, labels=labels)
+        ones = torch.ones(ids.shape)
+        assert torch.allclose(_weighted_loss(out.logits, labels, ones, "cpu"), out.loss, atol=1e-6)
+        per_token = torch.nn.functional.cross_entropy(out.logits[0, 7], ids[0, 8])  # token 8, predicted at 7
+        focus = ones.clone()
+        focus[0, 8] = 5.0
+        n = 2 * 8  # predicted tokens: positions 4..11 of each row
+        expected = (out.loss * n + 4 * per_token) / (n + 4)
+        assert torch.allclose(_weighted_loss(out.logits, labels, focus, "cpu"), expected, atol=1e-5)

@@ -201,7 +201,7 @@ def run_cell(
     heldout = json.loads((where / "heldout.json").read_text())
     tune = json.loads((where / "tune.json").read_text())
     # as many drill documents as solutions, for the analyses in the drills' spelling
-    drills = args.pretrain_problems if cell.analysis in ("compact", "compare", "chain") else 0
+    drills = args.pretrain_problems if cell.analysis in ("compact", "compare", "spelled", "chain") else 0
     backbone = models / (f"seed{seed}-layers{cell.layers}" + ("-drills" if drills else ""))
     pretrain_s = 0.0
     if not (backbone / "config.json").exists():

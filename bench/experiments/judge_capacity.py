@@ -36,18 +36,25 @@ def lm_train(
     group: int = 1,
     device: Device = CPU,
     log_every: int = 0,
+    verdict_weight: float = 1.0,
 ) -> float:
     """Next-token training on (context, target) pairs, the loss on the target (and the end of
     text after it) only; the rate decaying linearly to 0, AdamW's default weight decay.  With
-    ``group`` > 1 a batch is made of whole runs of ``group`` consecutive examples.  Saves the
-    model in place; returns the last loss."""
+    ``group`` > 1 a batch is made of whole runs of ``group`` consecutive examples.  With
+    ``verdict_weight`` the verdict's first token (after ``\\boxed{``) counts that many times
+    in the loss.  Saves the model in place; returns the last loss."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    encoded = []
+    encoded: list[tuple[list[int], int] | tuple[list[int], int, int]] = []
     for context, target in examples:
         c = tokenizer.encode(context, add_special_tokens=False)
-        encoded.append(([*c, *tokenizer.encode(target, add_special_tokens=False), 0], len(c)))
+        ids = [*c, *tokenizer.encode(target, add_special_tokens=False), 0]
+        if verdict_weight != 1.0 and VERDICT_OPEN in target:
+            head = target[: target.index(VERDICT_OPEN) + len(VERDICT_OPEN)]
+            encoded.append((ids, len(c), len(c) + len(tokenizer.encode(head, add_special_tokens=False))))
+        else:
+            encoded.append((ids, len(c)))
     return train_causal_lm(
         model_dir,
         encoded,
@@ -61,7 +68,11 @@ def lm_train(
         device=device,
         pad_id=0,
         log_every=log_every,
+        focus_weight=verdict_weight,
     )
+
+
+VERDICT_OPEN = "\\boxed{"
 
 
 def pretrain_backbone(
@@ -119,13 +130,15 @@ def teach_verdict(
     lr: float,
     seed: int,
     device: Device = CPU,
+    verdict_weight: float = 1.0,
 ) -> float:
-    """The verdict taught by cross-entropy: ``target`` one of ``TARGETS``."""
+    """The verdict taught by cross-entropy: ``target`` one of ``TARGETS``; ``verdict_weight``:
+    how many times the verdict's token counts beside each analysis token."""
     examples = verdict_examples(rows, target, analysis)
     if out.exists():
         shutil.rmtree(out)
     shutil.copytree(backbone, out)
-    return lm_train(out, examples, steps, batch, lr, seed, device=device, log_every=1000)
+    return lm_train(out, examples, steps, batch, lr, seed, device=device, log_every=1000, verdict_weight=verdict_weight)
 
 
 TARGETS = ("label", "truth", "local")

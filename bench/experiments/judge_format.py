@@ -19,12 +19,19 @@ Analyses (StepWiser's judge writes "1. Analysis ... 2. Final Judgment", here in 
   judges computed 99-100% of held-out steps right, yet their verdicts followed their own
   analysis about half the time: the comparison with a claim far back in the prompt, not the
   arithmetic, was what they could not learn.
+- ``spelled``: ``compare``, then the two numbers compared digit by digit, right-aligned, each
+  pair marked ``=`` or ``#`` (``45-7=38 vs 37`` then ``3=3 8#7``): each mark compares two
+  characters written side by side, and the verdict only has to see whether a ``#`` was written.
+  Measured 2026-11-27: taught the step's own truth, where the verdict is exactly the equality of
+  the two numbers, a ``compare`` judge (2 layers of one head) still did not learn it, on its own
+  training rows either (P(Positive) 0.72 on Positive rows, 0.59 on Negative ones).
 - ``chain``: the running value recomputed from the problem in the compact spelling, one line a
-  step up to the judged one, then the step's claim beside the last (``45-7=38`` newline
-  ``38+3=41 vs 40``): the check of the step *and every step before it*, the truth that Monte
-  Carlo labels follow (a step computing right from a wrong value leaves the solution wrong).
-  Measured 2026-11-27: a quarter of the first-dead rows come after a wrong step, where the
-  one-step ``compare`` analysis and the labels disagree by construction.
+  step up to the judged one, the step's claim beside the last, and the digits spelled as in
+  ``spelled`` (``45-7=38`` newline ``38+3=41 vs 40`` newline ``4=4 1#0``): the check of the step
+  *and every step before it*, the truth that Monte Carlo labels follow (a step computing right
+  from a wrong value leaves the solution wrong).  Measured 2026-11-27: a quarter of the
+  first-dead rows come after a wrong step, where the one-step analyses and the labels disagree
+  by construction.
 
 The analysis is always the correct computation; it carries no verdict.
 """
@@ -37,7 +44,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 JUDGE_TEMPLATE = "{problem}\n{history}\n>> {chunk}\nVerdict:"
-ANALYSES = ("none", "recompute", "resolve", "compact", "compare", "chain")
+ANALYSES = ("none", "recompute", "resolve", "compact", "compare", "spelled", "chain")
 EQUATION = re.compile(r"Step \d+: (-?\d+) ([+*-]) (\d+) = (-?\d+)\.")
 _APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
@@ -85,7 +92,24 @@ def chained_analysis(problem: str, chunk: str) -> str:
         new = _APPLY[op](value, x)
         lines.append(f"{value}{op}{x}={new}")
         value = new
-    return "\n".join(lines) + f" vs {m.group(4)}"
+    return "\n".join(lines) + f" vs {m.group(4)}\n" + spelled_digits(str(value), m.group(4))
+
+
+def spelled_digits(computed: str, claimed: str) -> str:
+    """The two numbers digit by digit, right-aligned (``_`` where one is shorter), each pair
+    marked ``=`` or ``#``: ``spelled_digits("38", "37") == "3=3 8#7"``."""
+    width = max(len(computed), len(claimed))
+    a, b = computed.rjust(width, "_"), claimed.rjust(width, "_")
+    return " ".join(f"{x}{'=' if x == y else '#'}{y}" for x, y in zip(a, b, strict=True))
+
+
+def spelled_analysis(chunk: str) -> str:
+    """``compared_analysis`` and its digits spelled out."""
+    m = EQUATION.search(chunk)
+    if not m:
+        return ""
+    a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
+    return f"{compared_analysis(chunk)}\n{spelled_digits(str(_APPLY[op](a, b)), m.group(4))}"
 
 
 def drill_lines(rng: random.Random, count: int, low: int = -20, high: int = 100) -> str:
@@ -115,6 +139,8 @@ def analysis_text(row: Mapping[str, Any], analysis: str) -> str:
         return compact_analysis(row["chunk"])
     if analysis == "compare":
         return compared_analysis(row["chunk"])
+    if analysis == "spelled":
+        return spelled_analysis(row["chunk"])
     if analysis == "chain":
         return chained_analysis(row["problem"], row["chunk"])
     if analysis == "resolve":
