@@ -9,17 +9,24 @@ file.  Each cell of the sweep varies one thing that decides learnability:
   then the verdict), ``resolve`` (the problem re-solved up to the step, then the verdict),
   ``compact`` (``recompute`` in a spelling the step never shows, ``45-7=38``, learnt by the
   backbone from arithmetic drills mixed into its pretraining), ``compare`` (``compact`` and the
-  step's claimed result side by side, ``45-7=38 vs 37``);
+  step's claimed result side by side, ``45-7=38 vs 37``), ``spelled`` (``compare``, then the two
+  numbers digit by digit, each pair marked: ``3=3 8#7``), ``chain`` (the running value
+  recomputed from the problem, its last line spelled so);
 - ``form``: ``all`` labelled chunks (StepWiser's snapshot) or ``first-dead`` (each trajectory
   only up to its first dead prefix: ``stepq snapshot create --until-first-error``);
 - ``layers``: the backbone's depth (head dimension 64 for vLLM's CPU kernels; width 64);
 - ``problems``: the annotated set's size (one trajectory each);
-- ``m``: rollouts per prefix.
+- ``m``: rollouts per prefix;
+- ``rule`` (optional sixth part, Abs-Q by default): the label rule of the set and its snapshot.
 
-Beside every cell, the same judge taught the synthetic step truth on the same rows: the
-ceiling, what the backbone can learn at all.  Every figure comes with its run time.
+Beside the labels (``--targets``), the same judge taught the synthetic truth on the same rows:
+``truth`` (the step and every step before it right) or ``local`` (the step alone right, from
+the value written before it; the same on every step ProcessBench scores): the ceiling, what the
+backbone can learn at all.  Every figure comes with its run time.
 
     OMP_NUM_THREADS=2 python -m bench.experiments.bench_judge_capacity                     # the sweep, seed 0
+    OMP_NUM_THREADS=2 python -m bench.experiments.bench_judge_capacity --seeds 0,1,2 \
+        --cells spelled/first-dead/2/16000/8 --targets label,local                        # the check learnt
     python -m bench.experiments.bench_judge_capacity --seeds 0,1,2 --cells recompute/first-dead/2/600/8
     python -m bench.experiments.bench_judge_capacity --quick                               # a smoke run
     python -m bench.experiments.bench_judge_capacity --prepare-only --data DIR ...  # for judge_gpu.py
@@ -50,7 +57,7 @@ from bench.experiments.judge_capacity import (
     pretrain_backbone,
     teach_verdict,
 )
-from bench.experiments.judge_format import ANALYSES, step_local_truth, step_truth
+from bench.experiments.judge_format import ANALYSES, DRILLED, step_local_truth, step_truth
 from bench.experiments.judge_heldout import write_processbench
 from bench.experiments.stats import random_guess_f1
 from stepq.workers.labelling.labels import RULES
@@ -201,7 +208,7 @@ def run_cell(
     heldout = json.loads((where / "heldout.json").read_text())
     tune = json.loads((where / "tune.json").read_text())
     # as many drill documents as solutions, for the analyses in the drills' spelling
-    drills = args.pretrain_problems if cell.analysis in ("compact", "compare", "spelled", "chain") else 0
+    drills = args.pretrain_problems if cell.analysis in DRILLED else 0
     backbone = models / (f"seed{seed}-layers{cell.layers}" + ("-drills" if drills else ""))
     pretrain_s = 0.0
     if not (backbone / "config.json").exists():

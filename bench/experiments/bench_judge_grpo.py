@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import emit
-from bench.experiments.judge_capacity import lm_train
-from bench.experiments.judge_format import ANALYSES, JUDGE_TEMPLATE, judge_answer
+from bench.experiments.judge_capacity import lm_train, pretrain_backbone
+from bench.experiments.judge_format import ANALYSES, DRILLED, JUDGE_TEMPLATE, judge_answer
 from bench.experiments.judge_heldout import by_position, position_items, write_processbench
 from bench.experiments.stats import (
     at_threshold,
@@ -68,6 +68,15 @@ def base_judge(root: Path, train_rows: Sequence[dict[str, Any]], args: argparse.
     from stepq.workers.data.synthetic_set import NUMBERS
     from stepq.workers.seeds import derive_seed
 
+    if args.analysis in DRILLED:  # the compact spelling's arithmetic, from drills mixed in
+        if args.backbone != "llama":
+            raise SystemExit(f"--analysis {args.analysis} needs the llama backbone")
+        base = root / "base"
+        loss = pretrain_backbone(
+            base, seed, layers=args.layers, width=args.width, problems=args.pretrain_problems,
+            steps=args.pretrain_steps, numbers=args.numbers, drills=args.pretrain_problems,
+        )  # fmt: skip
+        return _format_stage(root, base, loss, train_rows, args, seed)
     if args.backbone == "llama":
         base = build_tiny_llama(
             root / "base", seed=seed, max_positions=1024, hidden_size=args.width, num_layers=args.layers
@@ -81,6 +90,12 @@ def base_judge(root: Path, train_rows: Sequence[dict[str, Any]], args: argparse.
         steps = policy.solve(problem, i)
         solutions.append((problem.question + "\n", "".join(s.text for s in steps)))
     loss = lm_train(base, solutions, args.pretrain_steps, 16, 1e-3, seed)
+    return _format_stage(root, base, loss, train_rows, args, seed)
+
+
+def _format_stage(
+    root: Path, base: Path, loss: float, train_rows: Sequence[dict[str, Any]], args: argparse.Namespace, seed: int
+) -> Path:
     shutil.copytree(base, root / "backbone")  # the pretrained LM, before the format: the PRM's backbone
     # every prompt with both verdicts in the same batch: the base learns the format and that
     # either verdict is as likely, whatever the prompt (a random verdict, with no drift)

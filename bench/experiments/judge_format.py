@@ -45,6 +45,8 @@ from typing import Any
 
 JUDGE_TEMPLATE = "{problem}\n{history}\n>> {chunk}\nVerdict:"
 ANALYSES = ("none", "recompute", "resolve", "compact", "compare", "spelled", "chain")
+DRILLED = ("compact", "compare", "spelled", "chain")
+"""The analyses in the compact spelling, which the backbone learns from drills in pretraining."""
 EQUATION = re.compile(r"Step \d+: (-?\d+) ([+*-]) (\d+) = (-?\d+)\.")
 _APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
