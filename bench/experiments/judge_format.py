@@ -58,13 +58,19 @@ def judge_prompt(problem: str, history: Sequence[str], chunk: str) -> str:
     return JudgePrompt(JUDGE_TEMPLATE).render(problem, history, chunk)
 
 
-def recomputed_analysis(chunk: str) -> str:
-    """The judged step's operation computed right, from the operands the step itself shows."""
+def _recomputed(chunk: str) -> tuple[int, str, int, int, str] | None:
+    """The judged step's operands, its operation computed right, and the result it claims."""
     m = EQUATION.search(chunk)
     if not m:
-        return ""
+        return None
     a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
-    return f"{a} {op} {b} = {_APPLY[op](a, b)}"
+    return a, op, b, _APPLY[op](a, b), m.group(4)
+
+
+def recomputed_analysis(chunk: str) -> str:
+    """The judged step's operation computed right, from the operands the step itself shows."""
+    parts = _recomputed(chunk)
+    return f"{parts[0]} {parts[1]} {parts[2]} = {parts[3]}" if parts else ""
 
 
 def compact_analysis(chunk: str) -> str:
@@ -107,11 +113,8 @@ def spelled_digits(computed: str, claimed: str) -> str:
 
 def spelled_analysis(chunk: str) -> str:
     """``compared_analysis`` and its digits spelled out."""
-    m = EQUATION.search(chunk)
-    if not m:
-        return ""
-    a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
-    return f"{compared_analysis(chunk)}\n{spelled_digits(str(_APPLY[op](a, b)), m.group(4))}"
+    parts = _recomputed(chunk)
+    return f"{compared_analysis(chunk)}\n{spelled_digits(str(parts[3]), parts[4])}" if parts else ""
 
 
 def drill_lines(rng: random.Random, count: int, low: int = -20, high: int = 100) -> str:
