@@ -288,7 +288,7 @@ def parser() -> argparse.ArgumentParser:
         help=f"What to teach, comma-separated, of {','.join(TARGETS)} (local: the step alone).",
     )
     ap.add_argument(
-        "--cells", default=",".join(DEFAULT_CELLS), help="analysis/form/layers/problems/m, comma-separated."
+        "--cells", default=",".join(DEFAULT_CELLS), help="analysis/form/layers/problems/m[/rule], comma-separated."
     )
     ap.add_argument(
         "--heldout", type=int, default=300, help="Held-out ProcessBench samples (and half as many to tune on)."
@@ -321,6 +321,9 @@ def run(args: argparse.Namespace, device: Device = CPU, benchmark: str = "judge_
             args.cells = "none/first-dead/1/40/4,recompute/all/1/40/4"
     seeds = [int(s) for s in args.seeds.split(",")]
     cells = [Cell.parse(c) for c in args.cells.split(",")]
+    unknown = set(args.targets.split(",")) - set(TARGETS)
+    if unknown:
+        raise SystemExit(f"--targets: {', '.join(sorted(unknown))} not one of {', '.join(TARGETS)}")
     results = []
     with tempfile.TemporaryDirectory() as scratch:
         data = args.data or Path(scratch) / "data"
