@@ -31,7 +31,8 @@ Analyses (StepWiser's judge writes "1. Analysis ... 2. Final Judgment", here in 
   *and every step before it*, the truth that Monte Carlo labels follow (a step computing right
   from a wrong value leaves the solution wrong).  Measured 2026-11-27: a quarter of the
   first-dead rows come after a wrong step, where the one-step analyses and the labels disagree
-  by construction.
+  by construction.  Its judge (2 layers) wrote its own last value as the claim (``65+4=69 vs
+  69`` for a step claiming 71), so its marks never differed: not a working analysis yet.
 
 The analysis is always the correct computation; it carries no verdict.
 """
@@ -94,12 +95,11 @@ def chained_analysis(problem: str, chunk: str) -> str:
     if not m or not step:
         return ""
     parsed = parse_problem(f"Problem: {problem}")
-    lines, value = [], parsed.start
-    for name, x in parsed.ops[: int(step.group(1))]:
-        op = {"Add": "+", "Subtract": "-"}.get(name, "*")
-        new = _APPLY[op](value, x)
-        lines.append(f"{value}{op}{x}={new}")
-        value = new
+    k = int(step.group(1))
+    values = [parsed.start, *parsed.true_values()[:k]]
+    symbols = {"Add": "+", "Subtract": "-", "Multiply by": "*"}
+    lines = [f"{v}{symbols[name]}{x}={w}" for (name, x), v, w in zip(parsed.ops[:k], values, values[1:], strict=False)]
+    value = values[-1]
     return "\n".join(lines) + f" vs {m.group(4)}\n" + spelled_digits(str(value), m.group(4))
 
 
