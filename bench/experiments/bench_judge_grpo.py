@@ -21,16 +21,19 @@ Per seed and label rule:
     OMP_NUM_THREADS=2 python -m bench.experiments.bench_judge_grpo                   # seeds 0,1,2, Abs-Q
     python -m bench.experiments.bench_judge_grpo --rules abs-q,rel-ratio,rel-effective --seeds 0
     python -m bench.experiments.bench_judge_grpo --quick                             # a one-minute smoke run
+    python -m bench.experiments.bench_judge_grpo --keep runs --reuse --beta 0.1       # GRPO again, same base
 
 docs/experiments/judge_grpo.md holds the figures.
 
 Prints a table per run and one JSON object on its last line.  Keeps nothing unless
-``--keep DIR`` is given.
+``--keep DIR`` is given; with ``--reuse`` a seed prepared there before (same data, backbone and
+format settings) skips steps 1-2 and trains into a folder named by its GRPO settings.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import shutil
 import tempfile
@@ -224,7 +227,10 @@ trainer:
     }
 
 
-def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+def prepare(seed: int, rule_name: str, args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
+    """Everything before GRPO: the annotated set and its snapshot, the held-out and tuning files,
+    the base judge and its figures.  Recorded in ``prepared.json`` so that ``--reuse`` starts the
+    next GRPO setting from the same base (the preparation is most of a short run)."""
     from stepq.assembly import worker_runtime
     from stepq.migrations import upgrade
     from stepq.models import Database
@@ -232,8 +238,6 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
     from stepq.trainer.generative_judge.prompt import JudgePrompt
     from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
     from stepq.trainer.snapshots.export import snapshot_records
-    from stepq.trainer.training.grpo import TrainOptions, train_judge
-    from stepq.trainer.training.recipe import Recipe
     from stepq.workers.backends.synthetic_policy import SyntheticPolicy
     from stepq.workers.data.synthetic_set import synth_set
     from stepq.workers.in_process import run_in_process
@@ -241,7 +245,6 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
     from stepq.workers.labelling.annotation_plans import configure_annotation
 
     started = time.perf_counter()
-    run_dir = root / f"seed{seed}-{rule_name}"
     run_dir.mkdir(parents=True)
     url = f"sqlite:///{run_dir / 'stepq.db'}"
     upgrade(url)
@@ -262,10 +265,8 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
         ("judge",), RULES[rule_name], val_fraction=0.2, seed=seed, until_first_error=args.form == "first-dead"
     )
     snapshot = create_snapshot(db, spec)
-    template = run_dir / "template.txt"
-    template.write_text(JUDGE_TEMPLATE)
+    (run_dir / "template.txt").write_text(JUDGE_TEMPLATE)
     records = snapshot_records(db, snapshot, JudgePrompt(JUDGE_TEMPLATE))
-    print(f"  snapshot: {len(records[TRAIN])} training, {len(records[VALIDATION])} validation chunks", flush=True)
     policy = SyntheticPolicy(
         error_rate=0.15,
         recovery_rate=args.recovery_rate,
@@ -278,15 +279,71 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
     )  # thresholds only
     tune_rows = random.Random(seed).sample(records[TRAIN], min(300, len(records[TRAIN])))
     base = base_judge(run_dir, records[TRAIN], args, seed)
-    files = (run_dir / "heldout.json", run_dir / "tune.json")
     # room for the longest answer the format stage taught (the character tokenizer: one token a character)
     completion = max(len(judge_answer(r, "Negative", args.analysis)) for part in records.values() for r in part)
     completion += 8 if args.analysis == "none" else 40  # an analysis of another problem may run longer
+    files = (run_dir / "heldout.json", run_dir / "tune.json")
     before = evaluate(base, records[VALIDATION], tune_rows, *files, samples, seed, completion)
+    prepared = {
+        "snapshot": snapshot,
+        "completion": completion,
+        "tune_chunks": [r["chunk_id"] for r in tune_rows],
+        "base": before,
+        "settings": _preparation_settings(args),
+        "prepare_s": round(time.perf_counter() - started),
+    }
+    (run_dir / "prepared.json").write_text(json.dumps(prepared))
+    return prepared
+
+
+def _preparation_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What a kept preparation was made with: ``--reuse`` refuses one made otherwise."""
+    keys = ("problems", "rollouts", "recovery_rate", "numbers", "heldout", "backbone", "analysis", "form", "width",
+            "layers", "pretrain_problems", "pretrain_steps", "format_steps", "format_lr")  # fmt: skip
+    return {k: getattr(args, k) for k in keys}
+
+
+def grpo_name(args: argparse.Namespace) -> str:
+    """The GRPO run's folder, named by its settings: runs with other settings sit beside it."""
+    extra = "" if args.top_entropy_quantile == 1.0 else f"-teq{args.top_entropy_quantile:g}"
+    extra += "" if args.num_iterations == 1 else f"-mu{args.num_iterations}"
+    return f"grpo-lr{args.lr:g}-beta{args.beta:g}-g{args.generations}x{args.prompts_per_step}-steps{args.steps}{extra}"
+
+
+def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    from stepq.migrations import upgrade
+    from stepq.models import Database
+    from stepq.models.snapshots import TRAIN, VALIDATION
+    from stepq.trainer.generative_judge.prompt import JudgePrompt
+    from stepq.trainer.snapshots.export import snapshot_records
+    from stepq.trainer.training.grpo import TrainOptions, train_judge
+    from stepq.trainer.training.recipe import Recipe
+
+    started = time.perf_counter()
+    run_dir = root / f"seed{seed}-{rule_name}"
+    kept = run_dir / "prepared.json"
+    if args.reuse and kept.is_file():
+        prepared = json.loads(kept.read_text())
+        if prepared["settings"] != _preparation_settings(args):
+            raise SystemExit(f"--reuse: {run_dir} was prepared with {prepared['settings']}; these settings differ")
+        print(f"  reusing the data and base judge in {run_dir}", flush=True)
+    else:
+        prepared = prepare(seed, rule_name, args, run_dir)
+    url = f"sqlite:///{run_dir / 'stepq.db'}"
+    upgrade(url)
+    db = Database(url)
+    snapshot = prepared["snapshot"]
+    records = snapshot_records(db, snapshot, JudgePrompt(JUDGE_TEMPLATE))
+    print(f"  snapshot: {len(records[TRAIN])} training, {len(records[VALIDATION])} validation chunks", flush=True)
+    by_id = {r["chunk_id"]: r for r in records[TRAIN]}
+    tune_rows = [by_id[c] for c in prepared["tune_chunks"]]
+    files = (run_dir / "heldout.json", run_dir / "tune.json")
+    samples = json.loads(files[0].read_text())
+    base, completion = run_dir / "base", prepared["completion"]
     recipe = Recipe.parse(
         f"""model: {base}
 rewards: [verdict-match]
-judge_template: {template}
+judge_template: {run_dir / "template.txt"}
 conversational: false
 trainer:
   num_generations: {args.generations}
@@ -299,6 +356,7 @@ trainer:
   epsilon_high: 0.28
   beta: {args.beta}
   top_entropy_quantile: {args.top_entropy_quantile}
+  num_iterations: {args.num_iterations}
   temperature: 1.0
   disable_dropout: true
   gradient_checkpointing: false
@@ -309,7 +367,7 @@ trainer:
 """
     )
     trained_at = time.perf_counter()
-    result = train_judge(db, snapshot, recipe, run_dir / "run", TrainOptions())
+    result = train_judge(db, snapshot, recipe, run_dir / grpo_name(args), TrainOptions())
     train_s = time.perf_counter() - trained_at
     after = evaluate(result.final_model, records[VALIDATION], tune_rows, *files, samples, seed, completion)
     prm = outcome_prm(db, run_dir, files, samples, args, seed) if args.prm_steps else None
@@ -322,11 +380,12 @@ trainer:
         "validation_chunks": len(records[VALIDATION]),
         "heldout_samples": len(samples),
         "random_guess_f1": random_guess_f1(samples, seed),
-        "base": before,
+        "base": prepared["base"],
         "trained": after,
         "prm": prm,
         "grpo_steps": result.global_step,
         "train_s": round(train_s),
+        "prepare_s": prepared["prepare_s"],
         "total_s": round(time.perf_counter() - started),
     }
 
@@ -337,7 +396,7 @@ def show(r: dict[str, Any]) -> None:
 
     print(
         f"seed {r['seed']} {r['rule']}: {r['train_chunks']} training chunks, {r['grpo_steps']} GRPO steps in "
-        f"{r['train_s']} s (run {r['total_s']} s)"
+        f"{r['train_s']} s (run {r['total_s']} s; its data and base judge took {r['prepare_s']} s)"
     )
     header = f"{'balanced acc (val)':>24} {'ProcessBench F1 (held out)':>28} {'no verdict':>11} {'Positive':>9}"
     print(f"  {'judge':<8} {header} {'AUC of P(Positive)':>22}")
@@ -446,15 +505,30 @@ def main() -> None:
         default=1.0,
         help="TRL's: the loss on this share of the most uncertain tokens only (1.0: every token, as shipped).",
     )
+    ap.add_argument(
+        "--num-iterations",
+        type=int,
+        default=1,
+        help="TRL's num_iterations (the GRPO paper's mu): optimisation passes over each generated batch (1 as "
+        "shipped).",
+    )
     ap.add_argument("--prm-steps", type=int, default=1000, help="The outcome PRM's steps (0: no PRM).")
     ap.add_argument("--prm-lr", type=float, default=1e-3)
     ap.add_argument("--quick", action="store_true", help="Tiny sizes: checks the chain runs, measures nothing.")
     ap.add_argument("--keep", type=Path, default=None, help="Keep the databases and models here.")
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="With --keep: a seed whose data and base judge are already there (made with the same data, backbone "
+        "and format settings) starts GRPO from them; each GRPO setting trains into its own folder.",
+    )
     args = ap.parse_args()
     if args.quick:
         args.problems, args.heldout, args.pretrain_steps, args.format_steps, args.steps = 60, 40, 60, 30, 6
         args.prm_steps = 10
         args.pretrain_problems = 200
+    if args.reuse and not args.keep:
+        raise SystemExit("--reuse needs --keep DIR (where the prepared seeds are kept)")
     seeds = [int(s) for s in args.seeds.split(",")]
     rules = [r.strip() for r in args.rules.split(",")]
     unknown = [r for r in rules if r not in RULES]
