@@ -1,0 +1,55 @@
+"""bench_judge_grpo's whole chain at tiny size, and a second GRPO setting from the kept seed."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = ["--quick", "--seeds", "0", "--analysis", "spelled", "--form", "first-dead", "--prm-steps", "0"]
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "bench.experiments.bench_judge_grpo", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+
+
+def _annotation(db: Path) -> tuple[int, ...]:
+    with sqlite3.connect(db) as conn:
+        return tuple(
+            conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+            for t in ("problem_sets", "trajectories", "rollouts", "snapshots")
+        )
+
+
+@pytest.mark.slow
+def test_a_second_grpo_setting_reuses_the_kept_data_and_base(tmp_path: Path) -> None:
+    first = _bench(*QUICK, "--keep", str(tmp_path))
+    assert first.returncode == 0, first.stderr[-3000:]
+    run = json.loads(first.stdout.strip().splitlines()[-1])["runs"][0]
+    seed_dir = tmp_path / "seed0-abs-q"
+    assert run["grpo_steps"] == 6 and (seed_dir / "grpo-lr0.0002-beta0-g4x16-steps6" / "final").is_dir()
+    annotated = _annotation(seed_dir / "stepq.db")
+    base_weights = sorted((seed_dir / "base").glob("*.safetensors"))[0].read_bytes()
+
+    again = _bench(*QUICK, "--keep", str(tmp_path), "--reuse", "--beta", "0.1")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "reusing the data and base judge" in again.stdout
+    rerun = json.loads(again.stdout.strip().splitlines()[-1])["runs"][0]
+    # the same base, data and held-out file: its figures are the first run's, not re-measured on another
+    assert rerun["base"] == run["base"] and rerun["prepare_s"] == run["prepare_s"]
+    assert rerun["train_chunks"] == run["train_chunks"] and rerun["random_guess_f1"] == run["random_guess_f1"]
+    assert _annotation(seed_dir / "stepq.db") == annotated  # nothing annotated or snapshotted again
+    assert sorted((seed_dir / "base").glob("*.safetensors"))[0].read_bytes() == base_weights  # GRPO left it
+    assert (seed_dir / "grpo-lr0.0002-beta0.1-g4x16-steps6" / "final").is_dir()
+
+    other = _bench(*QUICK, "--keep", str(tmp_path), "--reuse", "--rollouts", "4")
+    assert other.returncode != 0 and "these settings differ" in other.stderr
+    assert _bench(*QUICK, "--reuse").returncode != 0  # nothing kept to reuse
