@@ -310,6 +310,22 @@ def grpo_name(args: argparse.Namespace) -> str:
     return f"grpo-lr{args.lr:g}-beta{args.beta:g}-g{args.generations}x{args.prompts_per_step}-steps{args.steps}{extra}"
 
 
+def supervised_judge(
+    run_dir: Path, train_rows: Sequence[dict[str, Any]], args: argparse.Namespace, seed: int
+) -> dict[str, Any]:
+    """The same labels taught by cross-entropy (the capacity check's ``teach_verdict``) from the
+    same pretrained backbone, for the same analysis: what GRPO's judge is measured against."""
+    from bench.experiments.judge_capacity import teach_verdict
+
+    out = run_dir / f"supervised-steps{args.supervised_steps}"
+    started = time.perf_counter()
+    loss = teach_verdict(
+        run_dir / "backbone", out, train_rows, target="label", analysis=args.analysis,
+        steps=args.supervised_steps, batch=16, lr=1e-3, seed=seed,
+    )  # fmt: skip
+    return {"model": out, "loss": loss, "steps": args.supervised_steps, "train_s": round(time.perf_counter() - started)}
+
+
 def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from stepq.migrations import upgrade
     from stepq.models import Database
@@ -366,10 +382,18 @@ trainer:
   seed: {seed}
 """
     )
-    trained_at = time.perf_counter()
-    result = train_judge(db, snapshot, recipe, run_dir / grpo_name(args), TrainOptions())
-    train_s = time.perf_counter() - trained_at
-    after = evaluate(result.final_model, records[VALIDATION], tune_rows, *files, samples, seed, completion)
+    after, grpo_steps, train_s = None, 0, 0.0
+    if args.steps:
+        trained_at = time.perf_counter()
+        result = train_judge(db, snapshot, recipe, run_dir / grpo_name(args), TrainOptions())
+        train_s = time.perf_counter() - trained_at
+        after = evaluate(result.final_model, records[VALIDATION], tune_rows, *files, samples, seed, completion)
+        grpo_steps = result.global_step
+    supervised = None
+    if args.supervised_steps:
+        supervised = supervised_judge(run_dir, records[TRAIN], args, seed)
+        figures = evaluate(supervised["model"], records[VALIDATION], tune_rows, *files, samples, seed, completion)
+        supervised = {**supervised, **figures, "model": str(supervised["model"])}
     prm = outcome_prm(db, run_dir, files, samples, args, seed) if args.prm_steps else None
     return {
         "seed": seed,
@@ -382,8 +406,9 @@ trainer:
         "random_guess_f1": random_guess_f1(samples, seed),
         "base": prepared["base"],
         "trained": after,
+        "supervised": supervised,
         "prm": prm,
-        "grpo_steps": result.global_step,
+        "grpo_steps": grpo_steps,
         "train_s": round(train_s),
         "prepare_s": prepared["prepare_s"],
         "total_s": round(time.perf_counter() - started),
@@ -399,30 +424,31 @@ def show(r: dict[str, Any]) -> None:
         f"{r['train_s']} s (run {r['total_s']} s; its data and base judge took {r['prepare_s']} s)"
     )
     header = f"{'balanced acc (val)':>24} {'ProcessBench F1 (held out)':>28} {'no verdict':>11} {'Positive':>9}"
-    print(f"  {'judge':<8} {header} {'AUC of P(Positive)':>22}")
-    for name in ("base", "trained"):
+    print(f"  {'judge':<10} {header} {'AUC of P(Positive)':>22}")
+    judges = [name for name in ("base", "trained", "supervised") if r.get(name)]
+    for name in judges:
         m = r[name]
         auc = ci(100 * m["p_positive_auc"], [100 * x for x in m["p_positive_auc_ci"]])
         print(
-            f"  {name:<8} {ci(m['balanced_accuracy'], m['balanced_accuracy_ci']):>24} "
+            f"  {name:<10} {ci(m['balanced_accuracy'], m['balanced_accuracy_ci']):>24} "
             f"{ci(m['processbench_f1'], m['processbench_f1_ci']):>28} {m['no_verdict']:>11} "
             f"{100 * m['positive_share']:>8.0f}% {auc:>22}"
         )
-    print(f"  {'judge':<8} {'P(Positive) >= t: balanced acc':>32} {'ProcessBench F1 (t tuned elsewhere)':>36}")
-    for name in ("base", "trained"):
+    print(f"  {'judge':<10} {'P(Positive) >= t: balanced acc':>32} {'ProcessBench F1 (t tuned elsewhere)':>36}")
+    for name in judges:
         m = r[name]
         print(
-            f"  {name:<8} {ci(m['thresholded_balanced_accuracy'], m['thresholded_balanced_accuracy_ci']):>32} "
+            f"  {name:<10} {ci(m['thresholded_balanced_accuracy'], m['thresholded_balanced_accuracy_ci']):>32} "
             f"{ci(m['thresholded_processbench_f1'], m['thresholded_processbench_f1_ci']):>36}"
         )
     print("  mean P(Positive) on held-out steps by position (correct steps / first wrong steps):")
-    for name in ("base", "trained"):
+    for name in judges:
         rows = r[name]["p_positive_by_position"]
         cells = [
             f"{'-' if c is None else f'{c:.2f}'}/{'-' if w is None else f'{w:.2f}'}"
             for c, w in zip(rows["correct"], rows["first_error"], strict=True)
         ]
-        print(f"  {name:<8} " + " ".join(cells))
+        print(f"  {name:<10} " + " ".join(cells))
     if r.get("prm"):
         p = r["prm"]
         print(
@@ -488,7 +514,14 @@ def main() -> None:
         help="Long enough that the format is written without slips: a char model that misspells one verdict "
         "more often (Posive) hands GRPO a bias toward the other.",
     )
-    ap.add_argument("--steps", type=int, default=300, help="GRPO steps.")
+    ap.add_argument("--steps", type=int, default=300, help="GRPO steps (0: no GRPO run).")
+    ap.add_argument(
+        "--supervised-steps",
+        type=int,
+        default=0,
+        help="Also teach the labels by cross-entropy from the same backbone for this many steps (16 rows a step "
+        "at 1e-3, as bench_judge_capacity does), evaluated as the GRPO judge is (0: not).",
+    )
     ap.add_argument("--generations", type=int, default=4, help="Per prompt (the paper's 4).")
     ap.add_argument("--prompts-per-step", type=int, default=16)
     ap.add_argument("--format-lr", type=float, default=1e-3)
