@@ -1,0 +1,76 @@
+"""bench_judge_at_work: the Best-of-N bookkeeping on hand-made samples, and the whole chain at tiny size."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.experiments.bench_judge_at_work import best_of_n_rows, paired_gain
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _sample(steps: list[str], answer: str, correct: bool) -> dict:
+    return {"steps": tuple(steps), "answer": answer, "correct": correct}
+
+
+@pytest.mark.unit
+def test_best_of_n_picks_by_the_lowest_step_score_and_votes_by_answer() -> None:
+    problems = [("q1", "5"), ("q2", "7")]
+    candidates = [
+        # q1: two wrong samples agreeing on 4, one right; its bad step is scored low
+        [_sample(["a", "bad"], "4", False), _sample(["a", "b"], "5", True), _sample(["c", "bad"], "4", False)],
+        # q2: right first; majority right too
+        [_sample(["x"], "7", True), _sample(["bad"], "6", False), _sample(["x"], "7", True)],
+    ]
+
+    def likes_good_steps(items: list) -> list[float]:
+        return [0.1 if item.chunk == "bad" else 0.9 for item in items]
+
+    def likes_bad_steps(items: list) -> list[float]:
+        return [0.9 if item.chunk == "bad" else 0.1 for item in items]
+
+    rows = best_of_n_rows(problems, candidates, {"good": likes_good_steps, "inverted": likes_bad_steps}, [1, 3], 0)
+    one, three = rows
+    # N = 1: every strategy takes the first sample
+    assert {one[k]["accuracy"] for k in ("good", "inverted", "majority", "random")} == {50.0}
+    assert three["good"]["accuracy"] == 100.0  # the right sample has no low step on either problem
+    assert three["inverted"]["accuracy"] == 0.0  # an inverted judge picks the wrong ones
+    assert three["majority"]["accuracy"] == 50.0  # q1's majority answer (4) is wrong
+    assert three["outcomes"]["good"] == [True, True]
+
+
+@pytest.mark.unit
+def test_paired_gain_counts_problems_won_and_lost() -> None:
+    plain = [False, False, True, True]
+    judged = [True, False, True, False]
+    gain = paired_gain(plain, judged, 0)
+    assert gain["gain"] == 0.0 and gain["ci"][0] < 0 < gain["ci"][1]
+    assert paired_gain(plain, [True, True, True, True], 0)["gain"] == 50.0
+
+
+@pytest.mark.slow
+def test_the_chain_runs_at_tiny_size() -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.experiments.bench_judge_at_work", "--quick"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    runs = result["chunk_reset"]
+    assert set(runs) == {"plain", "judge", "oracle"}
+    assert runs["plain"]["rejected_chunks"] == 0 and runs["plain"]["problems"] == result["problems"]
+    for name in ("judge", "oracle"):
+        assert runs[name]["tokens_over_plain"] == runs[name]["tokens"] / runs["plain"]["tokens"]
+        assert len(runs[name]["outcomes"]) == result["problems"]
+    assert [row["n"] for row in result["best_of_n"]] == [1, 2]
