@@ -53,3 +53,5 @@ def test_a_second_grpo_setting_reuses_the_kept_data_and_base(tmp_path: Path) -> 
     other = _bench(*QUICK, "--keep", str(tmp_path), "--reuse", "--rollouts", "4")
     assert other.returncode != 0 and "these settings differ" in other.stderr
     assert _bench(*QUICK, "--reuse").returncode != 0  # nothing kept to reuse
+    without_reuse = _bench(*QUICK, "--keep", str(tmp_path))  # never prepared over a kept seed
+    assert without_reuse.returncode != 0 and "--reuse starts from it" in without_reuse.stderr

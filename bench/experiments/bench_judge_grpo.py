@@ -343,6 +343,12 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
         if prepared["settings"] != _preparation_settings(args):
             raise SystemExit(f"--reuse: {run_dir} was prepared with {prepared['settings']}; these settings differ")
         print(f"  reusing the data and base judge in {run_dir}", flush=True)
+    elif run_dir.exists():
+        raise SystemExit(
+            f"{run_dir} exists"
+            + (" but its preparation never finished" if args.reuse else " (--reuse starts from it)")
+            + ": remove it, or keep this run elsewhere"
+        )
     else:
         prepared = prepare(seed, rule_name, args, run_dir)
     url = f"sqlite:///{run_dir / 'stepq.db'}"
