@@ -30,7 +30,6 @@ import argparse
 import random
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -98,9 +97,7 @@ def run_chunk_reset(backend: Any, judges: dict[str, Any], problems: Sequence[tup
         started = time.perf_counter()
         retries = 0 if name == "plain" else args.retries
         report = chunk_reset(backend, params, judge, policy, max_retries=retries, seed=args.seed, grader=grader)
-        solved = zip(report.solutions, policy, strict=True)
-        outcomes = [grader.grade(text, p.reference).reward == 1.0 for text, p in solved]
-        runs[name] = {**report.as_dict(), **accuracy_ci(outcomes, args.seed), "outcomes": outcomes}
+        runs[name] = {**report.as_dict(), **accuracy_ci(report.outcomes, args.seed), "outcomes": report.outcomes}
         runs[name]["seconds"] = round(time.perf_counter() - started)
     for name in judges:
         runs[name]["gain_over_plain"] = paired_gain(runs["plain"]["outcomes"], runs[name]["outcomes"], args.seed)
@@ -245,14 +242,14 @@ def main() -> None:
         finally:
             backend.close()
             built.close()
-    right = Counter(s["correct"] for samples in candidates for s in samples)
+    drawn = [s["correct"] for samples in candidates for s in samples]
     result = {
         "benchmark": "judge_at_work",
         "judge": str(args.judge),
         "policy": args.policy if not args.quick else "quick",
         "problems": args.problems,
         "retries": args.retries,
-        "policy_sample_accuracy": 100.0 * right[True] / max(1, sum(right.values())),
+        "policy_sample_accuracy": 100.0 * sum(drawn) / max(1, len(drawn)),
         "chunk_reset": cr,
         "best_of_n": bon,
         "seconds": round(time.perf_counter() - started),

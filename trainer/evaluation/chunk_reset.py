@@ -42,6 +42,8 @@ class ChunkResetReport:
     accepted_tokens: int = 0
     rejected_tokens: int = 0
     solutions: list[str] = field(default_factory=list)
+    outcomes: list[bool] = field(default_factory=list)
+    """Per problem, in order: whether its solution's answer was graded right (paired comparisons)."""
 
     @property
     def accuracy(self) -> float:
@@ -127,7 +129,7 @@ def chunk_reset(
             else:
                 still.append(p)
         active = still
-    for p, problem in enumerate(problems):
-        report.correct += grader.grade(texts[p], problem.reference).reward
+    report.outcomes = [grader.grade(texts[p], problem.reference).reward == 1 for p, problem in enumerate(problems)]
+    report.correct = sum(report.outcomes)
     report.solutions = texts
     return report
