@@ -202,6 +202,12 @@ def main() -> None:
     ap.add_argument("--budget", default=Adaptive().spec, help="the adaptive budget spec to measure")
     ap.add_argument("--settings", choices=[*sorted(SETTINGS), "neural"], default="all")
     ap.add_argument("--neural-problems", type=int, default=160, help="trajectories per neural setting")
+    ap.add_argument(
+        "--per-problem",
+        type=int,
+        default=1,
+        help="neural settings: trajectories per problem (siblings); --neural-problems / this many problems",
+    )
     ap.add_argument("--reference-rollouts", type=int, default=64, help="M of the neural settings' reference")
     ap.add_argument("--policy-cache", type=Path, default=None, help="where the neural policies are kept")
     ap.add_argument(

@@ -1,7 +1,9 @@
 """``bench_budget --settings neural``: the budgets on a tiny neural policy's trajectories.
 
 For each strength of ``bench/experiments/neural_policy.py``: sample one trajectory per problem from the
-model (temperature 1, through ``stepq generate``'s code and the hf backend), then annotate
+model, or several (``--per-problem``: siblings, whose outcomes the adaptive budget counts as
+samples of the prefixes they share), at temperature 1 through ``stepq generate``'s code and
+the hf backend, then annotate
 copies of that set through the real task code (embedded runner, SQLite, the hf backend):
 exhaustive M (16), a reference of M = 64 with other rollout seeds, and the adaptive budget
 under each label rule.  Labels are compared with the reference's (the target: the adaptive
@@ -29,7 +31,14 @@ from typing import Any
 from sqlalchemy import text
 
 from bench.experiments.budget_measures import RULES, accuracy, count, labels
-from bench.experiments.budget_replay import by_evidence, change_interval, dead_stays_dead, load_pools, replay
+from bench.experiments.budget_replay import (
+    by_evidence,
+    change_interval,
+    dead_stays_dead,
+    load_pools,
+    replay,
+    trajectory_key,
+)
 from bench.experiments.neural_policy import DEFAULT_CACHE, MAX_TOKENS, PROMPT, STRENGTHS, build_all
 from stepq.assembly import worker_runtime
 from stepq.migrations import upgrade
@@ -53,8 +62,8 @@ def backend_config(model: Path) -> dict[str, Any]:
     return {"model": str(model), "batch_size": 64}
 
 
-def sample_set(tmp: Path, strength: str, model: Path, problems: int) -> Path:
-    """A SQLite file with the problems and one trajectory of the policy per problem."""
+def sample_set(tmp: Path, strength: str, model: Path, problems: int, per_problem: int = 1) -> Path:
+    """A SQLite file with the problems and ``per_problem`` trajectories of the policy on each."""
     from stepq.workers.backends.hf import HFBackend
 
     path = tmp / f"{strength}-trajectories.db"
@@ -62,7 +71,8 @@ def sample_set(tmp: Path, strength: str, model: Path, problems: int) -> Path:
     db = Database(f"sqlite:///{path}")
     synth_set(db, SET, problems=problems, seed=42, trajectories_per_problem=0, numbers="small")
     policy = HFBackend.from_config(backend_config(model))
-    generate_trajectories(db, SET, policy, samples=1, template=PROMPT, params=SamplingParams.from_config(SAMPLING))
+    params = SamplingParams.from_config(SAMPLING)
+    generate_trajectories(db, SET, policy, samples=per_problem, template=PROMPT, params=params)
     db.dispose()
     return path
 
@@ -86,26 +96,29 @@ def annotate_copy(
 
 
 def step_truth(db: Database) -> dict[tuple[str, int], bool]:
-    """Whether each chunk and every one before it compute the true running values."""
+    """Whether each chunk and every one before it compute the true running values, by
+    (``trajectory_key``, chunk index)."""
     with db.engine.connect() as conn:
         rows = conn.execute(
             text(
-                "SELECT p.external_id, p.question, c.idx, c.text FROM chunks c "
+                "SELECT p.external_id, t.source_key, p.question, c.idx, c.text FROM chunks c "
                 "JOIN trajectories t ON t.id = c.trajectory_id JOIN problems p ON p.id = t.problem_id "
-                "ORDER BY p.external_id, c.idx"
+                "ORDER BY t.id, c.idx"
             )
         ).all()
     out: dict[tuple[str, int], bool] = {}
     history: dict[str, list[str]] = {}
-    for ext, question, idx, chunk in rows:
-        seen = history.setdefault(ext, [])
-        out[(ext, idx)] = bool(step_is_right(question, seen, chunk))
+    for ext, source, question, idx, chunk in rows:
+        key = trajectory_key(ext, source, per_trajectory=True)
+        seen = history.setdefault(key, [])
+        out[(key, idx)] = bool(step_is_right(question, seen, chunk))
         seen.append(chunk)
     return out
 
 
 def measure_setting(tmp: Path, strength: str, model: Path, args: argparse.Namespace) -> dict[str, Any]:
-    trajectories = sample_set(tmp, strength, model, args.neural_problems)
+    per_problem = args.per_problem
+    trajectories = sample_set(tmp, strength, model, args.neural_problems // per_problem, per_problem)
     abs_q = parse_rule("abs-q")
     exhaustive, ex_s = annotate_copy(trajectories, "exhaustive", model, args.rollouts, abs_q, "exhaustive")
     reference, ref_s = annotate_copy(
@@ -119,13 +132,17 @@ def measure_setting(tmp: Path, strength: str, model: Path, args: argparse.Namesp
     ex_tokens = count(exhaustive, SET, "coalesce(sum(r.tokens), 0)")
     ex_prompt = count(exhaustive, SET, "coalesce(sum(r.prompt_tokens), 0)")
     truth = step_truth(exhaustive)
-    pools = load_pools(exhaustive)
+    pools = load_pools(exhaustive, per_trajectory=True)
     setting: dict[str, Any] = {
         "policy": str(model),
         "answers_right": round(float(right or 0), 3),
         "chunks_per_trajectory": round(float(chunks_per or 0), 2),
         "steps_right": round(sum(truth.values()) / len(truth), 3),
         "dead_stays_dead": dead_stays_dead(pools, args.rollouts),
+        # how much siblings share beyond the prompt: the evidence they give a prefix of its own
+        "chunks_shared_with_a_sibling": round(
+            sum(max((n for n, _ in p.siblings), default=0) for p in pools.values()) / len(pools), 2
+        ),
         "exhaustive_seconds": round(ex_s, 1),
         "reference_seconds": round(ref_s, 1),
     }
@@ -135,7 +152,7 @@ def measure_setting(tmp: Path, strength: str, model: Path, args: argparse.Namesp
             relabel_set(exhaustive, SET, rule)
             relabel_set(reference, SET, rule)
         adaptive, ad_s = annotate_copy(trajectories, f"adaptive-{spec}", model, args.rollouts, rule, args.budget)
-        want, ex, ad = labels(reference, SET, rule), labels(exhaustive, SET, rule), labels(adaptive, SET, rule)
+        want, ex, ad = (labels(db, SET, rule, per_trajectory=True) for db in (reference, exhaustive, adaptive))
         ad_rollouts = count(adaptive, SET, "count(r.id)")
         ad_tokens = count(adaptive, SET, "coalesce(sum(r.tokens), 0)")
         ad_prompt = count(adaptive, SET, "coalesce(sum(r.prompt_tokens), 0)")
@@ -178,7 +195,8 @@ def measure_setting(tmp: Path, strength: str, model: Path, args: argparse.Namesp
 
 def measure_neural(args: argparse.Namespace, strengths: tuple[str, ...]) -> dict[str, Any]:
     result: dict[str, Any] = {
-        "trajectories": args.neural_problems,
+        "trajectories": args.neural_problems // args.per_problem * args.per_problem,
+        "trajectories_per_problem": args.per_problem,
         "rollouts_per_prefix": args.rollouts,
         "reference_rollouts_per_prefix": args.reference_rollouts,
         "budget": args.budget,

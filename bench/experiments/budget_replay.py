@@ -22,14 +22,25 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import select, text
 
 from stepq.models import Database
 from stepq.workers.labelling.budget import BudgetPolicy, Observation
 from stepq.workers.labelling.labels import LabelRule
 
 Key = tuple[str, int]
-"""(problem external id, chunk index from 1)."""
+"""(trajectory, chunk index from 1): the trajectory is its problem's external id, or with
+several trajectories per problem ``external id|source key`` (``trajectory_key``)."""
+
+
+def trajectory_key(external_id: str, source_key: str, per_trajectory: bool) -> str:
+    return f"{external_id}|{source_key}" if per_trajectory else external_id
+
+
+def problem_of(key: Key) -> str:
+    """The problem a label belongs to: the bootstrap resamples problems, since siblings'
+    labels rest on shared draws."""
+    return key[0].rsplit("|", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -41,39 +52,60 @@ class Pool:
     rewards: dict[int, dict[int, int]]
     tokens: dict[int, dict[int, int]]
     chunk_sizes: tuple[int, ...] = ()
+    trajectory_id: int = 0
+    siblings: tuple[tuple[int, bool], ...] = ()
+    """As the task code reads them (``sibling_samples``): (chunks shared, outcome) per sibling."""
 
 
-def load_pools(db: Database, set_name: str | None = None) -> dict[str, Pool]:
-    """Every trajectory's rollouts in an annotated set (the database's only set when None),
-    by its problem's external id."""
+def load_pools(db: Database, set_name: str | None = None, per_trajectory: bool = False) -> dict[str, Pool]:
+    """Every trajectory's rollouts in an annotated set (the database's only set when None), by
+    ``trajectory_key``: its problem's external id, with ``per_trajectory`` its source key too
+    (a set with several trajectories per problem)."""
+    from stepq.models.rollout_queries import sibling_samples
+    from stepq.models.trajectories import Chunk
+
     where = "" if set_name is None else " JOIN problem_sets s ON s.id = p.problem_set_id WHERE s.name = :n"
     args = {} if set_name is None else {"n": set_name}
+    select_key = "SELECT p.external_id, t.source_key, "
     with db.engine.connect() as conn:
         shapes = conn.execute(
             text(
-                "SELECT p.external_id, t.n_chunks, t.outcome FROM trajectories t JOIN problems p ON p.id = t.problem_id"
-            )
+                select_key + "t.id, t.n_chunks, t.outcome FROM trajectories t "
+                "JOIN problems p ON p.id = t.problem_id" + where
+            ),
+            args,
         ).all()
-        sizes: dict[str, list[int]] = {}
-        for ext, size in conn.execute(
+        keys = {tid: trajectory_key(ext, src, per_trajectory) for ext, src, tid, _, _ in shapes}
+        if len(set(keys.values())) < len(keys):
+            raise ValueError("several trajectories per problem: load the pools with per_trajectory=True")
+        sizes: dict[int, list[int]] = {}
+        for tid, size in conn.execute(
             text(
-                "SELECT p.external_id, length(c.text) FROM chunks c JOIN trajectories t ON t.id = c.trajectory_id "
-                "JOIN problems p ON p.id = t.problem_id" + where + " ORDER BY p.external_id, c.idx"
+                "SELECT t.id, length(c.text) FROM chunks c JOIN trajectories t ON t.id = c.trajectory_id "
+                "JOIN problems p ON p.id = t.problem_id" + where + " ORDER BY t.id, c.idx"
             ),
             args,
         ):
-            sizes.setdefault(ext, []).append(int(size))
+            sizes.setdefault(tid, []).append(int(size))
         rows = conn.execute(
             text(
-                "SELECT p.external_id, r.prefix_len, r.sample_idx, r.reward, r.tokens FROM rollouts r "
+                "SELECT t.id, r.prefix_len, r.sample_idx, r.reward, r.tokens FROM rollouts r "
                 "JOIN trajectories t ON t.id = r.trajectory_id JOIN problems p ON p.id = t.problem_id" + where
             ),
             args,
         ).all()
-    pools = {ext: Pool(int(n), bool(outcome), {}, {}, tuple(sizes.get(ext, ()))) for ext, n, outcome in shapes}
-    for ext, k, i, reward, tokens in rows:
-        pools[ext].rewards.setdefault(k, {})[i] = int(reward)
-        pools[ext].tokens.setdefault(k, {})[i] = int(tokens)
+    with db.session() as session:
+        chunks: dict[int, list[Chunk]] = {tid: [] for tid in keys}
+        for chunk in session.scalars(select(Chunk).where(Chunk.trajectory_id.in_(list(keys))).order_by(Chunk.idx)):
+            chunks[chunk.trajectory_id].append(chunk)
+        siblings = sibling_samples(session, chunks)
+    pools = {
+        keys[tid]: Pool(int(n), bool(outcome), {}, {}, tuple(sizes.get(tid, ())), tid, siblings.get(tid, ()))
+        for _, _, tid, n, outcome in shapes
+    }
+    for tid, k, i, reward, tokens in rows:
+        pools[keys[tid]].rewards.setdefault(k, {})[i] = int(reward)
+        pools[keys[tid]].tokens.setdefault(k, {})[i] = int(tokens)
     return pools
 
 
@@ -92,7 +124,14 @@ def replay(pools: dict[str, Pool], budget: BudgetPolicy, rule: LabelRule, m: int
         seen: dict[int, dict[int, int]] = {}
         while True:
             obs = Observation(
-                pool.n_chunks, m, pool.outcome, seen, budget.counts_trajectory(), key=ext, chunk_sizes=pool.chunk_sizes
+                pool.n_chunks,
+                m,
+                pool.outcome,
+                seen,
+                budget.counts_trajectory(),
+                key=str(pool.trajectory_id) if pool.trajectory_id else ext,
+                chunk_sizes=pool.chunk_sizes,
+                siblings=pool.siblings,
             )
             decision = budget.decide(obs, rule)
             if decision.done:
@@ -141,13 +180,13 @@ def by_evidence(result: Replay, exhaustive: dict[Key, bool], reference: dict[Key
 def change_interval(
     got: dict[Key, bool], base: dict[Key, bool], want: dict[Key, bool], draws: int = 2000, seed: int = 0
 ) -> tuple[float, float]:
-    """95% bootstrap interval, over trajectories, of how many points more often ``got``
-    agrees with ``want`` than ``base`` does."""
+    """95% bootstrap interval, over problems (a problem's trajectories together), of how many
+    points more often ``got`` agrees with ``want`` than ``base`` does."""
     import random
 
     per: dict[str, list[int]] = {}
     for key, label in want.items():
-        row = per.setdefault(key[0], [0, 0, 0])
+        row = per.setdefault(problem_of(key), [0, 0, 0])
         row[0] += got.get(key) == label
         row[1] += base.get(key) == label
         row[2] += 1
