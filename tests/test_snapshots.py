@@ -56,6 +56,41 @@ def test_unbalanced_plan_keeps_every_row() -> None:
     assert sorted(plan.splits["train"] + plan.splits["validation"]) == sorted(rows)
 
 
+def test_balancing_by_position_leaves_no_cue_in_the_step_index() -> None:
+    """Positives early, negatives late (Abs-Q's shape): overall balance keeps the cue, balancing
+    by position keeps exactly min(positives, negatives) of each class at every index."""
+    counts = {1: (10, 2), 2: (5, 5), 3: (1, 8)}  # index: (positives, negatives)
+    rows, i = [], 0
+    for idx, (pos, neg) in counts.items():
+        for positive in [True] * pos + [False] * neg:
+            rows.append(LabelledChunk(i, i, i, idx, positive, 0.5, 0.5))
+            i += 1
+    overall = balance(rows, 0)
+    late = [r.positive for r in overall if r.chunk_idx == 3]
+    assert len(overall) == 30 and late.count(False) == 8 and late.count(True) <= 1, "the cue stays"
+    by_position = balance(rows, 0, by_position=True)
+    kept = {idx: [r.positive for r in by_position if r.chunk_idx == idx] for idx in counts}
+    assert {idx: (sum(v), len(v) - sum(v)) for idx, v in kept.items()} == {1: (2, 2), 2: (5, 5), 3: (1, 1)}
+    assert balance(rows, 0, by_position=True) == by_position, "seeded"
+
+
+def test_a_snapshot_balanced_by_position_says_so(sqlite: Database) -> None:
+    annotated_set(sqlite, problems=40, error_rate=0.25, recovery_rate=0.0)
+    with pytest.raises(ConfigError, match="needs balancing"):
+        create_snapshot(sqlite, SnapshotSpec(("s",), "abs-q", balanced=False, balance_by_position=True))
+    number = create_snapshot(sqlite, SnapshotSpec(("s",), "abs-q", 0.25, balance_by_position=True))
+    with sqlite.session() as s:
+        manifest = queries.get_snapshot(s, number).manifest
+        rows = s.execute(
+            text("SELECT split, chunk_idx, positive FROM snapshot_rows WHERE snapshot_id = :n"), {"n": number}
+        ).all()
+    assert manifest["balance"].startswith("by position")
+    tally: dict[tuple[str, int], list[int]] = {}
+    for split, idx, positive in rows:
+        tally.setdefault((split, idx), [0, 0])[bool(positive)] += 1
+    assert len(tally) >= 4 and all(neg == pos for neg, pos in tally.values()), tally
+
+
 def test_balance_of_one_class_is_empty_and_split_fraction_is_by_problem() -> None:
     only_pos = [r for r in _rows(50, 1) if r.positive]
     assert balance(only_pos, 0) == []

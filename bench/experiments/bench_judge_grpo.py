@@ -262,7 +262,12 @@ def prepare(seed: int, rule_name: str, args: argparse.Namespace, run_dir: Path) 
     configure_annotation(db, "judge", args.rollouts, rule=RULES[rule_name])
     run_in_process(db, worker_runtime(db, WorkerOptions(batch_rollouts=256, name="bench")))
     spec = SnapshotSpec(
-        ("judge",), RULES[rule_name], val_fraction=0.2, seed=seed, until_first_error=args.form == "first-dead"
+        ("judge",),
+        RULES[rule_name],
+        val_fraction=0.2,
+        seed=seed,
+        until_first_error=args.form == "first-dead",
+        balance_by_position=args.balance == "position",
     )
     snapshot = create_snapshot(db, spec)
     (run_dir / "template.txt").write_text(JUDGE_TEMPLATE)
@@ -299,7 +304,7 @@ def prepare(seed: int, rule_name: str, args: argparse.Namespace, run_dir: Path) 
 def _preparation_settings(args: argparse.Namespace) -> dict[str, Any]:
     """What a kept preparation was made with: ``--reuse`` refuses one made otherwise."""
     keys = ("problems", "rollouts", "recovery_rate", "numbers", "heldout", "backbone", "analysis", "form", "width",
-            "layers", "pretrain_problems", "pretrain_steps", "format_steps", "format_lr")  # fmt: skip
+            "layers", "pretrain_problems", "pretrain_steps", "format_steps", "format_lr", "balance")  # fmt: skip
     return {k: getattr(args, k) for k in keys}
 
 
@@ -340,7 +345,7 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
     kept = run_dir / "prepared.json"
     if args.reuse and kept.is_file():
         prepared = json.loads(kept.read_text())
-        if prepared["settings"] != _preparation_settings(args):
+        if {"balance": "overall", **prepared["settings"]} != _preparation_settings(args):  # kept before --balance
             raise SystemExit(f"--reuse: {run_dir} was prepared with {prepared['settings']}; these settings differ")
         print(f"  reusing the data and base judge in {run_dir}", flush=True)
     elif run_dir.exists():
@@ -502,6 +507,13 @@ def main() -> None:
         default="all",
         help="all: every labelled chunk (StepWiser's snapshot); first-dead: each trajectory up to its first dead "
         "prefix (stepq snapshot create --until-first-error).",
+    )
+    ap.add_argument(
+        "--balance",
+        choices=["overall", "position"],
+        default="overall",
+        help="overall: 50/50 over each split (StepWiser's); position: 50/50 at every step index, so a step's place "
+        "says nothing about its label (stepq snapshot create --balance-by-position).",
     )
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)

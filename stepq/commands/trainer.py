@@ -38,16 +38,38 @@ def snapshot() -> None:
     help="Keep a trajectory's chunks only while the prefix before them is alive (q_before > 0): each solution "
     "up to its first error, as OmegaPRM and PRM800K label (default: every labelled chunk, StepWiser's).",
 )
+@click.option(
+    "--balance-by-position",
+    is_flag=True,
+    help="Balance each step position on its own, so a step's place in its solution says nothing about its label "
+    "(default: 50/50 over each split, StepWiser's).",
+)
 @friendly
 def snapshot_create(
-    sets: str, rule: str, val_fraction: float, seed: int, balance: bool, name: str | None, until_first_error: bool
+    sets: str,
+    rule: str,
+    val_fraction: float,
+    seed: int,
+    balance: bool,
+    name: str | None,
+    until_first_error: bool,
+    balance_by_position: bool,
 ) -> None:
     """Freeze the currently labelled chunks into a numbered snapshot."""
     from stepq.models import queries
     from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot, parse_sets
 
     db = open_db(load_settings())
-    spec = SnapshotSpec(parse_sets(sets), rule, val_fraction, seed, balance, name, until_first_error=until_first_error)
+    spec = SnapshotSpec(
+        parse_sets(sets),
+        rule,
+        val_fraction,
+        seed,
+        balance,
+        name,
+        until_first_error=until_first_error,
+        balance_by_position=balance_by_position,
+    )
     number = create_snapshot(db, spec)
     with db.session() as session:
         snap = queries.get_snapshot(session, number)
@@ -372,6 +394,7 @@ def trainer() -> None:
 @click.option(
     "--until-first-error", is_flag=True, help="Snapshots keep each solution's chunks up to its first error only."
 )
+@click.option("--balance-by-position", is_flag=True, help="Snapshots balance each step position on its own.")
 @click.option("--poll", "poll_s", type=click.FloatRange(min=0.1), default=30.0, show_default=True)
 @click.option("--max-trainings", type=click.IntRange(min=1), default=None, help="Exit after this many trainings.")
 @click.option("--max-idle", "max_idle_s", type=float, default=None, help="Exit after this long with nothing to do.")
@@ -392,6 +415,7 @@ def trainer_serve(
     output_root: Path,
     val_fraction: float,
     until_first_error: bool,
+    balance_by_position: bool,
     poll_s: float,
     max_trainings: int | None,
     max_idle_s: float | None,
@@ -421,6 +445,7 @@ def trainer_serve(
         min_new_chunks=min_new_chunks,
         val_fraction=val_fraction,
         until_first_error=until_first_error,
+        balance_by_position=balance_by_position,
         poll_s=poll_s,
         lease_ttl_s=settings.trainer_lease_ttl_s,
         max_trainings=max_trainings,

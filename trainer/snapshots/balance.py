@@ -49,9 +49,19 @@ def validation_problems(problem_ids: Iterable[int | str], val_fraction: float, s
     return {p for p in set(problem_ids) if validation_side(p, val_fraction, seed)}
 
 
-def balance(rows: Sequence[LabelledChunk], seed: int) -> list[LabelledChunk]:
+def balance(rows: Sequence[LabelledChunk], seed: int, by_position: bool = False) -> list[LabelledChunk]:
     """Down-sample the majority class to exactly the minority's count (StepWiser: without it
-    the judge collapses toward "Positive").  A split with one class only becomes empty."""
+    the judge collapses toward "Positive").  A split with one class only becomes empty.
+
+    ``by_position`` balances each chunk position (step index) on its own, so where a step
+    stands in its solution says nothing about its label: under Abs-Q late steps are mostly
+    Negative, and a judge rewarded for matching labels can learn the position instead of the
+    check (docs/experiments/judge_grpo.md).  stepq's option, not StepWiser's."""
+    if by_position:
+        at: dict[int, list[LabelledChunk]] = {}
+        for r in rows:
+            at.setdefault(r.chunk_idx, []).append(r)
+        return sorted(r for idx in sorted(at) for r in balance(at[idx], seed + 7919 * idx))
     pos = sorted(r for r in rows if r.positive)
     neg = sorted(r for r in rows if not r.positive)
     n = min(len(pos), len(neg))
@@ -81,6 +91,7 @@ def plan_snapshot(
     seed: int,
     balanced: bool,
     split_keys: Mapping[int, str] | None = None,
+    by_position: bool = False,
 ) -> SnapshotPlan:
     """Split by problem, then balance each split on its own (each must be 50/50).
 
@@ -96,7 +107,7 @@ def plan_snapshot(
         TRAIN: sorted(r for r in rows if key(r.problem_id) not in val),
         VALIDATION: sorted(r for r in rows if key(r.problem_id) in val),
     }
-    splits = {name: balance(part, seed) if balanced else part for name, part in raw.items()}
+    splits = {name: balance(part, seed, by_position) if balanced else part for name, part in raw.items()}
     return SnapshotPlan(
         splits=splits,
         counts_before={name: class_counts(part) for name, part in raw.items()},

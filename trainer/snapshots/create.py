@@ -31,6 +31,10 @@ class SnapshotSpec:
     """Keep each trajectory's chunks only while the prefix before them is alive (``q_before >
     0``), as first-error judges are trained (``first_error``); StepWiser's default is every
     labelled chunk."""
+    balance_by_position: bool = False
+    """Balance each chunk position on its own (``balance.balance``), so a step's place in its
+    solution carries no information about its label; stepq's option, StepWiser balances the
+    classes overall."""
 
 
 SPLIT_KEYS = {"external-id": "external id (the same in every database)", "row-id": "row id in this database"}
@@ -56,6 +60,8 @@ def create_snapshot(db: Database, spec: SnapshotSpec) -> int:
     if not 0 <= spec.val_fraction < 1:
         raise ConfigError(f"--val-fraction must be in [0, 1), got {spec.val_fraction}")
     rule = parse_rule(spec.rule).key
+    if spec.balance_by_position and not spec.balanced:
+        raise ConfigError("balancing by position needs balancing (drop --no-balance)")
     with db.session() as session:
         set_ids = queries.set_ids_by_name(session, list(spec.sets))
         rows = [LabelledChunk(*r) for r in queries.labelled_chunks(session, set_ids, rule)]
@@ -74,7 +80,7 @@ def create_snapshot(db: Database, spec: SnapshotSpec) -> int:
             if spec.split_by == "external-id"
             else None
         )
-        plan = plan_snapshot(rows, spec.val_fraction, spec.seed, spec.balanced, keys)
+        plan = plan_snapshot(rows, spec.val_fraction, spec.seed, spec.balanced, keys, spec.balance_by_position)
         number = queries.next_snapshot_number(session)
         name = spec.name or f"snapshot-{number}"
         if queries.snapshot_name_taken(session, name):
@@ -88,6 +94,11 @@ def create_snapshot(db: Database, spec: SnapshotSpec) -> int:
             "seed": spec.seed,
             "val_fraction": spec.val_fraction,
             "balanced": spec.balanced,
+            "balance": (
+                ("by position: each step index 50/50" if spec.balance_by_position else "overall: 50/50 per split")
+                if spec.balanced
+                else "none"
+            ),
             "chunks": (
                 "until the first error: a trajectory's chunks while the prefix before them is alive (q_before > 0)"
                 if spec.until_first_error

@@ -45,6 +45,8 @@ class ServiceOptions:
     seed: int = 0
     until_first_error: bool = False
     """Snapshots keep each trajectory's chunks only up to its first error (``SnapshotSpec``)."""
+    balance_by_position: bool = False
+    """Snapshots balance each step position on its own (``SnapshotSpec``)."""
     poll_s: float = 30.0
     lease_ttl_s: float = 120.0
     max_trainings: int | None = None
@@ -137,6 +139,7 @@ def _step(
             lineage=options.lineage,
             split_by=split_by,
             until_first_error=options.until_first_error,
+            balance_by_position=options.balance_by_position,
         ),
     )
     done = [r for r in runs if r.status == RUN_DONE]
