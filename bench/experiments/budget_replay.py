@@ -155,9 +155,11 @@ def evidence(obs: Observation, k: int, label: bool) -> str:
     if k == obs.n_chunks:
         return "outcome"
     drawn = obs.rewards.get(k, {})
-    if any(drawn.values()):
-        return "sampled alive"
-    if not label and len(drawn) + int(obs.trajectory_is_sample) >= obs.m:
+    t = int(obs.trajectory_is_sample)
+    shared = [outcome for length, outcome in obs.siblings if length >= k][: obs.m - t] if t else []
+    if any(drawn.values()) or any(shared):
+        return "sampled alive"  # a sibling that shares prefix k continued it as a rollout would
+    if not label and len(drawn) + t + len(shared) >= obs.m:
         return "sampled dead"
     return "inferred alive" if label else "inferred dead"
 
