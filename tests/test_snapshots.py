@@ -91,6 +91,24 @@ def test_a_snapshot_balanced_by_position_says_so(sqlite: Database) -> None:
     assert len(tally) >= 4 and all(neg == pos for neg, pos in tally.values()), tally
 
 
+def test_the_commands_take_balance_by_position(sqlite: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from stepq.cli import main
+
+    annotated_set(sqlite, problems=20, error_rate=0.25, recovery_rate=0.0)
+    monkeypatch.setenv("STEPQ_DATABASE_URL", sqlite.url)
+    runner = CliRunner()
+    done = runner.invoke(main, ["snapshot", "create", "--sets", "s", "--rule", "abs-q", "--balance-by-position"])
+    assert done.exit_code == 0, done.output
+    assert json.loads(runner.invoke(main, ["snapshot", "show", "1"]).output)["balance"].startswith("by position")
+    refused = runner.invoke(
+        main, ["snapshot", "create", "--sets", "s", "--rule", "abs-q", "--no-balance", "--balance-by-position"]
+    )
+    assert refused.exit_code != 0 and "needs balancing" in refused.output
+    assert "--balance-by-position" in runner.invoke(main, ["trainer", "serve", "--help"]).output
+
+
 def test_balance_of_one_class_is_empty_and_split_fraction_is_by_problem() -> None:
     only_pos = [r for r in _rows(50, 1) if r.positive]
     assert balance(only_pos, 0) == []
