@@ -214,6 +214,26 @@ def test_hf_backend_seeding_stopping_tokens_batching(tiny_model: Path) -> None:
     assert cut.finish_reason == "stop" and cut.tokens == len(cut.text)
 
 
+def test_hf_backend_keeps_context_and_completion_inside_the_window(tmp_path: Path) -> None:
+    """A rollout from a long prefix of a small model: generating past its positions would index
+    out of its position table (an IndexError retried forever); it is cut at the window
+    instead, and a context that fills the window fails its work item at once."""
+    from stepq.models.errors import GenerationError
+    from stepq.trainer.tiny_model import build_tiny_model
+
+    backend = HFBackend(str(build_tiny_model(tmp_path / "small", n_positions=48)), batch_size=4)
+    assert backend.context_window == 48
+    long_ctx, params = "x" * 40, SamplingParams(max_tokens=30)
+    short = backend.generate([GenerationRequest("short", (3,))], params)
+    mixed = backend.generate([GenerationRequest("short", (3,)), GenerationRequest(long_ctx, (1, 2))], params)
+    assert mixed[0] == short[0], "a context that fits is batched as before"
+    assert all(c.tokens <= 8 and c.prompt_tokens == 40 for c in mixed[1])
+    assert all(c.finish_reason == "length" for c in mixed[1] if c.tokens == 8)
+    with pytest.raises(GenerationError, match="fills the model's window") as failed:
+        backend.generate([GenerationRequest("y" * 48, (1,))], params)
+    assert failed.value.permanent
+
+
 def test_cut_at_stop() -> None:
     assert cut_at_stop("abc</chunk>def", ["</chunk>"]) == ("abc", True)
     assert cut_at_stop("abcdef", ["x", "d"]) == ("abc", True)

@@ -5,6 +5,12 @@ raw text (no chat template: it was applied once when the trajectory was sampled)
 padded into micro-batches.  ``transformers`` draws from the global torch RNG, so seeding is
 per micro-batch: the same requests give the same completions; with ``per_sample_seeds``
 every sample is generated alone under its own seed, exact but slower.
+
+A model's context window (``max_position_embeddings``) bounds context and completion
+together: a context whose ``max_tokens`` would run past it is generated alone, cut at the
+window (finish reason ``length``, as a completion cut at ``max_tokens``), and one that fills
+the window already fails its work item at once (a permanent ``GenerationError``), where
+generating would index past the position table.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from stepq.models.errors import GenerationError
 from stepq.workers.backends.base import Completion, GenerationRequest, SamplingParams
 from stepq.workers.seeds import derive_seed
 
@@ -68,17 +75,38 @@ class HFBackend:
     def generator(self) -> str:
         return f"hf:{self.model_path}"
 
+    @property
+    def context_window(self) -> int | None:
+        """Tokens of context and completion together the model has positions for."""
+        window = getattr(self.model.config, "max_position_embeddings", None)
+        return int(window) if window else None
+
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
         items = [(r, j, req.context, seed) for r, req in enumerate(requests) for j, seed in enumerate(req.seeds)]
         out: list[list[Completion | None]] = [[None] * req.n for req in requests]
+        window = self.context_window
+        room: dict[str, int] = {}
+        if window is not None:
+            for ctx in dict.fromkeys(req.context for req in requests):
+                used = len(self.tokenizer.encode(ctx, add_special_tokens=False))
+                if used >= window:
+                    raise GenerationError(
+                        f"a context of {used} tokens fills the model's window of {window}", permanent=True
+                    )
+                if used + params.max_tokens > window:
+                    room[ctx] = window - used
+        fits = [item for item in items if item[2] not in room]
         size = 1 if self.per_sample_seeds else self.batch_size
-        for start in range(0, len(items), size):
-            part = items[start : start + size]
-            for (r, j, _, _), completion in zip(part, self._generate_batch(part, params), strict=True):
+        parts = [(fits[start : start + size], params.max_tokens) for start in range(0, len(fits), size)]
+        parts += [([item], room[item[2]]) for item in items if item[2] in room]  # alone: its own cut
+        for part, max_new in parts:
+            for (r, j, _, _), completion in zip(part, self._generate_batch(part, params, max_new), strict=True):
                 out[r][j] = completion
         return [[c for c in row if c is not None] for row in out]
 
-    def _generate_batch(self, part: Sequence[tuple[int, int, str, int]], params: SamplingParams) -> list[Completion]:
+    def _generate_batch(
+        self, part: Sequence[tuple[int, int, str, int]], params: SamplingParams, max_new_tokens: int
+    ) -> list[Completion]:
         import torch
 
         contexts = [ctx for _, _, ctx, _ in part]
@@ -90,7 +118,7 @@ class HFBackend:
                 do_sample=params.temperature > 0,
                 temperature=params.temperature if params.temperature > 0 else None,
                 top_p=params.top_p,
-                max_new_tokens=params.max_tokens,
+                max_new_tokens=max_new_tokens,
                 pad_token_id=self.tokenizer.pad_token_id,
                 eos_token_id=self.tokenizer.eos_token_id,
             )
