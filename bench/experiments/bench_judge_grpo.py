@@ -509,11 +509,7 @@ def main() -> None:
         "prefix (stepq snapshot create --until-first-error).",
     )
     ap.add_argument(
-        "--balance",
-        choices=["overall", "position"],
-        default="overall",
-        help="overall: 50/50 over each split (StepWiser's); position: 50/50 at every step index, so a step's place "
-        "says nothing about its label (stepq snapshot create --balance-by-position).",
+        "--balance", choices=["overall", "position"], default="overall", help="position: --balance-by-position."
     )
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
