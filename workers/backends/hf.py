@@ -7,10 +7,10 @@ per micro-batch: the same requests give the same completions; with ``per_sample_
 every sample is generated alone under its own seed, exact but slower.
 
 A model's context window (``max_position_embeddings``) bounds context and completion
-together: a context whose ``max_tokens`` would run past it is generated alone, cut at the
-window (finish reason ``length``, as a completion cut at ``max_tokens``), and one that fills
-the window already fails its work item at once (a permanent ``GenerationError``), where
-generating would index past the position table.
+together: the samples of a context whose ``max_tokens`` would run past it are generated
+apart from other contexts, cut at the window (finish reason ``length``, as a completion cut
+at ``max_tokens``), and a context that fills the window already fails its work item at once
+(a permanent ``GenerationError``), where generating would index past the position table.
 """
 
 from __future__ import annotations
@@ -98,7 +98,9 @@ class HFBackend:
         fits = [item for item in items if item[2] not in room]
         size = 1 if self.per_sample_seeds else self.batch_size
         parts = [(fits[start : start + size], params.max_tokens) for start in range(0, len(fits), size)]
-        parts += [([item], room[item[2]]) for item in items if item[2] in room]  # alone: its own cut
+        for ctx, left in room.items():  # a context near the window: its samples together, its own cut
+            tight = [item for item in items if item[2] == ctx]
+            parts += [(tight[start : start + size], left) for start in range(0, len(tight), size)]
         for part, max_new in parts:
             for (r, j, _, _), completion in zip(part, self._generate_batch(part, params, max_new), strict=True):
                 out[r][j] = completion
