@@ -24,8 +24,7 @@ def labels(db: Database, name: str, rule: LabelRule, per_trajectory: bool = Fals
             ),
             {"n": name, "r": rule.key},
         )
-        out = {(trajectory_key(ext, src, per_trajectory), idx): bool(pos) for ext, src, idx, pos in rows}
-    return out
+        return {(trajectory_key(ext, src, per_trajectory), idx): bool(pos) for ext, src, idx, pos in rows}
 
 
 def count(db: Database, name: str, sql: str) -> int:

@@ -66,11 +66,10 @@ def load_pools(db: Database, set_name: str | None = None, per_trajectory: bool =
 
     where = "" if set_name is None else " JOIN problem_sets s ON s.id = p.problem_set_id WHERE s.name = :n"
     args = {} if set_name is None else {"n": set_name}
-    select_key = "SELECT p.external_id, t.source_key, "
     with db.engine.connect() as conn:
         shapes = conn.execute(
             text(
-                select_key + "t.id, t.n_chunks, t.outcome FROM trajectories t "
+                "SELECT p.external_id, t.source_key, t.id, t.n_chunks, t.outcome FROM trajectories t "
                 "JOIN problems p ON p.id = t.problem_id" + where
             ),
             args,
@@ -78,15 +77,6 @@ def load_pools(db: Database, set_name: str | None = None, per_trajectory: bool =
         keys = {tid: trajectory_key(ext, src, per_trajectory) for ext, src, tid, _, _ in shapes}
         if len(set(keys.values())) < len(keys):
             raise ValueError("several trajectories per problem: load the pools with per_trajectory=True")
-        sizes: dict[int, list[int]] = {}
-        for tid, size in conn.execute(
-            text(
-                "SELECT t.id, length(c.text) FROM chunks c JOIN trajectories t ON t.id = c.trajectory_id "
-                "JOIN problems p ON p.id = t.problem_id" + where + " ORDER BY t.id, c.idx"
-            ),
-            args,
-        ):
-            sizes.setdefault(tid, []).append(int(size))
         rows = conn.execute(
             text(
                 "SELECT t.id, r.prefix_len, r.sample_idx, r.reward, r.tokens FROM rollouts r "
@@ -99,8 +89,9 @@ def load_pools(db: Database, set_name: str | None = None, per_trajectory: bool =
         for chunk in session.scalars(select(Chunk).where(Chunk.trajectory_id.in_(list(keys))).order_by(Chunk.idx)):
             chunks[chunk.trajectory_id].append(chunk)
         siblings = sibling_samples(session, chunks)
+        sizes = {tid: tuple(len(c.text) for c in part) for tid, part in chunks.items()}
     pools = {
-        keys[tid]: Pool(int(n), bool(outcome), {}, {}, tuple(sizes.get(tid, ())), tid, siblings.get(tid, ()))
+        keys[tid]: Pool(int(n), bool(outcome), {}, {}, sizes[tid], tid, siblings.get(tid, ()))
         for _, _, tid, n, outcome in shapes
     }
     for tid, k, i, reward, tokens in rows:
