@@ -331,6 +331,38 @@ def supervised_judge(
     return {"model": out, "loss": loss, "steps": args.supervised_steps, "train_s": round(time.perf_counter() - started)}
 
 
+def grpo_recipe(args: argparse.Namespace, run_dir: Path, completion: int, seed: int) -> Any:
+    """The GRPO recipe a kept seed trains with (``train_judge``'s input, as ``stepq train`` reads one)."""
+    from stepq.trainer.training.recipe import Recipe
+
+    return Recipe.parse(
+        f"""model: {run_dir / "base"}
+rewards: [verdict-match]
+judge_template: {run_dir / "template.txt"}
+conversational: false
+trainer:
+  num_generations: {args.generations}
+  per_device_train_batch_size: {args.generations * args.prompts_per_step}
+  max_completion_length: {completion}
+  max_steps: {args.steps}
+  learning_rate: {args.lr}
+  loss_type: grpo
+  epsilon: 0.2
+  epsilon_high: 0.28
+  beta: {args.beta}
+  top_entropy_quantile: {args.top_entropy_quantile}
+  num_iterations: {args.num_iterations}
+  temperature: 1.0
+  disable_dropout: true
+  gradient_checkpointing: false
+  logging_steps: 50
+  save_steps: 100000
+  use_cpu: {str(args.device == "cpu").lower()}
+  seed: {seed}
+"""
+    )
+
+
 def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from stepq.migrations import upgrade
     from stepq.models import Database
@@ -338,7 +370,6 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
     from stepq.trainer.generative_judge.prompt import JudgePrompt
     from stepq.trainer.snapshots.export import snapshot_records
     from stepq.trainer.training.grpo import TrainOptions, train_judge
-    from stepq.trainer.training.recipe import Recipe
 
     started = time.perf_counter()
     run_dir = root / f"seed{seed}-{rule_name}"
@@ -366,33 +397,8 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
     tune_rows = [by_id[c] for c in prepared["tune_chunks"]]
     files = (run_dir / "heldout.json", run_dir / "tune.json")
     samples = json.loads(files[0].read_text())
-    base, completion = run_dir / "base", prepared["completion"]
-    recipe = Recipe.parse(
-        f"""model: {base}
-rewards: [verdict-match]
-judge_template: {run_dir / "template.txt"}
-conversational: false
-trainer:
-  num_generations: {args.generations}
-  per_device_train_batch_size: {args.generations * args.prompts_per_step}
-  max_completion_length: {completion}
-  max_steps: {args.steps}
-  learning_rate: {args.lr}
-  loss_type: grpo
-  epsilon: 0.2
-  epsilon_high: 0.28
-  beta: {args.beta}
-  top_entropy_quantile: {args.top_entropy_quantile}
-  num_iterations: {args.num_iterations}
-  temperature: 1.0
-  disable_dropout: true
-  gradient_checkpointing: false
-  logging_steps: 50
-  save_steps: 100000
-  use_cpu: true
-  seed: {seed}
-"""
-    )
+    completion = prepared["completion"]
+    recipe = grpo_recipe(args, run_dir, completion, seed)
     after, grpo_steps, train_s = None, 0, 0.0
     if args.steps:
         trained_at = time.perf_counter()
@@ -469,7 +475,7 @@ def show(r: dict[str, Any]) -> None:
     print(f"  chance: balanced accuracy 50.0, random first-error guess F1 {r['random_guess_f1']:.1f}")
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--rules", default="abs-q", help=f"Comma-separated, of: {', '.join(RULES)}.")
@@ -559,6 +565,13 @@ def main() -> None:
         help="TRL's num_iterations (the GRPO paper's mu): optimisation passes over each generated batch (1 as "
         "shipped).",
     )
+    ap.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="Where GRPO trains (float32 either way, so CPU and GPU runs train the same model); the judges are "
+        "evaluated on CUDA whenever one is present.",
+    )
     ap.add_argument("--prm-steps", type=int, default=1000, help="The outcome PRM's steps (0: no PRM).")
     ap.add_argument("--prm-lr", type=float, default=1e-3)
     ap.add_argument("--quick", action="store_true", help="Tiny sizes: checks the chain runs, measures nothing.")
@@ -569,7 +582,11 @@ def main() -> None:
         help="With --keep: a seed whose data and base judge are already there (made with the same data, backbone "
         "and format settings) starts GRPO from them; each GRPO setting trains into its own folder.",
     )
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
     if args.quick:
         args.problems, args.heldout, args.pretrain_steps, args.format_steps, args.steps = 60, 40, 60, 30, 6
         args.prm_steps = 10

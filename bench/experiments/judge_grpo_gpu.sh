@@ -1,0 +1,26 @@
+# GRPO on kept judge-benchmark seeds (bench/experiments/judge_grpo_gpu.py), every one at once on one GPU, sized to the time left.
+# usage: bash bench/experiments/judge_grpo_gpu.sh BUDGET_S PROMPTS_PER_STEP   (from the repository root; $OUT collects)
+T0=$(date +%s); BUDGET=${1:-520}; PPS=${2:-64}; OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+[ -n "${SKIP_PIP:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, transformers, trl, datasets, pyarrow; print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__, 'datasets', datasets.__version__, 'pyarrow', pyarrow.__version__, 'cuda', torch.cuda.is_available())" || exit 4
+DEV=${DEV:-cuda}; ROOT=${ROOT:-gpu-grpo/runs-pos}
+COMMON=${COMMON:-"--analysis spelled --form first-dead --problems 4000 --balance position --lr 1e-3 --beta 0.1 --top-entropy-quantile 0.1 --prompts-per-step $PPS --prm-steps 0"}
+RUNS=$(cd $ROOT && ls -d seed*)
+for d in $RUNS; do python3 -m bench.experiments.judge_grpo_gpu probe $ROOT/$d 14 $DEV $COMMON > /tmp/probe-$d.log 2>&1 & done; wait
+grep -h '"probe"' /tmp/probe-*.log || { tail -30 /tmp/probe-seed0-abs-q.log; exit 5; }
+STEP=$(grep -h '"probe"' /tmp/probe-*.log | python3 -c "import sys,json; print(max(json.loads(l)['step_s'] for l in sys.stdin))")
+LEFT=$(( BUDGET - ($(date +%s) - T0) ))
+STEPS=$(python3 -c "print(min(2500, int(($LEFT - 200) / ($STEP * 1.1)) // 100 * 100))")
+STEPS=${FORCE_STEPS:-$STEPS}
+echo "step ${STEP}s with every run at once; ${LEFT}s left; GRPO steps: $STEPS"
+[ "$STEPS" -ge ${MIN_STEPS:-200} ] || exit 6
+for d in $RUNS; do
+  seed=${d#seed}; seed=${seed%%-*}; rule=${d#seed$seed-}
+  python3 -m bench.experiments.bench_judge_grpo --device $DEV --seeds $seed --rules $rule --keep $ROOT --reuse --steps $STEPS $COMMON > $OUT/grpo-$d.log 2>&1 &
+done
+N=$(echo $RUNS | wc -w)
+( while sleep 4; do [ $(ls -d $ROOT/*/grpo-*/final 2>/dev/null | wc -l) -ge $N ] && { sleep 4; tar czf $OUT/models.tgz $ROOT/*/grpo-*/final; echo "models saved at $(( $(date +%s) - T0 ))s"; break; }; done ) &
+wait
+grep -h '^{"' $OUT/grpo-*.log > $OUT/results.jsonl; wc -l $OUT/results.jsonl; echo "total $(( $(date +%s) - T0 ))s"
