@@ -16,11 +16,15 @@ STEPS=$(python3 -c "print(min(2500, int(($LEFT - 200) / ($STEP * 1.1)) // 100 * 
 STEPS=${FORCE_STEPS:-$STEPS}
 echo "step ${STEP}s with every run at once; ${LEFT}s left; GRPO steps: $STEPS"
 [ "$STEPS" -ge ${MIN_STEPS:-200} ] || exit 6
+PIDS=""
 for d in $RUNS; do
   seed=${d#seed}; seed=${seed%%-*}; rule=${d#seed$seed-}
   python3 -m bench.experiments.bench_judge_grpo --device $DEV --seeds $seed --rules $rule --keep $ROOT --reuse --steps $STEPS $COMMON > $OUT/grpo-$d.log 2>&1 &
+  PIDS="$PIDS $!"
 done
-N=$(echo $RUNS | wc -w)
-( while sleep 4; do [ $(ls -d $ROOT/*/grpo-*/final 2>/dev/null | wc -l) -ge $N ] && { sleep 4; tar czf $OUT/models.tgz $ROOT/*/grpo-*/final; echo "models saved at $(( $(date +%s) - T0 ))s"; break; }; done ) &
-wait
-grep -h '^{"' $OUT/grpo-*.log > $OUT/results.jsonl; wc -l $OUT/results.jsonl; echo "total $(( $(date +%s) - T0 ))s"
+# each trained model leaves as soon as it is saved: an evaluation cut short by the lease loses no training
+( saved=0; while sleep 4; do n=$(ls -d $ROOT/*/grpo-*/final 2>/dev/null | wc -l); [ "$n" -gt "$saved" ] && { sleep 4; tar czf $OUT/models.tgz $ROOT/*/grpo-*/final; saved=$n; echo "$n model(s) saved at $(( $(date +%s) - T0 ))s"; }; done ) &
+WATCHER=$!
+wait $PIDS; kill $WATCHER 2>/dev/null
+tar czf $OUT/models.tgz $ROOT/*/grpo-*/final 2>/dev/null
+grep -h '^{"' $OUT/grpo-*.log > $OUT/results.jsonl; wc -l < $OUT/results.jsonl; echo "total $(( $(date +%s) - T0 ))s"
