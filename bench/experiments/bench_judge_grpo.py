@@ -569,8 +569,8 @@ def parser() -> argparse.ArgumentParser:
         "--device",
         choices=["cpu", "cuda"],
         default="cpu",
-        help="Where GRPO trains (float32 either way, so CPU and GPU runs train the same model); the judges are "
-        "evaluated on CUDA whenever one is present.",
+        help="Where GRPO trains (float32 either way: the same objective and precision, not the same draws, which "
+        "CPU and CUDA sample differently); the judges are evaluated on CUDA whenever one is present.",
     )
     ap.add_argument("--prm-steps", type=int, default=1000, help="The outcome PRM's steps (0: no PRM).")
     ap.add_argument("--prm-lr", type=float, default=1e-3)
