@@ -10,7 +10,7 @@ COMMON=${COMMON:-"--analysis spelled --form first-dead --problems 4000 --balance
 RUNS=$(cd $ROOT && ls -d seed*)
 for d in $RUNS; do python3 -m bench.experiments.judge_grpo_gpu probe $ROOT/$d 14 $DEV $COMMON > /tmp/probe-$d.log 2>&1 & done; wait
 grep -h '"probe"' /tmp/probe-*.log || { tail -30 /tmp/probe-seed0-abs-q.log; exit 5; }
-STEP=$(grep -h '"probe"' /tmp/probe-*.log | python3 -c "import sys,json; print(max(json.loads(l)['step_s'] for l in sys.stdin))")
+STEP=$(grep -h '"probe"' /tmp/probe-*.log | python3 -c "import sys,json; print(max(json.loads(l)['step_s'] or 0 for l in sys.stdin))")
 LEFT=$(( BUDGET - ($(date +%s) - T0) ))
 STEPS=$(python3 -c "print(min(2500, int(($LEFT - 200) / ($STEP * 1.1)) // 100 * 100))")
 STEPS=${FORCE_STEPS:-$STEPS}
