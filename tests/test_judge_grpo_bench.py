@@ -58,15 +58,16 @@ def test_a_second_grpo_setting_reuses_the_kept_data_and_base(tmp_path: Path) -> 
 
 
 @pytest.mark.unit
-def test_the_grpo_recipe_trains_where_asked_with_the_benchmark_settings(tmp_path: Path) -> None:
+def test_the_grpo_recipe_trains_where_asked_with_the_benchmark_settings() -> None:
     from bench.experiments.bench_judge_grpo import grpo_recipe, parser
 
+    kept = Path("/kept/seed3-abs-q")  # only named in the recipe: nothing is read or written
     flags = ["--generations", "4", "--prompts-per-step", "64", "--steps", "900", "--beta", "0.1"]
-    on_cpu = grpo_recipe(parser().parse_args(flags), tmp_path, 60, 3)
-    on_gpu = grpo_recipe(parser().parse_args([*flags, "--device", "cuda"]), tmp_path, 60, 3)
+    on_cpu = grpo_recipe(parser().parse_args(flags), kept, 60, 3)
+    on_gpu = grpo_recipe(parser().parse_args([*flags, "--device", "cuda"]), kept, 60, 3)
     assert on_cpu.trainer["use_cpu"] is True and on_gpu.trainer["use_cpu"] is False
     for recipe in (on_cpu, on_gpu):  # the same objective either way: only the device differs
-        assert recipe.model == str(tmp_path / "base")
+        assert recipe.model == str(kept / "base")
         assert recipe.trainer["per_device_train_batch_size"] == 256 and recipe.trainer["num_generations"] == 4
         assert (recipe.trainer["max_steps"], recipe.trainer["beta"], recipe.trainer["seed"]) == (900, 0.1, 3)
         assert recipe.trainer["max_completion_length"] == 60 and recipe.trainer["loss_type"] == "grpo"
