@@ -37,6 +37,11 @@ def test_a_second_grpo_setting_reuses_the_kept_data_and_base(tmp_path: Path) -> 
     seed_dir = tmp_path / "seed0-abs-q"
     assert run["grpo_steps"] == 6 and (seed_dir / "grpo-lr0.0002-beta0-g4x16-steps6" / "final").is_dir()
     annotated = _annotation(seed_dir / "stepq.db")
+    # a judge brought back from another machine is scored by the very code the benchmark scores with
+    from bench.experiments.judge_grpo_gpu import evaluate_elsewhere
+
+    scored = evaluate_elsewhere(seed_dir, seed_dir / "grpo-lr0.0002-beta0-g4x16-steps6" / "final", 0)
+    assert json.loads(json.dumps(scored)) == run["trained"]
     base_weights = sorted((seed_dir / "base").glob("*.safetensors"))[0].read_bytes()
 
     again = _bench(*QUICK, "--keep", str(tmp_path), "--reuse", "--beta", "0.1")

@@ -9,8 +9,10 @@ a short probe says fit:
     python -m bench.experiments.judge_grpo_gpu slim runs-pos/seed0-abs-q gpu-grpo/runs-pos/seed0-abs-q
     python -m bench.experiments.judge_grpo_gpu probe gpu-grpo/runs-pos/seed0-abs-q 14 cuda --prompts-per-step 64
     bash bench/experiments/judge_grpo_gpu.sh 520 64          # on the GPU machine, from the repository root
+    python -m bench.experiments.judge_grpo_gpu evaluate runs-pos/seed2-abs-q MODEL 2    # a model brought back
 
-GRPO trains in float32 on the GPU, as on the CPU: the same objective, only faster.
+GRPO trains in float32 on the GPU, as on the CPU: the same objective and precision (not the
+same draws).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 KEPT = ("base", "heldout.json", "tune.json", "template.txt", "prepared.json")
 # what GRPO and the evaluation never read: the snapshot keeps its own rows and texts
@@ -80,11 +83,34 @@ def probe(run_dir: Path, steps: int, device: str, flags: list[str]) -> dict[str,
     }
 
 
+def evaluate_elsewhere(run_dir: Path, model: Path, seed: int) -> dict[str, Any]:
+    """A judge trained on another machine (its run row stays there), scored on the kept seed
+    exactly as ``bench_judge_grpo`` scores the judges it trains."""
+    from bench.experiments.bench_judge_grpo import evaluate
+    from bench.experiments.judge_format import JUDGE_TEMPLATE
+    from stepq.models import Database
+    from stepq.models.snapshots import TRAIN, VALIDATION
+    from stepq.trainer.generative_judge.prompt import JudgePrompt
+    from stepq.trainer.snapshots.export import snapshot_records
+
+    prepared = json.loads((run_dir / "prepared.json").read_text())
+    db = Database(f"sqlite:///{run_dir / 'stepq.db'}")
+    records = snapshot_records(db, prepared["snapshot"], JudgePrompt(JUDGE_TEMPLATE))
+    db.dispose()
+    by_id = {r["chunk_id"]: r for r in records[TRAIN]}
+    tune_rows = [by_id[c] for c in prepared["tune_chunks"]]
+    files = (run_dir / "heldout.json", run_dir / "tune.json")
+    samples = json.loads(files[0].read_text())
+    return evaluate(model, records[VALIDATION], tune_rows, *files, samples, seed, prepared["completion"])
+
+
 def main() -> None:
-    if len(sys.argv) < 4 or sys.argv[1] not in ("slim", "probe"):
+    if len(sys.argv) < 4 or sys.argv[1] not in ("slim", "probe", "evaluate"):
         raise SystemExit(__doc__)
     if sys.argv[1] == "slim":
         print(f"{sys.argv[3]}: {slim(Path(sys.argv[2]), Path(sys.argv[3])) // 1024} KiB", flush=True)
+    elif sys.argv[1] == "evaluate":
+        print(json.dumps(evaluate_elsewhere(Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]))), flush=True)
     else:
         print(json.dumps(probe(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:])), flush=True)
 
