@@ -45,7 +45,7 @@ from typing import Any
 from bench.common import emit
 from bench.experiments.judge_capacity import lm_train, pretrain_backbone
 from bench.experiments.judge_format import ANALYSES, DRILLED, JUDGE_TEMPLATE, judge_answer
-from bench.experiments.judge_grpo_eval import evaluate, outcome_prm
+from bench.experiments.judge_grpo_eval import evaluate, evaluate_kept, kept_seed, outcome_prm
 from bench.experiments.judge_heldout import write_processbench
 from bench.experiments.stats import random_guess_f1
 
@@ -241,8 +241,6 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
     from stepq.migrations import upgrade
     from stepq.models import Database
     from stepq.models.snapshots import TRAIN, VALIDATION
-    from stepq.trainer.generative_judge.prompt import JudgePrompt
-    from stepq.trainer.snapshots.export import snapshot_records
     from stepq.trainer.training.grpo import TrainOptions, train_judge
 
     started = time.perf_counter()
@@ -265,25 +263,21 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
     upgrade(url)
     db = Database(url)
     snapshot = prepared["snapshot"]
-    records = snapshot_records(db, snapshot, JudgePrompt(JUDGE_TEMPLATE))
+    kept_rows = kept_seed(db, run_dir, prepared)
+    records, files, samples = kept_rows.records, kept_rows.files, kept_rows.samples
     print(f"  snapshot: {len(records[TRAIN])} training, {len(records[VALIDATION])} validation chunks", flush=True)
-    by_id = {r["chunk_id"]: r for r in records[TRAIN]}
-    tune_rows = [by_id[c] for c in prepared["tune_chunks"]]
-    files = (run_dir / "heldout.json", run_dir / "tune.json")
-    samples = json.loads(files[0].read_text())
-    completion = prepared["completion"]
-    recipe = grpo_recipe(args, run_dir, completion, seed)
+    recipe = grpo_recipe(args, run_dir, kept_rows.completion, seed)
     after, grpo_steps, train_s = None, 0, 0.0
     if args.steps:
         trained_at = time.perf_counter()
         result = train_judge(db, snapshot, recipe, run_dir / grpo_name(args), TrainOptions())
         train_s = time.perf_counter() - trained_at
-        after = evaluate(result.final_model, records[VALIDATION], tune_rows, *files, samples, seed, completion)
+        after = evaluate_kept(result.final_model, kept_rows, seed)
         grpo_steps = result.global_step
     supervised = None
     if args.supervised_steps:
         supervised = supervised_judge(run_dir, records[TRAIN], args, seed)
-        figures = evaluate(supervised["model"], records[VALIDATION], tune_rows, *files, samples, seed, completion)
+        figures = evaluate_kept(supervised["model"], kept_rows, seed)
         supervised = {**supervised, **figures, "model": str(supervised["model"])}
     prm = outcome_prm(db, run_dir, files, samples, args, seed) if args.prm_steps else None
     return {

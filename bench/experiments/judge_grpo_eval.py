@@ -7,14 +7,46 @@ elsewhere (on a lent GPU, say) is scored by the same code."""
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench.experiments.judge_format import JUDGE_TEMPLATE
 from bench.experiments.judge_heldout import by_position, position_items
 from bench.experiments.stats import at_threshold, balanced_accuracy, bootstrap, grouped, processbench_f1, rank_auc
+
+
+class KeptSeed(NamedTuple):
+    """What scoring a judge of a kept seed reads: the snapshot's rows, the training rows that tune
+    the validation threshold, the held-out and tuning files, and the answer room the judge gets."""
+
+    records: dict[str, list[dict[str, Any]]]
+    tune_rows: list[dict[str, Any]]
+    files: tuple[Path, Path]
+    samples: list[dict[str, Any]]
+    completion: int
+
+
+def kept_seed(db: Any, run_dir: Path, prepared: dict[str, Any]) -> KeptSeed:
+    """Read back what ``prepare`` kept in ``run_dir`` (``prepared`` is its ``prepared.json``)."""
+    from stepq.models.snapshots import TRAIN
+    from stepq.trainer.generative_judge.prompt import JudgePrompt
+    from stepq.trainer.snapshots.export import snapshot_records
+
+    records = snapshot_records(db, prepared["snapshot"], JudgePrompt(JUDGE_TEMPLATE))
+    by_id = {r["chunk_id"]: r for r in records[TRAIN]}
+    files = (run_dir / "heldout.json", run_dir / "tune.json")
+    samples = json.loads(files[0].read_text())
+    return KeptSeed(records, [by_id[c] for c in prepared["tune_chunks"]], files, samples, prepared["completion"])
+
+
+def evaluate_kept(model: Path, kept: KeptSeed, seed: int) -> dict[str, Any]:
+    """``evaluate`` on a kept seed's validation split, tuning rows and held-out files."""
+    from stepq.models.snapshots import VALIDATION
+
+    return evaluate(model, kept.records[VALIDATION], kept.tune_rows, *kept.files, kept.samples, seed, kept.completion)
 
 
 def evaluate(

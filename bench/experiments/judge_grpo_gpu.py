@@ -86,22 +86,16 @@ def probe(run_dir: Path, steps: int, device: str, flags: list[str]) -> dict[str,
 def evaluate_elsewhere(run_dir: Path, model: Path, seed: int) -> dict[str, Any]:
     """A judge trained on another machine (its run row stays there), scored on the kept seed
     exactly as ``bench_judge_grpo`` scores the judges it trains."""
-    from bench.experiments.bench_judge_grpo import evaluate
-    from bench.experiments.judge_format import JUDGE_TEMPLATE
+    from bench.experiments.judge_grpo_eval import evaluate_kept, kept_seed
     from stepq.models import Database
-    from stepq.models.snapshots import TRAIN, VALIDATION
-    from stepq.trainer.generative_judge.prompt import JudgePrompt
-    from stepq.trainer.snapshots.export import snapshot_records
 
     prepared = json.loads((run_dir / "prepared.json").read_text())
     db = Database(f"sqlite:///{run_dir / 'stepq.db'}")
-    records = snapshot_records(db, prepared["snapshot"], JudgePrompt(JUDGE_TEMPLATE))
-    db.dispose()
-    by_id = {r["chunk_id"]: r for r in records[TRAIN]}
-    tune_rows = [by_id[c] for c in prepared["tune_chunks"]]
-    files = (run_dir / "heldout.json", run_dir / "tune.json")
-    samples = json.loads(files[0].read_text())
-    return evaluate(model, records[VALIDATION], tune_rows, *files, samples, seed, prepared["completion"])
+    try:
+        kept = kept_seed(db, run_dir, prepared)
+    finally:
+        db.dispose()
+    return evaluate_kept(model, kept, seed)
 
 
 def main() -> None:

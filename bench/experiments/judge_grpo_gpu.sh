@@ -1,5 +1,6 @@
 # GRPO on kept judge-benchmark seeds (bench/experiments/judge_grpo_gpu.py), every one at once on one GPU, sized to the time left.
 # usage: bash bench/experiments/judge_grpo_gpu.sh BUDGET_S PROMPTS_PER_STEP   (from the repository root; $OUT collects)
+# knobs for a dry run on CPU: DEV=cpu ROOT=DIR COMMON="bench flags" SKIP_PIP=1 FORCE_STEPS=N MIN_STEPS=N OUT=DIR
 T0=$(date +%s); BUDGET=${1:-520}; PPS=${2:-64}; OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 [ -n "${SKIP_PIP:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1
