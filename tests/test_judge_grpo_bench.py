@@ -30,6 +30,7 @@ def _annotation(db: Path) -> tuple[int, ...]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # five benchmark runs (~110 s alone): past 300 s beside other work
 def test_a_second_grpo_setting_reuses_the_kept_data_and_base(tmp_path: Path) -> None:
     first = _bench(*QUICK, "--keep", str(tmp_path))
     assert first.returncode == 0, first.stderr[-3000:]
