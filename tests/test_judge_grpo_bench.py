@@ -77,6 +77,7 @@ def test_the_grpo_recipe_trains_where_asked_with_the_benchmark_settings() -> Non
         assert recipe.trainer["per_device_train_batch_size"] == 256 and recipe.trainer["num_generations"] == 4
         assert (recipe.trainer["max_steps"], recipe.trainer["beta"], recipe.trainer["seed"]) == (900, 0.1, 3)
         assert recipe.trainer["max_completion_length"] == 60 and recipe.trainer["loss_type"] == "grpo"
+        assert recipe.trainer["bf16"] is False  # float32 on both: TRL alone would autocast to bf16
     assert {k: v for k, v in on_cpu.trainer.items() if k != "use_cpu"} == {
         k: v for k, v in on_gpu.trainer.items() if k != "use_cpu"
     }

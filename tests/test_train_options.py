@@ -55,6 +55,21 @@ def test_recipe_options_override_and_validate() -> None:
             base.with_options([bad])
 
 
+def test_a_recipe_silent_on_precision_trains_in_float32_on_the_cpu(tmp_path: Path) -> None:
+    # TRL's configs default bf16 to True: on a CPU that is bf16 autocast (emulated, slower),
+    # never what a recipe that says nothing asked for
+    from trl import DPOConfig, GRPOConfig
+
+    silent = Recipe.parse("model: m\ntrainer:\n  use_cpu: true\n  max_steps: 1\n")
+    assert GRPOConfig(output_dir=str(tmp_path), use_cpu=True).bf16 is True  # what TRL alone would do
+    for config_cls in (GRPOConfig, DPOConfig):
+        config = silent.config(config_cls, tmp_path)
+        assert config.bf16 is False and config.fp16 is False and config.max_steps == 1
+    # asked for on a CPU it is still refused, by name
+    with pytest.raises(ConfigError, match=r"trainer\.bf16"):
+        Recipe.parse("model: m\ntrainer:\n  use_cpu: true\n  bf16: true\n").config(GRPOConfig, tmp_path)
+
+
 @pytest.mark.slow
 def test_a_new_user_trains_on_cpu_with_overrides(
     sqlite: Database, monkeypatch: pytest.MonkeyPatch, tmp_path: Path

@@ -229,6 +229,7 @@ trainer:
   temperature: 1.0
   disable_dropout: true
   gradient_checkpointing: false
+  bf16: false
   logging_steps: 50
   save_steps: 100000
   use_cpu: {str(args.device == "cpu").lower()}

@@ -31,6 +31,20 @@ def _check_precision(values: dict[str, Any]) -> None:
         raise ConfigError("recipe: trainer.bf16=true but this GPU has no bf16; pass --recipe-option trainer.bf16=false")
 
 
+def _resolve_precision(values: dict[str, Any], known: set[str]) -> dict[str, Any]:
+    """The precision a run trains in, decided here rather than inherited: TRL's configs turn
+    bf16 on when a recipe says nothing (its base config defaults it to True), which on a CPU
+    means bf16 autocast, emulated by most CPUs (slower than float32, not faster) and not the
+    float32 the recipe seemed to ask for.  A recipe silent on precision trains in float32 on
+    the CPU and in TRL's default (bf16 where the GPU has it) on a GPU."""
+    if "bf16" not in known or "bf16" in values or values.get("fp16"):
+        return values
+    import torch
+
+    on_gpu = not values.get("use_cpu") and torch.cuda.is_available()
+    return {**values, "bf16": bool(on_gpu and torch.cuda.is_bf16_supported())}
+
+
 _EXPONENT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
 
 
@@ -185,6 +199,7 @@ class Recipe:
                 f"recipe: {config_cls.__name__} has no field(s) {', '.join(unknown)} (see its docs; TRL renames them)"
             )
         _check_precision(values)
+        values = _resolve_precision(values, known)
         if output_dir is not None:
             values.setdefault("report_to", "none")
             values["output_dir"] = str(output_dir)
