@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from bench.common import emit
 
@@ -35,7 +35,7 @@ def compare(run_dir: Path, steps: int, flags: list[str]) -> dict[str, Any]:
         "benchmark": "grpo_precision",
         "float32": float32,
         "bf16_autocast": autocast,
-        "bf16_over_float32": round(autocast["step_s"] / float32["step_s"], 2),
+        "bf16_over_float32": round(cast(float, autocast["step_s"]) / cast(float, float32["step_s"]), 2),
     }
 
 
