@@ -128,6 +128,19 @@ def _keep(path: Path, recipe: Recipe, started: float, run_steps: int, model: Any
 
 
 def _record(path: Path, recipe: Recipe, seconds: float, run_steps: int, loss: float | None = None) -> None:
-    """Mark a policy built: what it is, and the seconds its pretraining took."""
-    record = {"recipe": asdict(recipe), "seconds": round(seconds), "built_in_run_of": run_steps, "loss": loss}
+    """Mark a policy built: what it is, the seconds its pretraining took, and the libraries
+    that built it (the same recipe rebuilt under other versions has answered far fewer
+    problems right: docs/experiments/budget.md, so a figure names the build it came from)."""
+    import tokenizers
+    import torch
+    import transformers
+
+    libraries = {m.__name__: m.__version__ for m in (torch, transformers, tokenizers)}
+    record = {
+        "recipe": asdict(recipe),
+        "seconds": round(seconds),
+        "built_in_run_of": run_steps,
+        "loss": loss,
+        "libraries": libraries,
+    }
     (path / "neural_policy.json").write_text(json.dumps(record))
