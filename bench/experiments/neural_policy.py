@@ -93,7 +93,9 @@ def build_all(recipes: list[Recipe], cache: Path = DEFAULT_CACHE) -> dict[Recipe
     for recipe in recipes:
         path = out[recipe] = cache / recipe.key
         if (path / "neural_policy.json").is_file():
-            print(f"neural policy: reusing {path}", flush=True)
+            check = json.loads((path / "neural_policy.json").read_text()).get("greedy_check")
+            said = f" (greedy check {check['right']}/{check['problems']} right when built)" if check else ""
+            print(f"neural policy: reusing {path}{said}", flush=True)
         else:
             missing.setdefault(replace(recipe, steps=0), []).append(recipe)
     for group in missing.values():
@@ -117,7 +119,42 @@ def build_all(recipes: list[Recipe], cache: Path = DEFAULT_CACHE) -> dict[Recipe
         seconds = time.perf_counter() - started
         print(f"neural policy: {longest.steps} pretraining steps in {seconds:.0f} s (loss {loss:.4f})", flush=True)
         _record(path, longest, seconds, longest.steps, loss)
+        for recipe in group:
+            _add_check(out[recipe], recipe)
     return out
+
+
+CHECK_PROBLEMS = 32
+
+
+def greedy_check(path: Path, recipe: Recipe, problems: int = CHECK_PROBLEMS) -> int:
+    """Problems of a fixed check set (drawn under a seed tag of its own) that the policy's greedy
+    answer gets right: deterministic, so two builds of one recipe can be compared at a glance
+    (the benchmarks sample at temperature 1, whose accuracy is a figure of the run, not the build)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    drawn = [
+        make_problem(derive_seed("neural-policy-check", recipe.seed, i), *recipe.lengths, NUMBERS[recipe.numbers])
+        for i in range(problems)
+    ]
+    batch = tokenizer([PROMPT.format(question=p.question) for p in drawn], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        ids = model.generate(**batch, do_sample=False, max_new_tokens=MAX_TOKENS, pad_token_id=tokenizer.pad_token_id)
+    texts = tokenizer.batch_decode(ids[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
+    return sum(f"\\boxed{{{p.answer}}}" in text for p, text in zip(drawn, texts, strict=True))
+
+
+def _add_check(path: Path, recipe: Recipe) -> None:
+    """Add the greedy check to a freshly built policy's record, and say it."""
+    record = json.loads((path / "neural_policy.json").read_text())
+    right = greedy_check(path, recipe)
+    record["greedy_check"] = {"problems": CHECK_PROBLEMS, "right": right}
+    (path / "neural_policy.json").write_text(json.dumps(record))
+    print(f"neural policy ({recipe.steps} steps): greedy check {right}/{CHECK_PROBLEMS} right", flush=True)
 
 
 def _keep(path: Path, recipe: Recipe, started: float, run_steps: int, model: Any, tokenizer: Any) -> None:
