@@ -23,6 +23,7 @@ from typing import Any
 from bench.experiments.lm_training import train_causal_lm
 from stepq.workers.backends.synthetic_policy import SyntheticPolicy, make_problem
 from stepq.workers.data.synthetic_set import NUMBERS
+from stepq.workers.grading.grader import extract_boxed
 from stepq.workers.seeds import derive_seed
 
 DEFAULT_CACHE = Path.home() / ".cache" / "stepq" / "bench-neural-policy"
@@ -145,7 +146,7 @@ def greedy_check(path: Path, recipe: Recipe, problems: int = CHECK_PROBLEMS) -> 
     with torch.no_grad():
         ids = model.generate(**batch, do_sample=False, max_new_tokens=MAX_TOKENS, pad_token_id=tokenizer.pad_token_id)
     texts = tokenizer.batch_decode(ids[:, batch["input_ids"].shape[1] :], skip_special_tokens=True)
-    return sum(f"\\boxed{{{p.answer}}}" in text for p, text in zip(drawn, texts, strict=True))
+    return sum(extract_boxed(text) == str(p.answer) for p, text in zip(drawn, texts, strict=True))
 
 
 def _add_check(path: Path, recipe: Recipe) -> None:
@@ -166,8 +167,8 @@ def _keep(path: Path, recipe: Recipe, started: float, run_steps: int, model: Any
 
 def _record(path: Path, recipe: Recipe, seconds: float, run_steps: int, loss: float | None = None) -> None:
     """Mark a policy built: what it is, the seconds its pretraining took, and the libraries
-    that built it (the same recipe rebuilt under other versions has answered far fewer
-    problems right: docs/experiments/budget.md, so a figure names the build it came from)."""
+    that built it (the same recipe rebuilt later has answered far fewer problems right, cause
+    not found: docs/experiments/budget.md; a figure should name the build it came from)."""
     import tokenizers
     import torch
     import transformers
