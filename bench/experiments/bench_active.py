@@ -1,7 +1,7 @@
 """Active learning: judge quality per rollout spent, under each priority strategy.
 
     OMP_NUM_THREADS=1 python -m bench.experiments.bench_active \
-        [--seeds 0 1 2 3 4] [--pool 8000] [--budget 40000] [--rounds 8]
+        [--seeds 0 1 2 3 4] [--pool 8000] [--budget 40000] [--rounds 8] [--judge digit-mlp|prm]
 
 For each seed, one pool of trajectories from the synthetic policy (recovery on, steps of
 different difficulty: a multiplication goes wrong 6x as often as an addition) several times
@@ -15,12 +15,12 @@ truth) and ProcessBench F1 at threshold 0.5.  The first round is random for ever
 (there is no judge yet); from the second on, each orders the waiting trajectories by the
 judge the previous round trained.
 
-The judge is a stand-in, named so: a small MLP reading each step's numbers digit by digit,
-trained from scratch in seconds (a chunk's score is the lowest of its steps' so far).  stepq's
-own judges do not fit this loop on 2 CPU cores: the discriminative PRM takes 70-96 min per
-training to learn from outcomes (docs/experiments/prm.md) and the GRPO judge longer still, and
-the benchmark trains (strategies x seeds x rounds) judges.  What the benchmark measures is
-the ordering: which trajectories get labelled first, given a judge that learns from labels.
+The judge (``--judge``): ``digit-mlp``, a stand-in named so, a small MLP reading each step's
+numbers digit by digit, trained from scratch in seconds (a chunk's score is the lowest of its
+steps' so far); or ``prm``, stepq's own discriminative PRM trained on the set's Monte Carlo
+labels each round and loaded by the worker's judge factory (``active_prm.py``).  On 2 CPU cores
+the PRM trains for minutes a round and does not learn the check within them
+(docs/experiments/active.md), so the stand-in measures the ordering given a judge that learns.
 
 Prints a table per round, the headline (rollouts each strategy needs to reach the quality
 ``random`` reaches with the whole budget), writes the learning curves as a PNG (``--plot``,
@@ -42,6 +42,7 @@ from typing import Any
 from sqlalchemy import func, select, text
 
 from bench.common import emit
+from bench.experiments import active_prm
 from bench.experiments.judge_heldout import write_processbench
 from bench.experiments.stats import mean_ci, processbench_f1, rank_auc
 from stepq.assembly import worker_runtime
@@ -204,8 +205,12 @@ def run_arm(
     runtime = worker_runtime(
         db,
         WorkerOptions(batch_rollouts=256, name="bench"),
-        judge_factory=lambda run_id, _strategy: judges[run_id],
+        # The PRM's rounds are scored by the worker's own factory (the run's saved model).
+        judge_factory=None if args.judge == "prm" else lambda run_id, _strategy: judges[run_id],
     )
+    prm = prm_settings(args)
+    base = active_prm.build_backbone(root, prm, seed) if args.judge == "prm" else None
+    previous: Path | None = None
     curve = []
     try:
         for k in range(1, args.rounds + 1):
@@ -213,29 +218,52 @@ def run_arm(
             started = time.perf_counter()
             run_in_process(db, runtime, stop=lambda t=target: rollouts_spent(db) >= t)  # type: ignore[misc]
             annotate_s = time.perf_counter() - started
-            examples = labelled_steps(db)
-            judge = train_judge(examples, seed, args.epochs)
+            started = time.perf_counter()
+            if base is not None:
+                solutions = active_prm.labelled_solutions(db)
+                out = root / f"{strategy}-r{k}"
+                active_prm.train_round(base, previous, solutions, out, prm, seed)
+                previous = out / "final"
+                run_id = active_prm.record_run(db, out, base)
+                judge: Any = active_prm.load_judge(db, run_id)
+                steps = sum(len(labels) for _, _, labels in solutions)
+            else:
+                examples = labelled_steps(db)
+                judge = train_judge(examples, seed, args.epochs)
+                run_id = judge_record(db, root, f"{strategy}-r{k}")
+                judges[run_id] = judge
+                steps = len(examples)
             point = {
                 "round": k,
                 "rollouts": rollouts_spent(db),
-                "labelled_steps": len(examples),
+                "labelled_steps": steps,
                 "annotate_s": annotate_s,
+                "train_s": time.perf_counter() - started,
                 **evaluate(judge, heldout),
             }
             curve.append(point)
             print(
                 f"  seed {seed} {strategy:>16} round {k}: {point['rollouts']:>6} rollouts, "
-                f"{len(examples):>5} steps, AUC {point['step_auc']:.3f}, F1 {point['processbench_f1']:.1f}",
+                f"{steps:>5} steps, AUC {point['step_auc']:.3f}, F1 {point['processbench_f1']:.1f} "
+                f"(judge trained in {point['train_s']:.0f} s)",
                 flush=True,
             )
             if strategy != "random" and k < args.rounds:
-                run_id = judge_record(db, root, f"{strategy}-r{k}")
-                judges[run_id] = judge
                 configure_annotation(db, "pool", args.rollouts, priority=f"{strategy}:run={run_id}")
     finally:
         runtime.close()
         db.engine.dispose()
     return curve
+
+
+def prm_settings(args: argparse.Namespace) -> active_prm.PRMSettings:
+    return active_prm.PRMSettings(
+        width=args.prm_width,
+        layers=args.prm_layers,
+        steps=args.prm_steps,
+        lr=args.prm_lr,
+        warm_start=args.prm_warm_start,
+    )
 
 
 # --- summaries ---------------------------------------------------------------------------
@@ -306,15 +334,29 @@ def main() -> None:
     ap.add_argument("--rollouts", type=int, default=4, help="M, rollouts per prefix.")
     ap.add_argument("--heldout", type=int, default=300, help="Held-out ProcessBench samples.")
     ap.add_argument("--epochs", type=int, default=1000, help="The stand-in judge's full-batch training steps.")
+    ap.add_argument(
+        "--judge",
+        choices=["digit-mlp", "prm"],
+        default="digit-mlp",
+        help="digit-mlp: the stand-in; prm: stepq's discriminative PRM on the Monte Carlo labels (active_prm.py)",
+    )
+    ap.add_argument("--prm-width", type=int, default=active_prm.PRMSettings.width)
+    ap.add_argument("--prm-layers", type=int, default=active_prm.PRMSettings.layers)
+    ap.add_argument("--prm-steps", type=int, default=active_prm.PRMSettings.steps, help="Training steps a round.")
+    ap.add_argument("--prm-lr", type=float, default=active_prm.PRMSettings.lr)
+    ap.add_argument("--prm-warm-start", action="store_true", help="Each round continues from the last round's PRM.")
     ap.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
     ap.add_argument("--plot", type=Path, default=None, help="Write the learning curves here (PNG).")
     ap.add_argument(
-        "--from-json", type=Path, default=None, help="Summarise (and plot) a run's printed JSON instead of running."
+        "--from-json",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="Summarise (and plot) runs' printed JSON instead of running (several: their seeds together).",
     )
     args = ap.parse_args()
     if args.from_json:
-        saved = json.loads(args.from_json.read_text().strip().splitlines()[-1])
-        curves = {s: {int(seed): c for seed, c in by.items()} for s, by in saved["curves"].items()}
+        curves = merged_curves(args.from_json)
         random_curves = curves["random"]
         args.seeds, args.rounds = sorted(random_curves), len(next(iter(random_curves.values())))
         report(curves, args)
@@ -345,6 +387,20 @@ def main() -> None:
     print(f"{time.perf_counter() - started:.0f} s")
     summary = {m: headline(results, m) for m in ("step_auc", "processbench_f1")}
     emit({"bench": "active", "args": {k: str(v) for k, v in vars(args).items()}, "curves": results, **summary})
+
+
+def merged_curves(paths: Sequence[Path]) -> dict[str, dict[int, list[dict[str, Any]]]]:
+    """Every seed of the runs' printed JSON (their last lines); a seed in two runs is refused."""
+    curves: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    for path in paths:
+        saved = json.loads(path.read_text().strip().splitlines()[-1])
+        for strategy, by_seed in saved["curves"].items():
+            into = curves.setdefault(strategy, {})
+            for seed, curve in by_seed.items():
+                if int(seed) in into:
+                    raise SystemExit(f"seed {seed} of {strategy} is in more than one of {', '.join(map(str, paths))}")
+                into[int(seed)] = curve
+    return curves
 
 
 def report(results: dict[str, dict[int, list[dict[str, Any]]]], args: argparse.Namespace) -> None:

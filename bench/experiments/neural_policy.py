@@ -166,9 +166,13 @@ def _keep(path: Path, recipe: Recipe, started: float, run_steps: int, model: Any
 
 
 def _record(path: Path, recipe: Recipe, seconds: float, run_steps: int, loss: float | None = None) -> None:
-    """Mark a policy built: what it is, the seconds its pretraining took, and the libraries
-    that built it (the same recipe rebuilt later has answered far fewer problems right, cause
-    not found: docs/experiments/budget.md; a figure should name the build it came from)."""
+    """Mark a policy built: what it is, the seconds its pretraining took, and what else decides
+    its weights.  The same recipe rebuilt later has answered far fewer problems right
+    (docs/experiments/budget.md): the code and the transformers version do not change a build
+    (500 steps bit for bit), the CPU thread count does (float sums in another order), so the
+    record names the threads and the processor beside the libraries."""
+    import platform
+
     import tokenizers
     import torch
     import transformers
@@ -180,5 +184,18 @@ def _record(path: Path, recipe: Recipe, seconds: float, run_steps: int, loss: fl
         "built_in_run_of": run_steps,
         "loss": loss,
         "libraries": libraries,
+        "torch_threads": torch.get_num_threads(),
+        "processor": _processor() or platform.processor(),
     }
     (path / "neural_policy.json").write_text(json.dumps(record))
+
+
+def _processor() -> str | None:
+    """The CPU's model name (Linux), which decides the float kernels a build runs on."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None

@@ -1,0 +1,153 @@
+"""stepq's own discriminative PRM as ``bench_active``'s judge (``--judge prm``).
+
+Each round trains ``stepq.trainer.prm``'s ``StepScorer`` (a tiny character-level GPT-2 with
+the PRM's step head) on the Monte Carlo labels the set holds so far, one binary
+cross-entropy per step on the hard label (the training Math-Shepherd gives Monte Carlo step
+labels), and saves it as a training run of method ``prm``.  The priority round then loads it
+through the worker's own judge factory (``ScoringJudges``: ``final/`` of the run's output
+folder, wrapped as ``PRMJudge``), the path ``stepq trainer serve`` and a fleet take.
+
+A trajectory's steps are kept up to its first negative label, as for the stand-in: the held-out
+truth calls every step after a wrong one wrong, while Abs-Q may call a recovered one right.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import text
+
+from stepq.models import Database, TrainingRun, epoch
+from stepq.trainer.training.runs import FINAL
+
+
+@dataclass(frozen=True)
+class PRMSettings:
+    """The judge's size and training: small enough for a round to train on CPU in minutes."""
+
+    width: int = 64
+    layers: int = 2
+    steps: int = 600
+    batch_size: int = 32
+    lr: float = 1e-3
+    warm_start: bool = False
+    """Continue from the previous round's judge instead of the fresh backbone each round."""
+
+
+def labelled_solutions(db: Database) -> list[tuple[str, list[str], list[bool]]]:
+    """(problem, steps, labels) per labelled trajectory, its steps up to the first negative label."""
+    with db.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT c.trajectory_id, p.question, c.text, l.positive FROM chunk_labels l "
+                "JOIN chunks c ON c.id = l.chunk_id JOIN trajectories t ON t.id = c.trajectory_id "
+                "JOIN problems p ON p.id = t.problem_id ORDER BY c.trajectory_id, c.idx"
+            )
+        ).all()
+    out: dict[int, tuple[str, list[str], list[bool]]] = {}
+    stopped: set[int] = set()
+    for tid, question, chunk, positive in rows:
+        if tid in stopped:
+            continue
+        _, steps, labels = out.setdefault(tid, (question, [], []))
+        steps.append(chunk)
+        labels.append(bool(positive))
+        if not positive:
+            stopped.add(tid)
+    return list(out.values())
+
+
+def build_backbone(root: Path, settings: PRMSettings, seed: int) -> Path:
+    """A random-weight character GPT-2 for the seed, built once and shared by its arms."""
+    from stepq.trainer.tiny_model import build_tiny_model
+
+    base = root / f"prm-base-w{settings.width}-l{settings.layers}"
+    if not (base / "config.json").is_file():
+        build_tiny_model(base, seed=seed, n_positions=512, n_embd=settings.width, n_layer=settings.layers, n_head=2)
+    return base
+
+
+def train_round(
+    base: Path,
+    previous: Path | None,
+    solutions: Sequence[tuple[str, list[str], list[bool]]],
+    out: Path,
+    settings: PRMSettings,
+    seed: int,
+) -> float:
+    """Train one round's PRM and save it to ``out/final``; returns the seconds it took.
+
+    A fresh start on labels trained on before (every arm's first round: random order for all)
+    copies that model instead of training it again: same inputs, same seed, same weights."""
+    import torch
+
+    from stepq.trainer.prm.model import StepScorer, collate
+
+    started = time.perf_counter()
+    fresh = not (settings.warm_start and previous is not None)
+    key = hashlib.sha256(json.dumps([str(base), repr(settings), seed, solutions]).encode()).hexdigest()[:16]
+    trained_before = base.parent / "prm-rounds" / key
+    if fresh and trained_before.is_dir():
+        shutil.copytree(trained_before, out / FINAL)
+        return time.perf_counter() - started
+    torch.manual_seed(seed)
+    if fresh:
+        scorer = StepScorer.from_base(str(base), max_length=512, seed=seed)
+    else:
+        assert previous is not None
+        scorer = StepScorer.load(previous)
+    encoded = [(scorer.encode(q, steps), labels) for q, steps, labels in solutions]
+    optimizer = torch.optim.AdamW(scorer.parameters(), lr=settings.lr)
+    rng = random.Random(seed)
+    scorer.train(True)
+    for _ in range(settings.steps):
+        batch = [encoded[rng.randrange(len(encoded))] for _ in range(settings.batch_size)]
+        ids, attention, ends, mask = collate([e for e, _ in batch], scorer.pad_id)
+        target = torch.zeros(mask.shape)
+        for i, (e, labels) in enumerate(batch):
+            target[i, : len(e.ends)] = torch.tensor(labels[: len(e.ends)], dtype=torch.float)
+        logits = scorer.logits(ids, attention, ends)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits[mask], target[mask])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(scorer.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+    scorer.train(False)
+    scorer.save(out / FINAL, trained_on="monte-carlo step labels", steps=settings.steps)
+    if fresh:
+        shutil.copytree(out / FINAL, trained_before)
+    return time.perf_counter() - started
+
+
+def record_run(db: Database, out: Path, base: Path) -> int:
+    """The round's judge as a training run, so ``ScoringJudges`` builds it like any other."""
+    with db.session() as s:
+        run = TrainingRun(
+            method="prm",
+            recipe="bench_active: PRM on Monte Carlo step labels",
+            base_model=str(base),
+            output_dir=str(out),
+            status="done",
+            host="bench",
+            updated_at=epoch(),
+            dataset="bench",
+        )
+        s.add(run)
+        s.flush()
+        return run.id
+
+
+def load_judge(db: Database, run_id: int) -> Any:
+    """The run's judge as a priority round's worker builds it."""
+    from stepq.trainer.evaluation.scoring_judges import ScoringJudges
+    from stepq.workers.priority.strategies import parse_strategy
+
+    return ScoringJudges(db)(run_id, parse_strategy(f"uncertainty:run={run_id}"))

@@ -1,0 +1,89 @@
+"""bench_active's PRM judge (``bench/experiments/active_prm.py``): the labels it trains on, and
+that a round's priority scoring uses the very model the benchmark evaluated.
+
+The benchmark's curves are only stepq's own judge at work if (1) each trajectory's steps reach
+the PRM with their own Monte Carlo labels in order, cut after the first negative one, and (2)
+the worker's judge factory, given the round's training run, scores exactly as the trained
+model did.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from bench.experiments import active_prm
+from stepq.assembly import worker_runtime
+from stepq.migrations import upgrade
+from stepq.models import Database
+from stepq.workers.data.synthetic_set import synth_set
+from stepq.workers.in_process import run_in_process
+from stepq.workers.jobqueue.runtime import WorkerOptions
+from stepq.workers.labelling.annotation_plans import configure_annotation
+
+
+@pytest.fixture(scope="module")
+def labelled(tmp_path_factory: pytest.TempPathFactory) -> Database:
+    path = tmp_path_factory.mktemp("active-prm") / "set.db"
+    upgrade(f"sqlite:///{path}")
+    db = Database(f"sqlite:///{path}")
+    synth_set(db, "s", problems=30, seed=3, error_rate=0.3, recovery_rate=0.2)
+    configure_annotation(db, "s", 4)
+    run_in_process(db, worker_runtime(db, WorkerOptions(batch_rollouts=64, name="test")))
+    yield db
+    db.dispose()
+
+
+def test_each_trajectory_brings_its_own_labels_in_order_up_to_the_first_negative(labelled: Database) -> None:
+    with labelled.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT c.trajectory_id, p.question, c.text, l.positive FROM chunk_labels l "
+                "JOIN chunks c ON c.id = l.chunk_id JOIN trajectories t ON t.id = c.trajectory_id "
+                "JOIN problems p ON p.id = t.problem_id ORDER BY c.trajectory_id, c.idx"
+            )
+        ).all()
+    whole: dict[int, list[tuple[str, str, bool]]] = {}
+    for tid, question, chunk, positive in rows:
+        whole.setdefault(tid, []).append((question, chunk, bool(positive)))
+    solutions = active_prm.labelled_solutions(labelled)
+    assert len(solutions) == len(whole) == 30
+    cut = 0
+    for (question, steps, labels), (_, full) in zip(solutions, sorted(whole.items()), strict=True):
+        first_negative = next((k for k, (_, _, positive) in enumerate(full) if not positive), len(full) - 1)
+        kept = full[: first_negative + 1]
+        assert question == full[0][0]
+        assert steps == [chunk for _, chunk, _ in kept]
+        assert labels == [positive for _, _, positive in kept]
+        cut += any(positive for _, _, positive in full[first_negative + 1 :])
+    # Recovery on: some trajectories hold a positive label after a negative one, and those are cut.
+    assert cut > 0
+
+
+def test_the_round_scores_with_the_model_the_benchmark_trained(labelled: Database, tmp_path: Path) -> None:
+    settings = active_prm.PRMSettings(width=32, layers=1, steps=5, batch_size=4)
+    base = active_prm.build_backbone(tmp_path, settings, seed=0)
+    solutions = active_prm.labelled_solutions(labelled)
+    active_prm.train_round(base, None, solutions, tmp_path / "r1", settings, seed=0)
+    run_id = active_prm.record_run(labelled, tmp_path / "r1", base)
+    judge = active_prm.load_judge(labelled, run_id)
+
+    from stepq.trainer.prm.model import StepScorer
+
+    trained = StepScorer.load(tmp_path / "r1" / "final")
+    asked = [(q, steps) for q, steps, _ in solutions[:5]]
+    expected = _flat(trained.score(asked))
+    assert _flat(judge.score_solutions(asked)) == pytest.approx(expected)
+    fresh = StepScorer.from_base(str(base), max_length=512, seed=0)
+    assert _flat(fresh.score(asked)) != pytest.approx(expected)  # it trained: the weights moved
+
+    # The same labels trained fresh again (another arm's first round) give the same model, copied.
+    active_prm.train_round(base, None, solutions, tmp_path / "r1-again", settings, seed=0)
+    again = StepScorer.load(tmp_path / "r1-again" / "final")
+    assert _flat(again.score(asked)) == pytest.approx(expected)
+
+
+def _flat(rows: list[list[float | None]]) -> list[float]:
+    return [float(p) for row in rows for p in row if p is not None]
