@@ -2,7 +2,7 @@
 that a round's priority scoring uses the very model the benchmark evaluated.
 
 The benchmark's curves are only stepq's own judge at work if (1) each trajectory's steps reach
-the PRM with their own Monte Carlo labels in order, cut after the first negative one, and (2)
+the PRM with their own Monte Carlo labels in order, after a wrong step too, and (2)
 the worker's judge factory, given the round's training run, scores exactly as the trained
 model did.
 """
@@ -36,7 +36,7 @@ def labelled(tmp_path_factory: pytest.TempPathFactory) -> Database:
     db.dispose()
 
 
-def test_each_trajectory_brings_its_own_labels_in_order_up_to_the_first_negative(labelled: Database) -> None:
+def test_each_trajectory_brings_every_label_of_its_own_in_order(labelled: Database) -> None:
     with labelled.engine.connect() as conn:
         rows = conn.execute(
             text(
@@ -50,16 +50,12 @@ def test_each_trajectory_brings_its_own_labels_in_order_up_to_the_first_negative
         whole.setdefault(tid, []).append((question, chunk, bool(positive)))
     solutions = active_prm.labelled_solutions(labelled)
     assert len(solutions) == len(whole) == 30
-    cut = 0
     for (question, steps, labels), (_, full) in zip(solutions, sorted(whole.items()), strict=True):
-        first_negative = next((k for k, (_, _, positive) in enumerate(full) if not positive), len(full) - 1)
-        kept = full[: first_negative + 1]
         assert question == full[0][0]
-        assert steps == [chunk for _, chunk, _ in kept]
-        assert labels == [positive for _, _, positive in kept]
-        cut += any(positive for _, _, positive in full[first_negative + 1 :])
-    # Recovery on: some trajectories hold a positive label after a negative one, and those are cut.
-    assert cut > 0
+        assert steps == [chunk for _, chunk, _ in full]
+        assert labels == [positive for _, _, positive in full]
+    # Steps after a wrong one train too (their labels say the solution is broken there).
+    assert any(False in labels[:-1] for _, _, labels in solutions)
 
 
 def test_the_round_scores_with_the_model_the_benchmark_trained(labelled: Database, tmp_path: Path) -> None:

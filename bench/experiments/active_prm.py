@@ -7,8 +7,12 @@ labels), and saves it as a training run of method ``prm``.  The priority round t
 through the worker's own judge factory (``ScoringJudges``: ``final/`` of the run's output
 folder, wrapped as ``PRMJudge``), the path ``stepq trainer serve`` and a fleet take.
 
-A trajectory's steps are kept up to its first negative label, as for the stand-in: the held-out
-truth calls every step after a wrong one wrong, while Abs-Q may call a recovered one right.
+Every labelled step trains, after a wrong one too (Math-Shepherd's data): the PRM's score of a
+step is then the chance that the solution is still right there, the quantity the held-out truth
+(every step after the first wrong one is wrong) and the priority strategies read.  The stand-in
+instead learns each step alone, from the steps up to the first negative label, and takes the
+running minimum; a PRM trained on those would learn a per-step hazard and score every later
+step of a broken solution as if the solution were whole.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ class PRMSettings:
 
 
 def labelled_solutions(db: Database) -> list[tuple[str, list[str], list[bool]]]:
-    """(problem, steps, labels) per labelled trajectory, its steps up to the first negative label."""
+    """(problem, steps, labels) per labelled trajectory, every labelled step in order."""
     with db.engine.connect() as conn:
         rows = conn.execute(
             text(
@@ -53,15 +57,10 @@ def labelled_solutions(db: Database) -> list[tuple[str, list[str], list[bool]]]:
             )
         ).all()
     out: dict[int, tuple[str, list[str], list[bool]]] = {}
-    stopped: set[int] = set()
     for tid, question, chunk, positive in rows:
-        if tid in stopped:
-            continue
         _, steps, labels = out.setdefault(tid, (question, [], []))
         steps.append(chunk)
         labels.append(bool(positive))
-        if not positive:
-            stopped.add(tid)
     return list(out.values())
 
 
