@@ -63,7 +63,7 @@ def test_the_round_scores_with_the_model_the_benchmark_trained(labelled: Databas
     base = active_prm.build_backbone(tmp_path, settings, seed=0)
     solutions = active_prm.labelled_solutions(labelled)
     active_prm.train_round(base, None, solutions, tmp_path / "r1", settings, seed=0)
-    run_id = active_prm.record_run(labelled, tmp_path / "r1", base)
+    run_id = active_prm.record_run(labelled, tmp_path / "r1", str(base))
     judge = active_prm.load_judge(labelled, run_id)
 
     from stepq.trainer.prm.model import StepScorer

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import shutil
 import time
 from collections.abc import Sequence
@@ -29,6 +28,7 @@ from typing import Any
 
 from sqlalchemy import text
 
+from bench.experiments.bench_prm import fit_step_labels
 from stepq.models import Database, TrainingRun, epoch
 from stepq.trainer.training.runs import FINAL
 
@@ -88,7 +88,7 @@ def train_round(
     copies that model instead of training it again: same inputs, same seed, same weights."""
     import torch
 
-    from stepq.trainer.prm.model import StepScorer, collate
+    from stepq.trainer.prm.model import StepScorer
 
     started = time.perf_counter()
     fresh = not (settings.warm_start and previous is not None)
@@ -104,35 +104,23 @@ def train_round(
         assert previous is not None
         scorer = StepScorer.load(previous)
     encoded = [(scorer.encode(q, steps), labels) for q, steps, labels in solutions]
-    optimizer = torch.optim.AdamW(scorer.parameters(), lr=settings.lr)
-    rng = random.Random(seed)
-    scorer.train(True)
-    for _ in range(settings.steps):
-        batch = [encoded[rng.randrange(len(encoded))] for _ in range(settings.batch_size)]
-        ids, attention, ends, mask = collate([e for e, _ in batch], scorer.pad_id)
-        target = torch.zeros(mask.shape)
-        for i, (e, labels) in enumerate(batch):
-            target[i, : len(e.ends)] = torch.tensor(labels[: len(e.ends)], dtype=torch.float)
-        logits = scorer.logits(ids, attention, ends)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits[mask], target[mask])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(scorer.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad()
-    scorer.train(False)
+    fit_step_labels(scorer, encoded, settings.steps, settings.batch_size, settings.lr, seed)
     scorer.save(out / FINAL, trained_on="monte-carlo step labels", steps=settings.steps)
     if fresh:
         shutil.copytree(out / FINAL, trained_before)
     return time.perf_counter() - started
 
 
-def record_run(db: Database, out: Path, base: Path) -> int:
-    """The round's judge as a training run, so ``ScoringJudges`` builds it like any other."""
+def record_run(
+    db: Database, out: Path, base_model: str, recipe: str = "bench_active: PRM on Monte Carlo step labels"
+) -> int:
+    """A round's judge as a training run, so its priority round is recorded like any other (and
+    ``ScoringJudges`` builds a PRM's from ``out/final``)."""
     with db.session() as s:
         run = TrainingRun(
             method="prm",
-            recipe="bench_active: PRM on Monte Carlo step labels",
-            base_model=str(base),
+            recipe=recipe,
+            base_model=base_model,
             output_dir=str(out),
             status="done",
             host="bench",

@@ -47,7 +47,7 @@ from bench.experiments.judge_heldout import write_processbench
 from bench.experiments.stats import mean_ci, processbench_f1, rank_auc
 from stepq.assembly import worker_runtime
 from stepq.migrations import upgrade
-from stepq.models import Database, Rollout, TrainingRun, epoch
+from stepq.models import Database, Rollout
 from stepq.workers.backends.synthetic_policy import SyntheticPolicy
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import run_in_process
@@ -175,24 +175,6 @@ def rollouts_spent(db: Database) -> int:
         return int(s.scalar(select(func.count(Rollout.id))) or 0)
 
 
-def judge_record(db: Database, root: Path, name: str) -> int:
-    """A training-run row for the stand-in judge, so its round is recorded like any other."""
-    with db.session() as s:
-        run = TrainingRun(
-            method="prm",
-            recipe="bench_active stand-in (digit MLP)",
-            base_model="digit-mlp",
-            output_dir=str(root / name),
-            status="done",
-            host="bench",
-            updated_at=epoch(),
-            dataset="bench",
-        )
-        s.add(run)
-        s.flush()
-        return run.id
-
-
 def run_arm(
     strategy: str, seed: int, root: Path, heldout: Sequence[dict[str, Any]], args: argparse.Namespace
 ) -> list[dict[str, Any]]:
@@ -224,13 +206,15 @@ def run_arm(
                 out = root / f"{strategy}-r{k}"
                 active_prm.train_round(base, previous, solutions, out, prm, seed)
                 previous = out / "final"
-                run_id = active_prm.record_run(db, out, base)
+                run_id = active_prm.record_run(db, out, str(base))
                 judge: Any = active_prm.load_judge(db, run_id)
                 steps = sum(len(labels) for _, _, labels in solutions)
             else:
                 examples = labelled_steps(db)
                 judge = train_judge(examples, seed, args.epochs)
-                run_id = judge_record(db, root, f"{strategy}-r{k}")
+                run_id = active_prm.record_run(
+                    db, root / f"{strategy}-r{k}", "digit-mlp", recipe="bench_active stand-in (digit MLP)"
+                )
                 judges[run_id] = judge
                 steps = len(examples)
             point = {

@@ -43,6 +43,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from bench.common import emit
 from bench.experiments.lm_training import train_causal_lm
@@ -254,22 +255,39 @@ def train_on_step_labels(base: Path, train: Sequence[tuple], args: argparse.Name
     check the arithmetic, and outcome labels cannot teach it either."""
     import torch
 
-    from stepq.trainer.prm.model import collate
-
     torch.manual_seed(args.seed)
     scorer = StepScorer.from_base(str(base), seed=args.seed, head=args.head).to(
         "cuda" if torch.cuda.is_available() else "cpu"
     )
     encoded = [(scorer.encode(q, steps), truth) for q, steps, truth, _ in train]
-    optimizer = torch.optim.AdamW(scorer.parameters(), lr=args.learning_rate)
-    rng = random.Random(args.seed)
+    fit_step_labels(scorer, encoded, args.steps, args.batch_size, args.learning_rate, args.seed, log_every=250)
+    return scorer, args.steps
+
+
+def fit_step_labels(
+    scorer: StepScorer,
+    encoded: Sequence[tuple[Any, Sequence[bool]]],
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    log_every: int = 0,
+) -> None:
+    """Train ``scorer`` on per-step labels: one BCE per labelled step, batches drawn with
+    replacement (seeded), AdamW, gradients clipped at 1 (``bench_active --judge prm`` too)."""
+    import torch
+
+    from stepq.trainer.prm.model import collate
+
+    optimizer = torch.optim.AdamW(scorer.parameters(), lr=lr)
+    rng = random.Random(seed)
     scorer.train(True)
-    for step in range(1, args.steps + 1):
-        batch = [encoded[rng.randrange(len(encoded))] for _ in range(args.batch_size)]
+    for step in range(1, steps + 1):
+        batch = [encoded[rng.randrange(len(encoded))] for _ in range(batch_size)]
         ids, attention, ends, mask = (t.to(scorer.device) for t in collate([e for e, _ in batch], scorer.pad_id))
         labels = torch.zeros(mask.shape)
         for i, (e, truth) in enumerate(batch):
-            labels[i, : len(e.ends)] = torch.tensor(truth[: len(e.ends)], dtype=torch.float)
+            labels[i, : len(e.ends)] = torch.tensor(list(truth[: len(e.ends)]), dtype=torch.float)
         labels = labels.to(scorer.device)
         logits = scorer.logits(ids, attention, ends)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits[mask], labels[mask])
@@ -277,9 +295,9 @@ def train_on_step_labels(base: Path, train: Sequence[tuple], args: argparse.Name
         torch.nn.utils.clip_grad_norm_(scorer.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad()
-        if step % 250 == 0 or step == args.steps:
+        if log_every and (step % log_every == 0 or step == steps):
             print(f"  step {step:>5}  step-label loss {loss.item():.4f}", flush=True)
-    return scorer, args.steps
+    scorer.train(False)
 
 
 def main() -> None:
