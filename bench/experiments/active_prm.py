@@ -5,7 +5,8 @@ the PRM's step head) on the Monte Carlo labels the set holds so far, one binary
 cross-entropy per step on the hard label (the training Math-Shepherd gives Monte Carlo step
 labels), and saves it as a training run of method ``prm``.  The priority round then loads it
 through the worker's own judge factory (``ScoringJudges``: ``final/`` of the run's output
-folder, wrapped as ``PRMJudge``), the path ``stepq trainer serve`` and a fleet take.
+folder, wrapped as ``PRMJudge``), as a fleet's workers build any round's judge.  (The trainer
+service cannot train this judge yet: it trains generative judges on snapshots.)
 
 Every labelled step trains, after a wrong one too (Math-Shepherd's data): the PRM's score of a
 step is then the chance that the solution is still right there, the quantity the held-out truth
