@@ -217,7 +217,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         if args.quick:
             args.problems, ns = 6, [1, 2]
-            recipe = Recipe(steps=20, problems=200)
+            recipe = Recipe(band=(0.0, 1.0), max_steps=20, check_every=20, fine_every=20, problems=200)
             policy_dir = build(recipe, Path(scratch) / "policy")
             args.judge = args.judge or _tiny_judge(Path(scratch) / "judge")
         else:

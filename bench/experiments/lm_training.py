@@ -47,6 +47,8 @@ def train_causal_lm(
     device: Device | None = None,
     pad_id: int | None = None,
     keep_at: Mapping[int, Callable[[Any, Any], None]] | None = None,
+    check_every: int = 0,
+    on_check: Callable[[int, Any, Any], bool] | None = None,
     log_every: int = 250,
     focus_weight: float = 1.0,
 ) -> float:
@@ -59,6 +61,10 @@ def train_causal_lm(
     is one.  ``pad_id`` None: the tokenizer's (padding is masked: any id trains the same).
     ``keep_at`` maps a step count to a function given the model and tokenizer as they are after
     that many steps: the weights a run of exactly that many steps ends with.
+    ``on_check`` is called every ``check_every`` steps with the step count, the model (in eval
+    mode: no dropout) and the tokenizer; it returns True to end the run there.  It must not draw
+    from torch's random generator (greedy decoding does not), so checking leaves the run's
+    weights as they would be without it.
 
     An example ``(ids, start, focus)`` names one position whose token's loss counts
     ``focus_weight`` times (a verdict among the analysis tokens before it); the loss is the
@@ -116,6 +122,12 @@ def train_causal_lm(
             keep_at[step + 1](model, tokenizer)
         if log_every and ((step + 1) % log_every == 0 or step == steps - 1):
             print(f"    step {step + 1}/{steps}: loss {loss_value:.4f}", flush=True)
+        if on_check is not None and check_every and (step + 1) % check_every == 0:
+            model.eval()
+            stop = on_check(step + 1, model, tokenizer)
+            model.train()
+            if stop:
+                break
     model.to("cpu").save_pretrained(model_dir)
     return loss_value
 
