@@ -262,3 +262,64 @@ def test_threshold_predictions_and_choice() -> None:
     f1 = pb.score("x", noisy_labels, predictions_at(noisy, best)).f1
     for cand in (0.0, 0.35, 0.45, 0.52, 0.58, 0.7, 1.0):
         assert f1 >= pb.score("x", noisy_labels, predictions_at(noisy, cand)).f1
+
+
+def test_chunk_reset_accounting_on_a_hand_checked_case() -> None:
+    """Two problems, two retries.  Problem 0: its first chunk rejected once, then accepted with
+    the final chunk; problem 1: every draw rejected, the third kept anyway (forced).  Tokens are
+    each chunk's share of its completion's tokens (a policy that stops at the chunk's end)."""
+    from stepq.workers.backends.base import Completion, GenerationRequest
+
+    scripted = {  # (problem, chunk index, attempt) -> (completion text, tokens generated)
+        (0, 0, 0): ("a = 3\n\nb = 4\n\n", 10),  # chunk "a = 3\n\n": 7 of 14 characters -> 5 tokens
+        (0, 0, 1): ("a = 2\n\nrest\n\n", 12),  # chunk "a = 2\n\n": 7 of 13 -> 6 tokens
+        (0, 1, 0): ("\\boxed{7}", 4),  # no blank line: the last chunk, all 4 tokens
+        (1, 0, 0): ("z1\n\nmore\n\n", 8),  # 4 of 10 -> 3 tokens
+        (1, 0, 1): ("z2\n\nmore\n\n", 8),
+        (1, 0, 2): ("z\\boxed{4}", 3),
+    }
+    seeds = {derive_seed("chunk-reset", 0, *key): key for key in scripted}
+    prompts: dict[tuple[int, int, int], str] = {}
+
+    class Scripted:
+        name = "scripted"
+        generator = "scripted"
+
+        def generate(self, requests: list[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:
+            out = []
+            for request in requests:
+                key = seeds[request.seeds[0]]
+                prompts[key] = request.context
+                text, tokens = scripted[key]
+                out.append([Completion(text, tokens)])
+            return out
+
+        def close(self) -> None:
+            pass
+
+    seen: list[StepItem] = []
+
+    class Judge:
+        name = "scripted"
+
+        def judge(self, items: list[StepItem]) -> list[bool | None]:
+            seen.extend(items)
+            return [not (item.chunk.startswith("a = 3") or item.chunk.startswith("z")) for item in items]
+
+    problems = [PolicyProblem("P0:", "q0", "7"), PolicyProblem("P1:", "q1", "5")]
+    report = chunk_reset(Scripted(), SamplingParams(), Judge(), problems, max_retries=2)
+    assert report.as_dict() == {
+        "problems": 2,
+        "accuracy": 50.0,
+        "accepted_chunks": 3,
+        "rejected_chunks": 3,
+        "forced_chunks": 1,
+        "accepted_tokens": 6 + 4 + 3,
+        "rejected_tokens": 5 + 3 + 3,
+        "tokens": 24,
+    }
+    assert report.outcomes == [True, False]
+    assert report.solutions == ["a = 2\n\n\\boxed{7}", "z\\boxed{4}"]
+    assert set(prompts) == set(scripted), "every attempt drawn once, under its own seed"
+    assert prompts[(0, 1, 0)] == "P0:a = 2\n\n", "a rejected chunk never enters the history"
+    assert [item.history for item in seen if item.problem == "q0"] == [(), (), ("a = 2\n\n",)]
