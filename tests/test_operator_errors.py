@@ -107,6 +107,26 @@ def test_synth_onto_a_set_of_another_seed_is_refused(tmp_path: Path) -> None:
     assert _stepq(tmp_path, "synth", "--set", "s", "--problems", "5", "--seed", "1").returncode == 0, "growing is fine"
 
 
+def test_synth_draws_the_numbers_asked_for(tmp_path: Path) -> None:
+    import re
+
+    assert _stepq(tmp_path, "synth", "--set", "s", "--problems", "12", "--numbers", "small").returncode == 0
+    assert _stepq(tmp_path, "synth", "--set", "d", "--problems", "12").returncode == 0
+    with _db(tmp_path).engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT s.name, p.question FROM problems p JOIN problem_sets s ON s.id = p.problem_set_id")
+        ).all()
+    small = [q for name, q in rows if name == "s"]
+    default = [q for name, q in rows if name == "d"]
+    assert len(small) == len(default) == 12
+    for q in small:
+        assert 30 <= int(re.match(r"Start with (\d+)\.", q).group(1)) <= 60 and "Multiply" not in q  # type: ignore[union-attr]
+        assert all(1 <= int(x) <= 9 for x in re.findall(r"(?:Add|Subtract) (\d+)\.", q))
+    assert any("Multiply" in q or int(re.match(r"Start with (\d+)\.", q).group(1)) < 30 for q in default)  # type: ignore[union-attr]
+    proc = _stepq(tmp_path, "synth", "--set", "s", "--problems", "13")
+    assert proc.returncode == 2 and "same settings" in _one_line(proc), "a set keeps its numbers"
+
+
 def test_run_while_a_dispatcher_runs_is_busy_and_creates_nothing(tmp_path: Path) -> None:
     assert _stepq(tmp_path, "db", "upgrade").returncode == 0
     db = _db(tmp_path)

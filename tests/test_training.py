@@ -92,6 +92,7 @@ def test_grpo_run_is_recorded_and_its_checkpoint_scores_processbench(pg: Databas
     for model_dir in (result.final_model, checkpoint):
         built = build_judge(JudgeSpec(model=str(model_dir)))
         assert built.settings is not None and built.settings.source == f"training run {run.id}"
+        assert built.settings.trained_on == ({"set": "s", "backend": "synthetic", "numbers": "default"},)
         assert built.judge.prompt.template.startswith("P: {problem}")
         assert built.judge.chat_template is False and built.judge.params.max_tokens == 12
         overridden = build_judge(JudgeSpec(model=str(model_dir), chat_template=True, max_tokens=5))

@@ -121,6 +121,15 @@ def ingest(
     show_default=True,
     help="Harmless errors: a step shows a wrong operand but keeps the right value.",
 )
+@click.option(
+    "--numbers",
+    type=click.Choice(["default", "small"]),
+    default="default",
+    show_default=True,
+    help="The problems' numbers: default (starts of 2-30, operands up to 40, multiplications) or small "
+    "(one-digit additions and subtractions from a start of 30-60). A judge trained on one range is brittle "
+    "outside it.",
+)
 @friendly
 def synth(
     set_name: str,
@@ -132,6 +141,7 @@ def synth(
     latency_s: float,
     op_error_rates: tuple[str, ...],
     slip_rate: float,
+    numbers: str,
 ) -> None:
     """Create a synthetic arithmetic problem set with policy trajectories of known truth."""
     from stepq.workers.data.synthetic_set import synth_set
@@ -149,6 +159,7 @@ def synth(
         latency_s=latency_s,
         op_error_rates=_op_rates(op_error_rates),
         slip_rate=slip_rate,
+        numbers=numbers,
     )
     click.echo(f"set '{set_name}': {report.new_problems} new problems, {report.new_trajectories} new trajectories")
 

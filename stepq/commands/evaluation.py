@@ -319,12 +319,16 @@ def eval_best_of_n(set_name: str, ns: str, how: str, as_json: bool, spec: JudgeS
         raise click.BadParameter(f"'{ns}' is not a comma-separated list of whole numbers", param_hint="--n") from None
     if not wanted or wanted[0] < 1:
         raise click.BadParameter("every N must be at least 1", param_hint="--n")
-    rows = set_best_of_n(open_db(load_settings()), set_name, built.judge, wanted, how)
+    db = open_db(load_settings())
+    note = built.range_note(db, set_name)
+    rows = set_best_of_n(db, set_name, built.judge, wanted, how)
     counts = judge_stats(built.judge).as_dict()
     if as_json:
-        report = {**built.describe(), **counts, "rows": [r.__dict__ for r in rows]}
+        report = {**built.describe(), **counts, "outside_training_range": note, "rows": [r.__dict__ for r in rows]}
         click.echo(json.dumps(report, indent=2))
         return
+    if note:
+        click.echo(f"note: {note}")
     click.echo(f"{'N':>4} {'judge':>7} {'random':>7} {'majority':>8} {'problems':>8}")
     for r in rows:
         if r.judge is None or r.random is None or r.majority is None:
@@ -357,13 +361,15 @@ def eval_chunk_reset(set_name: str, retries: int, seed: int, as_json: bool, spec
 
     built = build_judge(spec)
     settings = load_settings()
-    report = set_chunk_reset(
-        open_db(settings), set_name, built.judge, retries, seed, api_key=settings.openai_api_key or None
-    )
-    report = {**built.describe(), **judge_stats(built.judge).as_dict(), **report}
+    db = open_db(settings)
+    note = built.range_note(db, set_name)
+    report = set_chunk_reset(db, set_name, built.judge, retries, seed, api_key=settings.openai_api_key or None)
+    report = {**built.describe(), **judge_stats(built.judge).as_dict(), "outside_training_range": note, **report}
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
+    if note:
+        click.echo(f"note: {note}")
     for name in ("plain", "chunk_reset"):
         r = report[name]
         click.echo(

@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stepq.models import Database
 from stepq.models.errors import ConfigError, InputError
 from stepq.trainer.evaluation import judges
 from stepq.trainer.generative_judge.judge_prompting import JudgeSettings, settings_for_model
+from stepq.trainer.generative_judge.training_range import range_note
 
 KINDS = ("model", "prm", "oracle", "label-oracle", "accept-all", "scores")
 SCORE_BY = ("verdict", *judges.SCORE_BY)
@@ -53,6 +55,10 @@ class BuiltJudge:
     def scoring(self) -> bool:
         """Scores every step (thresholds apply) rather than accepting or rejecting it."""
         return isinstance(self.judge, judges.ScoringJudge)
+
+    def range_note(self, db: Database, set_name: str) -> str | None:
+        """A sentence when the set's problems are of a kind the judge was not trained on."""
+        return range_note(self.settings.trained_on, db, set_name) if self.settings is not None else None
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"judge": getattr(self.judge, "name", "?")}

@@ -30,6 +30,8 @@ class JudgeSettings:
     max_tokens: int = DEFAULT_MAX_TOKENS
     source: str = "defaults"
     """Where these came from, for the report: "defaults" or "training run N"."""
+    trained_on: tuple[dict[str, Any], ...] = ()
+    """The training snapshot's sets (``training_range``): what an evaluation compares its set with."""
 
     @classmethod
     def defaults(cls) -> JudgeSettings:
@@ -45,6 +47,7 @@ class JudgeSettings:
             "chat_template": self.chat_template,
             "max_tokens": self.max_tokens,
             "source": self.source,
+            "trained_on": list(self.trained_on),
         }
 
     def save(self, folder: Path) -> None:
@@ -66,11 +69,17 @@ class JudgeSettings:
 
 
 def settings_for_training(
-    template: JudgePrompt, conversational: bool, max_completion_length: int, run_id: int
+    template: JudgePrompt,
+    conversational: bool,
+    max_completion_length: int,
+    run_id: int,
+    trained_on: tuple[dict[str, Any], ...] = (),
 ) -> JudgeSettings:
     """What a GRPO run prompts its judge with (the recipe's template, kept as read when the
-    run started: the file may not exist where the judge is evaluated later)."""
-    return JudgeSettings(template.template, conversational, max_completion_length, f"training run {run_id}")
+    run started: the file may not exist where the judge is evaluated later), and what it learns from."""
+    return JudgeSettings(
+        template.template, conversational, max_completion_length, f"training run {run_id}", tuple(trained_on)
+    )
 
 
 def settings_for_model(model: str | Path | None) -> JudgeSettings:
@@ -84,7 +93,11 @@ def settings_for_model(model: str | Path | None) -> JudgeSettings:
             try:
                 data = json.loads(saved.read_text(encoding="utf-8"))
                 return JudgeSettings(
-                    str(data["template"]), bool(data["chat_template"]), int(data["max_tokens"]), str(data["source"])
+                    str(data["template"]),
+                    bool(data["chat_template"]),
+                    int(data["max_tokens"]),
+                    str(data["source"]),
+                    tuple(dict(t) for t in data.get("trained_on", [])),
                 )
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 raise ConfigError(f"{saved}: not a stepq judge settings file ({exc})") from None

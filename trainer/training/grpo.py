@@ -20,6 +20,7 @@ from stepq.trainer.generative_judge.judge_prompting import FILE as JUDGE_SETTING
 from stepq.trainer.generative_judge.judge_prompting import settings_for_training
 from stepq.trainer.generative_judge.prompt import JudgePrompt
 from stepq.trainer.generative_judge.rewards import get_rewards
+from stepq.trainer.generative_judge.training_range import snapshot_sets
 from stepq.trainer.snapshots.export import snapshot_records
 from stepq.trainer.training.ranks import current_rank
 from stepq.trainer.training.recipe import Recipe
@@ -98,7 +99,8 @@ def train_judge(
     def prepare(handle: RunHandle) -> None:
         if handle.run_id is not None:  # the main rank: how this judge is prompted, for its evaluation
             length = int(config.max_completion_length)
-            settings_for_training(template, recipe.conversational, length, handle.run_id).save(output_dir)
+            learnt = snapshot_sets(db, snapshot)
+            settings_for_training(template, recipe.conversational, length, handle.run_id, learnt).save(output_dir)
 
     from trl import GRPOTrainer
 
