@@ -74,3 +74,30 @@ def test_the_chain_runs_at_tiny_size() -> None:
         assert runs[name]["tokens_over_plain"] == runs[name]["tokens"] / runs["plain"]["tokens"]
         assert len(runs[name]["outcomes"]) == result["problems"]
     assert [row["n"] for row in result["best_of_n"]] == [1, 2]
+
+
+@pytest.mark.slow
+def test_the_judge_at_work_on_its_own_policy_runs_through_stepq_evals_functions() -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.experiments.judge_own_policy", "--quick"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    runs = result["chunk_reset"]
+    assert runs["plain"]["rejected_chunks"] == 0 and runs["plain"]["problems"] == result["problems"] == 4
+    for name in ("judge", "oracle"):
+        assert len(runs[name]["outcomes"]) == 4
+        gained = 100.0 * (sum(runs[name]["outcomes"]) - sum(runs["plain"]["outcomes"])) / 4
+        assert runs[name]["gain_over_plain"]["gain"] == gained
+    for row in result["best_of_n"]:
+        assert row["problems"] == 4
+        assert {"judge P(Positive)", "majority", "random", "oracle"} <= set(row)
+    assert [row["n"] for row in result["best_of_n"]] == [1, 2]
+    first = result["best_of_n"][0]
+    assert first["judge P(Positive)"]["accuracy"] == first["random"]["accuracy"] == first["majority"]["accuracy"]

@@ -8,7 +8,7 @@ import math
 import random
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 SOFTMIN_TEMPERATURE = 0.1
 """The PRM recipe's default tau; a Best-of-N pick by softmin uses it."""
@@ -76,6 +76,9 @@ class BestOfNRow:
     random: float | None
     majority: float | None
     problems: int = 0
+    per_problem: dict[str, list[float]] = field(default_factory=dict)
+    """Each method's result on each usable problem, in order (1/0; random: its expectation), so
+    differences can be paired and given intervals over problems."""
 
 
 def best_of_n(
@@ -91,11 +94,14 @@ def best_of_n(
         if not usable:
             rows.append(BestOfNRow(n, None, None, None, 0))
             continue
-        judge = sum(c[pick(s, how)].correct for c, s in usable)
-        rand = sum(sum(x.correct for x in c) / n for c, _ in usable)
-        vote = sum(majority(c) for c, _ in usable)
+        per = {
+            "judge": [float(c[pick(s, how)].correct) for c, s in usable],
+            "random": [sum(x.correct for x in c) / n for c, _ in usable],
+            "majority": [float(majority(c)) for c, _ in usable],
+        }
         k = len(usable)
-        rows.append(BestOfNRow(n, 100.0 * judge / k, 100.0 * rand / k, 100.0 * vote / k, k))
+        share = {name: 100.0 * sum(v) / k for name, v in per.items()}
+        rows.append(BestOfNRow(n, share["judge"], share["random"], share["majority"], k, per))
     return rows
 
 

@@ -133,4 +133,7 @@ def set_chunk_reset(
         reset = chunk_reset(backend, params, judge, problems, max_retries=retries, seed=seed)
     finally:
         backend.close()
-    return {"plain": plain.as_dict(), "chunk_reset": reset.as_dict()}
+    return {
+        "plain": {**plain.as_dict(), "outcomes": plain.outcomes},
+        "chunk_reset": {**reset.as_dict(), "outcomes": reset.outcomes},
+    }

@@ -1,0 +1,164 @@
+"""The judge at work on its own policy (StepWiser's setting): the policy whose Monte Carlo labels
+taught the judge is the policy it then serves.
+
+The policy is the synthetic one ``bench_judge_capacity`` annotates (small numbers, recovery,
+steps of different difficulty); the judge is one that benchmark kept (``--keep``: the spelled
+judge taught the labels by cross-entropy).  On a held-out set of that policy (a set seed no
+training set uses, ``trajectories_per_problem`` = the largest N) this runs what ``stepq eval``
+runs, through the same functions:
+
+- ``stepq eval chunk-reset --set S``: plain chunk-by-chunk sampling, chunk-reset with the judge
+  and with the synthetic truth as the judge (the oracle), final-answer accuracy with 95%
+  intervals over problems, the paired gain over plain sampling, and the tokens each spent;
+- ``stepq eval best-of-n --set S --score-by logprob``: the sample with the highest lowest step
+  P(Positive), against majority vote, random choice and the oracle's pick.
+
+    python -m bench.experiments.bench_judge_capacity --seeds 0 --cells spelled/first-dead/2/16000/8 \\
+        --targets label --keep runs
+    python -m bench.experiments.judge_own_policy --judge runs/seed0-spelled_first-dead_2_16000_8-label --seed 0
+    python -m bench.experiments.judge_own_policy --quick          # a tiny judge: checks the chain, measures nothing
+
+Prints a table and one JSON object on its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import emit
+from bench.experiments.bench_judge_at_work import _tiny_judge, accuracy_ci, load_judge, paired_gain
+from bench.experiments.bench_judge_capacity import OP_ERROR_RATES
+from bench.experiments.stats import bootstrap
+
+SET = "own-policy"
+HELDOUT_SEED = 10_000
+"""Added to ``--seed`` for the held-out set: the training sets use seeds 0, 1, 2."""
+ERROR_RATE = 0.15
+"""``bench_judge_capacity``'s policy (with its ``OP_ERROR_RATES`` and ``--recovery-rate``)."""
+
+
+def at_work(db: Any, judge_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Chunk-reset and Best-of-N on the set, through ``stepq eval``'s own functions."""
+    from stepq.trainer.evaluation.judges import GenerativeScorer, SyntheticOracle
+    from stepq.trainer.evaluation.validation import set_best_of_n, set_chunk_reset
+
+    built = load_judge(judge_dir, args.judge_tokens)
+    try:
+        started = time.perf_counter()
+        judged = set_chunk_reset(db, SET, built.judge, args.retries, args.seed)
+        judged_s = time.perf_counter() - started
+        oracle = set_chunk_reset(db, SET, SyntheticOracle(), args.retries, args.seed)
+        runs = {"plain": judged["plain"], "judge": judged["chunk_reset"], "oracle": oracle["chunk_reset"]}
+        assert runs["plain"] == oracle["plain"], "plain sampling draws the same on both calls"
+        for name, run in runs.items():
+            run.update(accuracy_ci(run["outcomes"], args.seed))
+            if name != "plain":
+                run["gain_over_plain"] = paired_gain(runs["plain"]["outcomes"], run["outcomes"], args.seed)
+                run["tokens_over_plain"] = run["tokens"] / max(1, runs["plain"]["tokens"])
+        runs["judge"]["seconds"] = round(judged_s)
+        ns = sorted({int(n) for n in args.n.split(",")})
+        scorer = GenerativeScorer(built.judge, "logprob")
+        by_judge = set_best_of_n(db, SET, scorer, ns, "min")
+        by_oracle = set_best_of_n(db, SET, SyntheticOracle(), ns, "min")
+        bon = []
+        for row, oracle_row in zip(by_judge, by_oracle, strict=True):
+            methods = {**row.per_problem, "oracle": oracle_row.per_problem["judge"]}
+            entry: dict[str, Any] = {"n": row.n, "problems": row.problems}
+            for name, values in methods.items():
+                key = "judge P(Positive)" if name == "judge" else name
+                entry[key] = {"accuracy": 100.0 * sum(values) / max(1, len(values)), "ci": _ci(values, args.seed)}
+            entry["judge_over_majority"] = _paired(row.per_problem["majority"], row.per_problem["judge"], args.seed)
+            bon.append(entry)
+        return {"chunk_reset": runs, "best_of_n": bon, "judge_outputs": built.judge.stats.as_dict()}
+    finally:
+        built.close()
+
+
+def _ci(values: list[float], seed: int) -> tuple[float, float]:
+    return bootstrap(values, lambda v: 100.0 * sum(v) / max(1, len(v)), seed)
+
+
+def _paired(a: list[float], b: list[float], seed: int) -> dict[str, Any]:
+    pairs = list(zip(a, b, strict=True))
+
+    def gain(p: Any) -> float:
+        return 100.0 * sum(y - x for x, y in p) / max(1, len(p))
+
+    return {"gain": gain(pairs), "ci": bootstrap(pairs, gain, seed)}
+
+
+def show(result: dict[str, Any]) -> None:
+    def ci(m: dict[str, Any]) -> str:
+        return f"{m['accuracy']:5.1f} [{m['ci'][0]:5.1f}, {m['ci'][1]:5.1f}]"
+
+    def gain(g: dict[str, Any]) -> str:
+        return f"{g['gain']:+5.1f} [{g['ci'][0]:+5.1f}, {g['ci'][1]:+5.1f}]"
+
+    print(f"chunk-reset on {result['problems']} held-out problems, up to {result['retries']} retries a chunk:")
+    print(
+        f"  {'policy with':<10} {'accuracy':>22} {'gain over plain':>24} {'tokens':>8} {'x plain':>8} {'rejected':>9}"
+    )
+    for name, r in result["chunk_reset"].items():
+        g = gain(r["gain_over_plain"]) if "gain_over_plain" in r else ""
+        ratio = f"{r.get('tokens_over_plain', 1.0):.2f}"
+        print(f"  {name:<10} {ci(r):>22} {g:>24} {r['tokens']:>8} {ratio:>8} {r['rejected_chunks']:>9}")
+    print("Best-of-N (accuracy %, the sample whose lowest step score is highest):")
+    names = ["judge P(Positive)", "majority", "random", "oracle"]
+    print("  " + f"{'N':>3} " + " ".join(f"{k:>22}" for k in names) + f" {'judge - majority':>24}")
+    for row in result["best_of_n"]:
+        cells = " ".join(f"{ci(row[k]):>22}" for k in names)
+        print("  " + f"{row['n']:>3} " + cells + f" {gain(row['judge_over_majority']):>24}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--judge", type=Path, help="A judge bench_judge_capacity kept (--keep).")
+    ap.add_argument("--problems", type=int, default=200, help="Held-out problems.")
+    ap.add_argument("--retries", type=int, default=5, help="Regenerations of a rejected chunk (StepWiser: five).")
+    ap.add_argument("--n", default="4,16", help="Best-of-N sizes.")
+    ap.add_argument("--recovery-rate", type=float, default=0.05, help="The policy's, as the judge's training set.")
+    ap.add_argument("--judge-tokens", type=int, default=64, help="The judge's answer room, when it has no settings.")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="A tiny judge and set: checks the chain, measures nothing.")
+    args = ap.parse_args()
+    from stepq.migrations import upgrade
+    from stepq.models import Database
+    from stepq.workers.data.synthetic_set import synth_set
+
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.quick:
+            args.problems, args.n = 4, "1,2"
+            args.judge = args.judge or _tiny_judge(Path(scratch) / "judge")
+        elif args.judge is None:
+            ap.error("--judge DIR is needed (or --quick)")
+        url = f"sqlite:///{Path(scratch) / 'stepq.db'}"
+        upgrade(url)
+        db = Database(url)
+        synth_set(
+            db, SET, problems=args.problems, seed=HELDOUT_SEED + args.seed, error_rate=ERROR_RATE,
+            recovery_rate=args.recovery_rate, op_error_rates=OP_ERROR_RATES, numbers="small",
+            trajectories_per_problem=max(int(n) for n in args.n.split(",")),
+        )  # fmt: skip
+        measured = at_work(db, args.judge, args)
+        db.engine.dispose()
+    result = {
+        "benchmark": "judge_own_policy",
+        "judge": str(args.judge),
+        "policy": "synthetic, small numbers",
+        "problems": args.problems,
+        "retries": args.retries,
+        "seed": args.seed,
+        **measured,
+        "seconds": round(time.perf_counter() - started),
+    }
+    show(result)
+    emit(result)
+
+
+if __name__ == "__main__":
+    main()
