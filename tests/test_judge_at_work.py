@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,11 +55,11 @@ def test_paired_gain_counts_problems_won_and_lost() -> None:
     assert paired_gain(plain, [True, True, True, True], 0)["gain"] == 50.0
 
 
-@pytest.mark.slow
-def test_the_chain_runs_at_tiny_size() -> None:
+def _quick(module: str) -> dict[str, Any]:
+    """A benchmark's ``--quick`` run as a real process: its JSON result."""
     env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-m", "bench.experiments.bench_judge_at_work", "--quick"],
+        [sys.executable, "-m", f"bench.experiments.{module}", "--quick"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -66,7 +67,12 @@ def test_the_chain_runs_at_tiny_size() -> None:
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.slow
+def test_the_chain_runs_at_tiny_size() -> None:
+    result = _quick("bench_judge_at_work")
     runs = result["chunk_reset"]
     assert set(runs) == {"plain", "judge", "oracle"}
     assert runs["plain"]["rejected_chunks"] == 0 and runs["plain"]["problems"] == result["problems"]
@@ -78,17 +84,7 @@ def test_the_chain_runs_at_tiny_size() -> None:
 
 @pytest.mark.slow
 def test_the_judge_at_work_on_its_own_policy_runs_through_stepq_evals_functions() -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.experiments.judge_own_policy", "--quick"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = _quick("judge_own_policy")
     runs = result["chunk_reset"]
     assert runs["plain"]["rejected_chunks"] == 0 and runs["plain"]["problems"] == result["problems"] == 4
     for name in ("judge", "oracle"):
