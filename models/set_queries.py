@@ -62,7 +62,9 @@ def delete_set(session: Session, name: str) -> dict[str, int]:
 def get_set(session: Session, name: str) -> ProblemSet:
     found = session.scalar(select(ProblemSet).where(ProblemSet.name == name))
     if found is None:
-        raise NotFoundError(f"no problem set named '{name}' (see 'stepq status')")
+        names = list(session.scalars(select(ProblemSet.name).order_by(ProblemSet.name).limit(21)))
+        listed = ", ".join(f"'{n}'" for n in names[:20]) + (", ..." if len(names) > 20 else "")
+        raise NotFoundError(f"no problem set named '{name}' (sets here: {listed or 'none'}; see 'stepq status')")
     return found
 
 

@@ -81,11 +81,17 @@ def keep_settings(
     return m or stored_m or DEFAULT_M
 
 
+DEMO_SET = "demo"
+DEMO_PROBLEMS = 50
+"""The quick start's set: the bare ``stepq run`` makes it; any other set must exist, or be asked
+for with ``--synthetic N``."""
+
+
 def run_embedded(
     settings: Settings,
     set_name: str,
     *,
-    n_synth: int,
+    n_synth: int | None,
     m: int | None,
     seed: int,
     echo: Callable[[str], None],
@@ -111,8 +117,12 @@ def run_embedded(
             stored, exists = (0, None, None), False
     m = keep_settings(set_name, stored, m, rule, budget)
     if not exists:
+        if n_synth is None and set_name != DEMO_SET:  # a typo must not become a new set
+            with db.session() as s:
+                queries.get_set(s, set_name)  # raises, naming the sets there are
         if n_synth == 0:
             raise NotFoundError(f"no problem set '{set_name}' and --synthetic 0")
+        n_synth = DEMO_PROBLEMS if n_synth is None else n_synth
         report = synth_set(db, set_name, problems=n_synth, seed=seed)
         echo(f"created synthetic set '{set_name}': {report.new_problems} problems")
     configure_annotation(db, set_name, m, rule=rule, budget=budget)

@@ -107,6 +107,19 @@ def test_synth_onto_a_set_of_another_seed_is_refused(tmp_path: Path) -> None:
     assert _stepq(tmp_path, "synth", "--set", "s", "--problems", "5", "--seed", "1").returncode == 0, "growing is fine"
 
 
+def test_run_on_a_set_that_does_not_exist_is_refused_not_created(tmp_path: Path) -> None:
+    """Only the quick start's bare ``stepq run`` makes its demo set: a typo'd set name is an error
+    naming the sets there are, and creates nothing; ``--synthetic N`` asks for a new set."""
+    assert _stepq(tmp_path, "synth", "--set", "tour", "--problems", "2").returncode == 0
+    before = table_counts(_db(tmp_path))
+    proc = _stepq(tmp_path, "run", "--set", "tuor")
+    assert proc.returncode == 4
+    assert "no problem set named 'tuor'" in _one_line(proc) and "'tour'" in _one_line(proc)
+    assert table_counts(_db(tmp_path)) == before
+    made = _stepq(tmp_path, "run", "--set", "fresh", "--synthetic", "2", "--rollouts", "1")
+    assert made.returncode == 0 and "created synthetic set 'fresh': 2 problems" in made.stdout
+
+
 def test_synth_draws_the_numbers_asked_for(tmp_path: Path) -> None:
     import re
 

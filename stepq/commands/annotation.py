@@ -215,9 +215,9 @@ def status(as_json: bool, watch: bool, interval: float, verbose: bool) -> None:
     "--synthetic",
     "n_synth",
     type=click.IntRange(min=0),
-    default=50,
-    show_default=True,
-    help="Synthetic problems to create when the set does not exist yet.",
+    default=None,
+    help="Synthetic problems to create when the set does not exist yet (the quick start's 'demo' set: 50). "
+    "Without it, a named set that does not exist is an error, not a new set.",
 )
 @click.option(
     "--rollouts",
@@ -230,7 +230,7 @@ def status(as_json: bool, watch: bool, interval: float, verbose: bool) -> None:
 @click.option("--rule", default=None, help="Label rule (default: the set's, abs-q for a new set).")
 @click.option("--budget", default=None, help="exhaustive or adaptive[:...] (default: the set's).")
 @friendly
-def run(set_name: str, n_synth: int, m: int | None, seed: int, rule: str | None, budget: str | None) -> None:
+def run(set_name: str, n_synth: int | None, m: int | None, seed: int, rule: str | None, budget: str | None) -> None:
     """The embedded default: problems to labels in this process (SQLite, no services)."""
     from stepq.embedded import run_embedded
 
