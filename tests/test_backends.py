@@ -311,3 +311,22 @@ def test_rollouts_continue_the_exact_trajectory_prefix(
     else:
         transport = backend.contexts
     assert set(transport) == expected, "what reached the model is byte-identical to the prefix"
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+    ],
+)
+def test_sampling_params_out_of_range_are_refused_naming_the_field(config: dict, field: str) -> None:
+    from stepq.models.errors import ConfigError
+    from stepq.workers.backends.base import SamplingParams
+
+    with pytest.raises(ConfigError, match=f"^{field}: "):
+        SamplingParams.from_config(config)
+    assert SamplingParams.from_config({"temperature": 0, "top_p": 1, "max_tokens": 1}).temperature == 0

@@ -360,3 +360,17 @@ def test_a_hugging_face_dataset_ingests_as_its_file_does(sqlite: Database, tmp_p
     assert table_counts(sqlite) == before
     code, out = _cli(sqlite, "ingest", str(saved), "--hf", "--split", "train", "--set", "x")
     assert code == 3 and "cannot load split 'train'" in out, out
+
+
+def test_a_first_error_past_the_last_step_is_refused_not_stored_as_no_error(any_db: Database, tmp_path: Path) -> None:
+    from stepq.models.errors import InputError
+
+    records = solution_records()
+    records[1]["label"] = 99  # two steps: 0 or 1 are steps, -1 is none
+    records[0]["label"] = 1
+    path = write_jsonl(tmp_path / "pb.jsonl", records)
+    before = table_counts(any_db)
+    fields = FieldMap(steps="steps", first_error="label")
+    with pytest.raises(InputError, match=r"pb.jsonl:2: field 'label': 99 is past the last of the 2 steps"):
+        ingest_file(any_db, path, "pb", fields)
+    assert table_counts(any_db) == before

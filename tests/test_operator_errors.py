@@ -120,6 +120,31 @@ def test_run_on_a_set_that_does_not_exist_is_refused_not_created(tmp_path: Path)
     assert made.returncode == 0 and "created synthetic set 'fresh': 2 problems" in made.stdout
 
 
+@pytest.mark.parametrize(
+    ("flags", "field"),
+    [
+        (("--rollouts", "100000000"), "rollouts per prefix: 100000000 is not between 1 and 4096"),
+        (("--rollouts", "4", "--temperature", "nan"), "temperature: nan is not a finite number"),
+        (("--rollouts", "4", "--temperature", "-1"), "temperature: -1.0 is not a finite number of 0 or more"),
+        (("--rollouts", "4", "--top-p", "7"), "top_p: 7.0 is not in (0, 1]"),
+        (("--rollouts", "4", "--max-tokens", "0"), "max_tokens: 0 is not a whole number"),
+    ],
+)
+def test_sampling_settings_out_of_range_are_refused_naming_the_field(
+    tmp_path: Path, flags: tuple[str, ...], field: str
+) -> None:
+    assert _stepq(tmp_path, "synth", "--set", "s", "--problems", "2").returncode == 0
+    before = table_counts(_db(tmp_path))
+    proc = _stepq(tmp_path, "annotate", "--set", "s", *flags)
+    assert proc.returncode == 2 and field in _one_line(proc)
+    assert table_counts(_db(tmp_path)) == before
+
+
+def test_a_worker_log_level_that_does_not_exist_is_a_usage_error(tmp_path: Path) -> None:
+    proc = _stepq(tmp_path, "worker", "--loglevel", "bogus")
+    assert proc.returncode == 2 and "'bogus' is not one of" in proc.stderr
+
+
 def test_synth_draws_the_numbers_asked_for(tmp_path: Path) -> None:
     import re
 

@@ -50,7 +50,12 @@ def db_upgrade(revision: str) -> None:
     help="solo: one task at a time in the main process (one per GPU).",
 )
 @click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--loglevel", default=None)
+@click.option(
+    "--loglevel",
+    type=click.Choice(["debug", "info", "warning", "error", "critical"], case_sensitive=False),
+    default=None,
+    help="Default: the settings' log level.",
+)
 @click.option(
     "--backend",
     type=click.Choice(BACKEND_NAMES),

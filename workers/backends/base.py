@@ -7,9 +7,12 @@ shared problem and chunk prefix once and the queue's per-call overhead is amorti
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from stepq.models.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -18,6 +21,16 @@ class SamplingParams:
     top_p: float = 1.0
     max_tokens: int = 8192
     stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        """Refused here, before anything is stored: a NaN temperature reached PostgreSQL's JSON
+        and came back as an internal error, a top_p of 7 sampled as 1."""
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)) or self.temperature < 0:
+            raise ConfigError(f"temperature: {self.temperature!r} is not a finite number of 0 or more")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise ConfigError(f"top_p: {self.top_p!r} is not in (0, 1]")
+        if not (isinstance(self.max_tokens, int) and self.max_tokens >= 1):
+            raise ConfigError(f"max_tokens: {self.max_tokens!r} is not a whole number of 1 or more")
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> SamplingParams:

@@ -257,6 +257,10 @@ def parse_records(path: Path | str, fields: FieldMap, objects: list[tuple[int, A
             value = obj.get(fields.first_error)
             if not isinstance(value, int) or isinstance(value, bool) or value < -1:
                 raise InputError(str(path), line, fields.first_error, "must be an integer >= -1")
+            if steps is not None and value >= len(steps):  # past the last step reads as "no error" otherwise
+                raise InputError(
+                    str(path), line, fields.first_error, f"{value} is past the last of the {len(steps)} steps (0-based)"
+                )
             first_error = value
         id_field = _pick(obj, fields.id, ID_FIELDS)
         if id_field is not None and id_field in obj:

@@ -55,6 +55,11 @@ def generation_changes(
     return out
 
 
+MAX_ROLLOUTS = 4096
+"""Rollouts per prefix at most: StepWiser's M is 16 and a reference 64; 10^8 was accepted and
+planned as if it could be sampled."""
+
+
 def configure_annotation(
     db: Database,
     set_name: str,
@@ -80,6 +85,10 @@ def configure_annotation(
     sampled the old way is never written: ``queries.fence_write``).  ``resample`` with
     the settings unchanged samples again all the same: the command can be run again.
     """
+    if not 1 <= m <= MAX_ROLLOUTS:
+        raise ConfigError(f"rollouts per prefix: {m} is not between 1 and {MAX_ROLLOUTS}")
+    if sampling:
+        SamplingParams.from_config(sampling)  # refuses a temperature, top_p or max_tokens out of range
     if backend is not None:
         check_config(backend, dict(backend_config or {}))
     with db.session() as s:
