@@ -13,7 +13,7 @@ from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from stepq.models.counters import LabelCounters, ProgressSample, SetCounters
-from stepq.models.errors import NotFoundError, Superseded, WrongGenerator
+from stepq.models.errors import ConfigError, NotFoundError, Superseded, WrongGenerator
 from stepq.models.fleet_queries import progress
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.rollouts import ChunkLabel, QValue, Rollout
@@ -68,8 +68,33 @@ def get_set(session: Session, name: str) -> ProblemSet:
     return found
 
 
+def check_set_name(name: str) -> None:
+    """A new set's name must be addressable as typed: ``--sets "p,q"`` reads two sets, and a
+    shell or a list strips the spaces around a name, so such names are refused at creation."""
+    reason = None
+    if not name.strip():
+        reason = "is empty"
+    elif name != name.strip():
+        reason = "starts or ends with white space"
+    elif "," in name:
+        reason = "holds a comma (--sets reads a comma-separated list)"
+    elif any(not ch.isprintable() for ch in name):
+        reason = "holds a control character"
+    elif len(name) > MAX_SET_NAME:
+        reason = f"is longer than {MAX_SET_NAME} characters"
+    if reason:
+        raise ConfigError(f"set name {name!r} {reason}: choose another")
+
+
+MAX_SET_NAME = 200
+"""The column's width."""
+
+
 def ensure_set(session: Session, name: str, **config: Any) -> ProblemSet:
-    """Return the set, creating it with ``config`` when it does not exist yet."""
+    """Return the set, creating it with ``config`` when it does not exist yet (under a name that
+    ``check_set_name`` accepts)."""
+    if session.scalar(select(ProblemSet.id).where(ProblemSet.name == name)) is None:
+        check_set_name(name)
     insert_ignore(session, ProblemSet, [{"name": name, "backend_config": {}, "sampling": {}, **config}])
     return get_set(session, name)
 

@@ -145,6 +145,27 @@ def test_a_worker_log_level_that_does_not_exist_is_a_usage_error(tmp_path: Path)
     assert proc.returncode == 2 and "'bogus' is not one of" in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [("p,q", "holds a comma"), (" p", "starts or ends with white space"), ("   ", "is empty"), ("a\tb", "control")],
+)
+def test_a_set_name_that_cannot_be_addressed_as_typed_is_refused_at_creation(
+    tmp_path: Path, name: str, reason: str
+) -> None:
+    assert _stepq(tmp_path, "db", "upgrade").returncode == 0
+    before = table_counts(_db(tmp_path))
+    for command in (
+        ("synth", "--set", name, "--problems", "2"),
+        ("ingest", str(DATA / "math500_sample.jsonl"), "--set", name),
+    ):
+        proc = _stepq(tmp_path, *command)
+        assert proc.returncode == 2 and reason in _one_line(proc), command
+    assert table_counts(_db(tmp_path)) == before
+    assert _stepq(tmp_path, "synth", "--set", "p q ü", "--problems", "1").returncode == 0, (
+        "spaces inside, unicode: fine"
+    )
+
+
 def test_synth_draws_the_numbers_asked_for(tmp_path: Path) -> None:
     import re
 
