@@ -59,8 +59,12 @@ def delete_set(session: Session, name: str) -> dict[str, int]:
     return {k: int(counts.get(k) or 0) for k in ("problems", "trajectories", "rollouts_done")}
 
 
-def get_set(session: Session, name: str) -> ProblemSet:
-    found = session.scalar(select(ProblemSet).where(ProblemSet.name == name))
+def get_set(session: Session, name: str, for_update: bool = False) -> ProblemSet:
+    """The named set; ``for_update``: its row locked until the transaction ends (PostgreSQL), so
+    two commands changing its settings at once run one after the other, the second seeing the
+    first's values."""
+    query = select(ProblemSet).where(ProblemSet.name == name)
+    found = session.scalar(query.with_for_update() if for_update else query)
     if found is None:
         names = list(session.scalars(select(ProblemSet.name).order_by(ProblemSet.name).limit(21)))
         listed = ", ".join(f"'{n}'" for n in names[:20]) + (", ..." if len(names) > 20 else "")

@@ -101,6 +101,9 @@ def annotate(
         f"set '{set_name}': M={report.rollouts_per_prefix}, rule {report.label_rule}, "
         f"budget {report.budget_policy}; {report.work_items} work items planned or reopened"
     )
+    if report.overridden:
+        said = ", ".join(f"{name} {old} -> {new}" for name, (old, new) in report.overridden.items())
+        click.echo(f"changed the set's settings: {said}")
     ordered = report.ordered
     if ordered is not None and ordered.round_id is None:
         click.echo(f"order: {ordered.strategy} (plan order; {ordered.reset} waiting items reset)")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from stepq.models import Database, queries
@@ -22,6 +22,9 @@ class PlanReport:
     work_items: int
     ordered: RoundReport | None = None
     """The priority round ``--priority`` started (None: the order was left as it was)."""
+    overridden: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    """The settings this call changed, each as (before, after): another command's M, rule or
+    budget replaced is said, not silent."""
 
 
 def require_synthetic_problems(session: Any, set_id: int, backend: str, set_name: str) -> None:
@@ -92,7 +95,7 @@ def configure_annotation(
     if backend is not None:
         check_config(backend, dict(backend_config or {}))
     with db.session() as s:
-        pset = queries.get_set(s, set_name)
+        pset = queries.get_set(s, set_name, for_update=True)
         if not queries.set_trajectory_ids(s, pset.id, limit=1):
             raise NotFoundError(
                 f"set '{set_name}' has no trajectories to annotate: sample them with "
@@ -135,4 +138,8 @@ def configure_annotation(
         ordered = None
         if priority is not None or priority_aging_s is not None:
             ordered = set_priority(s, pset, priority or pset.priority_strategy, priority_aging_s)
-        return PlanReport(pset.rollouts_per_prefix, pset.label_rule, pset.budget_policy, planned, ordered)
+        after = (pset.rollouts_per_prefix, pset.label_rule, pset.budget_policy)
+        names = ("rollouts_per_prefix", "label_rule", "budget_policy")
+        annotated_before = before[0] > 0  # a set never annotated has no settings to override
+        overridden = {n: (b, a) for n, b, a in zip(names, before, after, strict=True) if b != a and annotated_before}
+        return PlanReport(*after, planned, ordered, overridden)
