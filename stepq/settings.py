@@ -22,6 +22,17 @@ BROKER_SCHEMES = ("redis", "rediss", "amqp", "amqps", "pyamqp", "memory")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
+def require_named_database(env: Mapping[str, str] | None = None) -> None:
+    """A worker or dispatcher serves a fleet, so its database is named, never defaulted: left
+    unset, the default SQLite file in the working directory is a stray database that no other
+    process sees, and the fleet's broker would be served from it."""
+    if not (os.environ if env is None else env).get(PREFIX + "DATABASE_URL"):
+        raise ConfigError(
+            f"{PREFIX}DATABASE_URL is not set: a worker or dispatcher serves the fleet's database "
+            f"(postgresql://...); to use a local SQLite file, name it ({PREFIX}DATABASE_URL=sqlite:///stepq.db)"
+        )
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every field can be set as ``STEPQ_<FIELD>`` (upper case)."""

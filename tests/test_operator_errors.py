@@ -166,6 +166,16 @@ def test_a_set_name_that_cannot_be_addressed_as_typed_is_refused_at_creation(
     )
 
 
+def test_a_worker_or_dispatcher_without_a_named_database_makes_no_stray_file(tmp_path: Path) -> None:
+    """Left unset, the database would default to a SQLite file in the working directory that no
+    other process sees, and the fleet's broker would be served from it."""
+    env = clean_env(STEPQ_BROKER_URL="redis://127.0.0.1:1/0", STEPQ_BROKER_WAIT_S="1")
+    for command in (("worker",), ("dispatch", "--once")):
+        proc = run_stepq(*command, env=env, cwd=tmp_path, timeout=60)
+        assert proc.returncode == 2 and "STEPQ_DATABASE_URL is not set" in _one_line(proc)
+    assert not (tmp_path / "stepq.db").exists()
+
+
 def test_synth_draws_the_numbers_asked_for(tmp_path: Path) -> None:
     import re
 

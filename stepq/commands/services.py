@@ -15,6 +15,7 @@ from stepq.commands.base import (
 )
 from stepq.models import Database
 from stepq.models.errors import DatabaseError
+from stepq.settings import require_named_database
 from stepq.workers.backends import BACKENDS as BACKEND_NAMES
 
 
@@ -93,6 +94,7 @@ def worker(
     from stepq.workers.jobqueue.runtime import WorkerRuntime
 
     settings = load_settings()
+    require_named_database()  # before open_db, which would make the stray file
     setup_logging(loglevel or settings.log_level, settings.log_format)
     open_db(settings).dispose()
     if backend:
@@ -149,6 +151,7 @@ def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
     from stepq.workers.celery_app import wait_for_broker
 
     settings = load_settings()
+    require_named_database()
     setup_logging(settings.log_level, settings.log_format)
     database = open_db(settings)
     wait_for_broker(settings.broker_url, settings.broker_wait_s)
