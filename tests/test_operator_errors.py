@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -317,17 +318,26 @@ def test_a_password_given_as_a_query_parameter_is_masked_like_one_in_the_userinf
     assert masked("postgresql://u@h/db?sslmode=require") == "postgresql://u@h/db?sslmode=require"
 
 
-def test_a_failing_openai_server_url_keeps_its_password_out_of_the_database(tmp_path: Path) -> None:
-    """The error a work item keeps (shown by status) names the server without its password."""
-    env = clean_env(STEPQ_DATABASE_URL=f"sqlite:///{tmp_path / 's.db'}", STEPQ_MAX_ATTEMPTS="1")
-    assert run_stepq("synth", "--set", "o", "--problems", "1", env=env, cwd=tmp_path).returncode == 0
-    url = f"http://user:{SECRET}@127.0.0.1:1/v1"
-    annotate = ("annotate", "--set", "o", "--rollouts", "1", "--backend", "openai", "--base-url", url, "--model", "m")
-    assert run_stepq(*annotate, env=env, cwd=tmp_path).returncode == 0
-    ran = run_stepq("run", "--set", "o", env=env, cwd=tmp_path, timeout=120)
-    status = run_stepq("status", env=env, cwd=tmp_path)
-    everything = ran.stdout + ran.stderr + status.stdout + status.stderr
-    assert "user:***@127.0.0.1:1" in everything and SECRET not in everything
+@pytest.mark.parametrize(
+    "secret_flags",
+    [
+        ("--base-url", f"http://user:{SECRET}@127.0.0.1:1/v1"),
+        ("--base-url", "http://127.0.0.1:1/v1", "--backend-option", f"api_key={SECRET}"),
+        ("--base-url", "http://127.0.0.1:1/v1", "--backend-option", f"auth_token={SECRET}"),
+    ],
+)
+def test_a_backend_secret_is_never_stored_in_the_database(tmp_path: Path, secret_flags: tuple[str, ...]) -> None:
+    """A set's backend config is a row (shown by status, exports, SQL): a password in the server's
+    URL or a key among its options is refused before anything is stored, without being shown."""
+    assert _stepq(tmp_path, "synth", "--set", "o", "--problems", "1").returncode == 0
+    before = table_counts(_db(tmp_path))
+    annotate = ("annotate", "--set", "o", "--rollouts", "1", "--backend", "openai", "--model", "m", *secret_flags)
+    proc = _stepq(tmp_path, *annotate)
+    assert proc.returncode == 2 and "stored in the database in clear" in _one_line(proc)
+    assert "STEPQ_OPENAI_API_KEY" in proc.stderr and SECRET not in proc.stdout + proc.stderr
+    assert table_counts(_db(tmp_path)) == before
+    with sqlite3.connect(tmp_path / "stepq.db") as conn:
+        assert SECRET not in str(conn.execute("SELECT backend, backend_config FROM problem_sets").fetchall())
 
 
 def test_a_changed_sampling_setting_is_refused_or_resampled_explicitly(tmp_path: Path) -> None:

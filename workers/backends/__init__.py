@@ -20,6 +20,34 @@ def check_config(name: str, config: dict[str, Any]) -> None:
         raise ConfigError(f"the {name} backend needs {flags}")
 
 
+SECRET_WORDS = ("key", "token", "password", "secret")
+"""A stored option whose name holds one of these is a credential."""
+
+
+def check_storable(config: dict[str, Any], what: str) -> None:
+    """Refuse a backend config that would put a secret in the database in clear (a set's backend
+    and a search's judge are stored, and shown by status and exports): credentials reach the
+    processes that generate through their environment (``STEPQ_OPENAI_API_KEY``), never a row."""
+    from urllib.parse import urlsplit
+
+    for name, value in config.items():
+        if any(word in name.lower() for word in SECRET_WORDS):
+            raise ConfigError(
+                f"{what}: option '{name}' would be stored in the database in clear; give the key to the processes "
+                "that generate as STEPQ_OPENAI_API_KEY instead"
+            )
+        if isinstance(value, str) and "://" in value:
+            try:
+                password = urlsplit(value).password
+            except ValueError:
+                password = None
+            if password:
+                raise ConfigError(
+                    f"{what}: '{name}' holds a password in its URL, which would be stored in the database in clear; "
+                    "give the server's key as STEPQ_OPENAI_API_KEY (a bearer token) instead"
+                )
+
+
 INSTALLED_BY = {"vllm": (("vllm",), "vllm"), "hf": (("torch", "transformers"), "hf")}
 """The packages a backend imports when it is built, and the extra that installs them."""
 

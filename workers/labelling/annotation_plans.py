@@ -7,7 +7,7 @@ from typing import Any
 
 from stepq.models import Database, queries
 from stepq.models.errors import ConfigError, NotFoundError
-from stepq.workers.backends import SamplingParams, check_config
+from stepq.workers.backends import SamplingParams, check_config, check_storable
 from stepq.workers.backends.synthetic_policy import is_synthetic_question
 from stepq.workers.labelling.budget import parse_budget
 from stepq.workers.labelling.labels import parse_rule
@@ -94,6 +94,7 @@ def configure_annotation(
         SamplingParams.from_config(sampling)  # refuses a temperature, top_p or max_tokens out of range
     if backend is not None:
         check_config(backend, dict(backend_config or {}))
+        check_storable(dict(backend_config or {}), f"set '{set_name}'")
     with db.session() as s:
         pset = queries.get_set(s, set_name, for_update=True)
         if not queries.set_trajectory_ids(s, pset.id, limit=1):

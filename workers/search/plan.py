@@ -11,6 +11,7 @@ from typing import Any
 
 from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
+from stepq.workers.backends import check_storable
 from stepq.workers.data.prompts import load_template, render
 from stepq.workers.labelling.annotation_plans import require_synthetic_problems
 from stepq.workers.search.pairwise import EACH_VERDICT, SCORINGS
@@ -50,6 +51,7 @@ def start_search(db: Database, plan: SearchPlan) -> int:
         raise ConfigError(f"unknown search scoring '{plan.scoring}' (one of: {', '.join(SCORINGS)})")
     if plan.max_turns < 1:
         raise ConfigError("--max-turns must be at least 1")
+    check_storable(plan.judge_config, f"search '{plan.name}' judge")
     with db.session() as s:
         pset = queries.get_set(s, plan.set_name)
         if plan.judge_backend == ORACLE and pset.backend != "synthetic":
