@@ -210,7 +210,13 @@ def test_run_while_a_dispatcher_runs_is_busy_and_creates_nothing(tmp_path: Path)
 
 def test_flower_refuses_to_listen_beyond_loopback_without_auth(tmp_path: Path) -> None:
     proc = _stepq(tmp_path, "flower", "--address", "0.0.0.0")
-    assert proc.returncode == 2 and "--basic-auth" in _one_line(proc)
+    assert proc.returncode == 2 and "STEPQ_FLOWER_BASIC_AUTH" in _one_line(proc)
+    shown = _stepq(tmp_path, "flower", "--address", "0.0.0.0", "--basic-auth", f"admin:{SECRET}")
+    assert shown.returncode == 2 and "every user's ps shows it" in _one_line(shown)
+    assert SECRET not in shown.stdout + shown.stderr
+    (tmp_path / "auth").write_text("no-colon\n")
+    bad = _stepq(tmp_path, "flower", "--address", "0.0.0.0", "--basic-auth-file", str(tmp_path / "auth"))
+    assert bad.returncode == 2 and "expected one line USER:PASSWORD" in _one_line(bad)
 
 
 def test_an_unreachable_openai_server_fails_fast() -> None:

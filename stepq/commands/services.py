@@ -3,6 +3,8 @@ serve-synthetic."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from stepq.commands.base import (
@@ -170,22 +172,30 @@ def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
 @click.option("--port", type=int, default=5555, show_default=True)
 @click.option("--address", default="127.0.0.1", show_default=True, help="Listen address (loopback by default).")
 @click.option(
-    "--basic-auth",
+    "--basic-auth-file",
+    type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    envvar="STEPQ_FLOWER_BASIC_AUTH",
-    metavar="USER:PASSWORD",
-    help="Require HTTP basic auth (also STEPQ_FLOWER_BASIC_AUTH); needed before listening beyond loopback.",
+    metavar="FILE",
+    help="Require HTTP basic auth, USER:PASSWORD read from FILE (or from STEPQ_FLOWER_BASIC_AUTH); needed before "
+    "listening beyond loopback.  Never on the command line, where every user's ps shows it.",
 )
+@click.option("--basic-auth", "on_command_line", default=None, hidden=True, expose_value=True)
 @friendly
-def flower(port: int, address: str, basic_auth: str | None) -> None:
+def flower(port: int, address: str, basic_auth_file: Path | None, on_command_line: str | None) -> None:
     """Celery's Flower dashboard for the stepq queue (needs the 'flower' extra)."""
     from stepq.models.errors import ConfigError
     from stepq.workers.celery_app import create_app
 
+    if on_command_line is not None:  # said, not obeyed: the password is already in ps
+        raise ConfigError(
+            "--basic-auth puts the password on the command line, where every user's ps shows it: "
+            "set STEPQ_FLOWER_BASIC_AUTH=USER:PASSWORD or give --basic-auth-file FILE"
+        )
+    basic_auth = flower_credentials(basic_auth_file)
     if address not in ("127.0.0.1", "localhost", "::1") and not basic_auth:
         raise ConfigError(
             f"Flower on {address} would let anyone on the network see and control the queue: "
-            "set --basic-auth USER:PASSWORD (or STEPQ_FLOWER_BASIC_AUTH), or keep the loopback default"
+            "set STEPQ_FLOWER_BASIC_AUTH=USER:PASSWORD (or --basic-auth-file FILE), or keep the loopback default"
         )
     try:
         import flower as _flower  # noqa: F401
@@ -196,6 +206,24 @@ def flower(port: int, address: str, basic_auth: str | None) -> None:
     if basic_auth:
         argv.append(f"--basic-auth={basic_auth}")
     create_app(settings.celery_options()).start(argv)
+
+
+def flower_credentials(path: Path | None) -> str | None:
+    """USER:PASSWORD for Flower from a file or the environment (a process's environment is its
+    own user's to read; its argv is everyone's)."""
+    import os
+
+    from stepq.models.errors import ConfigError
+
+    if path is None:
+        return os.environ.get("STEPQ_FLOWER_BASIC_AUTH") or None
+    try:
+        value = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"--basic-auth-file {path}: cannot read it ({exc.strerror})") from None
+    if ":" not in value:
+        raise ConfigError(f"--basic-auth-file {path}: expected one line USER:PASSWORD")
+    return value
 
 
 @main.command()
