@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-_CREDENTIALS = re.compile(r"(//[^:@/\s]*:)[^@\s]+@")
+_CREDENTIALS = re.compile(r"(//[^:@/\s]*:)[^/\s]*@")  # to the last @ of the userinfo: a raw @ in a password
 _SECRET_PARAMS = re.compile(
     r"([?&;](?:password|passwd|pwd|pass|secret|token|access_token|api_key|apikey|sslpassword)=)[^&;\s#'\"]+",
     re.IGNORECASE,

@@ -322,6 +322,10 @@ def test_a_password_given_as_a_query_parameter_is_masked_like_one_in_the_userinf
         shown = masked(f"cannot reach {url}: refused")
         assert SECRET not in shown and "=***" in shown, shown
     assert masked("postgresql://u@h/db?sslmode=require") == "postgresql://u@h/db?sslmode=require"
+    # a raw @ in the password: everything up to the userinfo's last @ is the secret
+    assert masked(f"postgresql://stepq:{SECRET}@x@db:5432/stepq down") == "postgresql://stepq:***@db:5432/stepq down"
+    assert masked(f"redis://:a@{SECRET}@h:6379/0 and //u:{SECRET}@h2/x") == "redis://:***@h:6379/0 and //u:***@h2/x"
+    assert masked("http://h:80/a@b redis://h:6379/0") == "http://h:80/a@b redis://h:6379/0", "no password, no change"
 
 
 @pytest.mark.parametrize(
