@@ -330,3 +330,37 @@ def test_sampling_params_out_of_range_are_refused_naming_the_field(config: dict,
     with pytest.raises(ConfigError, match=f"^{field}: "):
         SamplingParams.from_config(config)
     assert SamplingParams.from_config({"temperature": 0, "top_p": 1, "max_tokens": 1}).temperature == 0
+
+
+def test_a_server_error_that_echoes_the_key_is_stored_without_it() -> None:
+    """A 401 body that repeats the request's bearer token becomes the item's stored error and a
+    log line: the key is scrubbed from it first."""
+    import http.server
+    import threading
+
+    secret = "sk-verysecret-0123456789"
+
+    class Echo(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = f"unauthorized: {self.headers.get('Authorization')} ({secret[:6]}...)".encode()
+            self.send_response(401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        backend = OpenAICompletionsBackend.from_config(
+            {"base_url": f"http://127.0.0.1:{httpd.server_port}/v1", "model": "m", "max_retries": 0}, api_key=secret
+        )
+        with pytest.raises(ServerError) as failed:
+            backend.generate([GenerationRequest(CTX, (1,))], SamplingParams(max_tokens=4))
+        backend.close()
+    finally:
+        httpd.shutdown()
+    message = str(failed.value)
+    assert "HTTP 401" in message and "unauthorized: Bearer ***" in message and secret not in message

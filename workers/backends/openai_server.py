@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 import urllib.error
 import urllib.request
@@ -146,7 +147,8 @@ class OpenAICompletionsBackend:
                     return json.loads(response.read())
             except urllib.error.HTTPError as exc:
                 if exc.code not in RETRY_STATUS or attempt == self.max_retries:
-                    detail = exc.read()[:300].decode(errors="replace")
+                    # scrubbed before it is cut: a server's error body may echo the key it was sent
+                    detail = scrubbed(exc.read(8192).decode(errors="replace"), self.api_key)[:300]
                     raise ServerError(
                         f"{self.shown_url}{path}: HTTP {exc.code}: {detail}", permanent=exc.code not in RETRY_STATUS
                     ) from None
@@ -166,6 +168,17 @@ class OpenAICompletionsBackend:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
+
+
+_BEARER = re.compile(r"(Bearer\s+)\S+", re.IGNORECASE)
+
+
+def scrubbed(text: str, secret: str | None) -> str:
+    """``text`` with the key this backend sends (and any bearer token) replaced by ``***``: what a
+    server says back becomes a work item's stored error and a log line."""
+    if secret:
+        text = text.replace(secret, "***")
+    return _BEARER.sub(r"\1***", text)
 
 
 def _refused(exc: BaseException) -> bool:
