@@ -364,3 +364,28 @@ def test_a_server_error_that_echoes_the_key_is_stored_without_it() -> None:
         httpd.shutdown()
     message = str(failed.value)
     assert "HTTP 401" in message and "unauthorized: Bearer ***" in message and secret not in message
+
+
+def test_a_worker_of_another_policy_takes_none_of_an_unpinned_synthetic_set(tmp_path: Path) -> None:
+    """The set's own config names its policy: a worker of another one refuses its work even when it
+    comes first (the set not yet pinned by any write), so it can never pin the set to itself."""
+    from stepq.migrations import upgrade
+    from stepq.workers.backends.synthetic import SyntheticBackend
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    upgrade(url)
+    db = Database(url)
+    synth_set(db, "one", problems=3, seed=4)
+    configure_annotation(db, "one", 2)
+    odd = SyntheticBackend.from_config({"error_rate": 0.3})
+    outcomes = run_in_process(db, worker_runtime(db, WorkerOptions(name="odd"), backend=odd))
+    with db.session() as s:
+        pset = queries.get_set(s, "one")
+        assert pset.generator is None, "nothing pinned"
+    assert set(outcomes) == {"failed"} and sum(outcomes.values()) == 3, outcomes
+    with db.engine.connect() as conn:
+        from sqlalchemy import text
+
+        assert conn.execute(text("SELECT count(*) FROM rollouts")).scalar_one() == 0
+        errors = [e for (e,) in conn.execute(text("SELECT last_error FROM rollout_work"))]
+    assert all("set 'one' names synthetic(err=0.1" in e and "err=0.3" in e for e in errors), errors

@@ -105,9 +105,11 @@ def test_a_failing_backend_marks_work_failed_after_max_attempts(sqlite: Database
     synth_set(sqlite, "f", problems=2, seed=1)
     _annotate(sqlite, "f", 2)
 
-    class Broken:
+    policy = _runtime(sqlite).backend_for(queries_set(sqlite, "f"))
+
+    class Broken:  # the set's own policy, as far as any check can tell, until it generates
         name = "broken"
-        generator = "broken"
+        generator = policy.generator
 
         def generate(self, requests, params):  # type: ignore[no-untyped-def]
             raise RuntimeError("GPU fell off the bus")

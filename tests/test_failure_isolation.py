@@ -229,9 +229,9 @@ def test_a_worker_with_another_generator_refuses_the_set_and_says_so(any_db: Dat
     assert run_work_item(rt, second).status == "handed-back"
     item = _item(any_db, second)
     assert (item.state, item.attempts, item.last_error) == ("pending", 0, None)
-    assert rt.refused is not None and "set 'f' is sampled by synthetic" in rt.refused and "another-model" in rt.refused
+    assert rt.refused is not None and "set 'f' names synthetic(err=0.1" in rt.refused and "another-model" in rt.refused
     rt.heartbeat.beat()
-    assert "worker b refuses work: set 'f' is sampled by synthetic" in render(collect(any_db))
+    assert "worker b refuses work: set 'f' names synthetic(err=0.1" in render(collect(any_db))
     with any_db.session() as s:
         generators = {g for (g,) in s.execute(select(Rollout.generator))}
     assert len(generators) == 1, "nothing was mixed in"
@@ -255,14 +255,16 @@ def test_two_workers_with_different_models_on_a_fresh_set_never_split_it(any_db:
 
 
 def test_a_trajectory_of_another_generator_is_refused_where_the_set_is_not_pinned(any_db: Database) -> None:
-    """A database annotated before sets were pinned (its set's generator unknown): the
-    trajectory's own rollouts still say who sampled it, and the item is refused."""
+    """A database annotated before sets were pinned (its set's generator unknown), its rollouts
+    drawn with other sampling: the trajectory's own rollouts still say who sampled it, and the
+    item is refused (a worker of another policy is refused before, by the set's own config)."""
     (work_id,) = _setup(any_db, problems=1, m=2)
     assert run_work_item(worker_runtime(any_db, WorkerOptions(name="a")), work_id).status == "done"
     configure_annotation(any_db, "f", 4)
     with any_db.session() as s:
         s.execute(update(ProblemSet).values(generator=None))
-    rt = worker_runtime(any_db, WorkerOptions(name="b"), backend=_OtherModel())
+        s.execute(update(Rollout).values(generator="synthetic(err=0.1,rec=0.001)[t=0.7,p=1,max=8192]"))
+    rt = worker_runtime(any_db, WorkerOptions(name="b"))
     assert run_work_item(rt, work_id).status == "retry"
     item = _item(any_db, work_id)
     assert item.last_error is not None and "was sampled by synthetic" in item.last_error

@@ -450,24 +450,25 @@ def test_a_resample_under_load_leaves_only_the_new_sampling(cluster: Cluster, pg
 
 def test_a_worker_with_another_model_never_splits_a_set(cluster: Cluster, pg: Database) -> None:
     """A worker whose policy differs (another error rate: another model, as far as the labels
-    go) joins a set another worker is sampling: it refuses the set's work, says so in `stepq
-    status`, spends no attempt, and the set ends exact under one generator."""
+    go) is the first on a set nothing has pinned yet: it refuses the set's work (its config
+    names the policy), says so in `stepq status`, spends no attempt, writes nothing; the
+    matching worker joins later and the set ends exact under its generator alone."""
     cluster.cli("synth", "--set", "one", "--problems", "40", "--seed", "4", "--latency-s", "0.004")
     cluster.cli("annotate", "--set", "one", "--rollouts", "8")
-    cluster.start_worker("right")
-    start_dispatcher(cluster)
-    wait_for(lambda: rollout_count(pg) > 200, 120, "the set's first batches written (its generator pinned)")
     cluster.start_worker("odd", "--backend", "synthetic", "--backend-option", "error_rate=0.3")
+    start_dispatcher(cluster)
 
     def refused() -> bool:
         with pg.engine.connect() as conn:
             return bool(conn.execute(text("SELECT count(*) FROM workers WHERE refused IS NOT NULL")).scalar_one())
 
     wait_for(refused, 120, "the odd worker to refuse the set's work")
+    assert rollout_count(pg) == 0, "the odd worker, first and alone, wrote nothing (it did not pin the set)"
+    cluster.start_worker("right")
     wait_for(lambda: all_work_done(pg), 300, "all work done by the matching worker")
-    assert len(_generators(pg)) == 1
+    assert len(_generators(pg)) == 1 and "err=0.3" not in next(iter(_generators(pg)))
     assert_exact(pg, "one", 8)
-    assert "odd refuses work: set 'one' is sampled by synthetic(err=0.1" in cluster.cli("status").stdout
+    assert "odd refuses work: set 'one' names synthetic(err=0.1" in cluster.cli("status").stdout
     with pg.engine.connect() as conn:
         spent = conn.execute(text("SELECT max(attempts) FROM rollout_work")).scalar_one()
     assert spent == 1, "a refusal spends no attempt"

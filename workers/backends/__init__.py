@@ -102,6 +102,16 @@ def named_model(name: str, config: dict[str, Any]) -> str | None:
     return f"{name}:{model}" if name != "synthetic" and model else None
 
 
+def expected_generator(name: str, config: dict[str, Any]) -> str | None:
+    """The generator a worker must be to sample a set: the model its config names, or for the
+    synthetic policy the policy its config describes (cheap to build, and the set's only
+    identity: left to the first writer, a worker of another policy that wrote first pinned the
+    set to itself and the matching worker was refused)."""
+    if name == "synthetic":
+        return make_backend(name, config).generator
+    return named_model(name, config)
+
+
 def serves_model(backend: GenerationBackend, named: str) -> bool:
     """Whether ``backend`` is the model ``named`` (a stand-in engine's note aside)."""
     return backend.generator.split(" (", 1)[0] == named

@@ -26,8 +26,8 @@ from stepq.workers.backends import (
     GenerationBackend,
     GenerationRequest,
     SamplingParams,
+    expected_generator,
     generator_id,
-    named_model,
     serves_model,
 )
 from stepq.workers.jobqueue.job_kind import JobKind
@@ -77,7 +77,7 @@ class TrajectoryJob:
         self.params = SamplingParams.from_config(pset.sampling)
         self.backend = self.rt.backend_for(pset)
         self.generator = generator_id(self.backend, self.params)
-        named = named_model(pset.backend, pset.backend_config or {})
+        named = expected_generator(pset.backend, pset.backend_config or {})
         if named is not None and not serves_model(self.backend, named):
             raise WrongGenerator(
                 f"set '{pset.name}' names {named}; this worker generates with {self.backend.generator}"
