@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
 from stepq.models.base import clock_offset, set_clock_offset
-from stepq.models.errors import DatabaseError, masked
+from stepq.models.errors import DatabaseError, cause_of, masked
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +165,9 @@ class Database:
                 ) from None
             if "no such table" in msg or "does not exist" in msg:
                 raise DatabaseError(f"database {self.safe_url} is not migrated: run 'stepq db upgrade'") from None
+            cause = cause_of(msg)
+            if cause != "unreachable":
+                raise DatabaseError(f"database {self.safe_url}: {cause}: {msg}") from None
             raise DatabaseError(f"cannot reach database {self.safe_url}: {msg}") from None
         except Exception as exc:  # ProgrammingError on PG for a missing table, or a bad connection option
             if "does not exist" in str(exc):

@@ -23,6 +23,27 @@ def masked(text: str) -> str:
     return _SECRET_PARAMS.sub(r"\1***", _CREDENTIALS.sub(r"\1***@", text))
 
 
+_CAUSES = (
+    (("lock timeout",), "a lock wait timed out (another transaction holds the rows)"),
+    (("statement timeout",), "a statement timed out"),
+    (("idle-in-transaction",), "a transaction sat idle past its timeout"),
+    (("no space left on device", "could not extend file", "disk full", "misconf"), "the server's disk is full"),
+    (("out of memory", "oom command not allowed", "maxmemory"), "the server is out of memory (full)"),
+    (("database is locked",), "the SQLite file is locked by another process"),
+    (("read only", "read-only"), "the server accepts no writes (read-only)"),
+)
+
+
+def cause_of(text: str) -> str:
+    """What an error from the database or the broker says happened, in a few words: a lock
+    timeout, a full disk or a full memory reported as "unreachable" sent operators to the network."""
+    lowered = text.lower()
+    for needles, cause in _CAUSES:
+        if any(n in lowered for n in needles):
+            return cause
+    return "unreachable"
+
+
 class StepqError(Exception):
     """Base of every user-facing error; ``exit_code`` is what the CLI exits with."""
 

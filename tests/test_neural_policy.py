@@ -48,7 +48,6 @@ def record(path: Path) -> dict[str, Any]:
     return json.loads((path / RECORD).read_text())
 
 
-@pytest.mark.unit
 def test_recipes_that_differ_only_in_their_band_share_one_run() -> None:
     weak, medium = (Recipe(band=b, **TINY) for b in ((0.25, 0.40), (0.60, 0.75)))
     assert weak.run == medium.run and weak.key != medium.key

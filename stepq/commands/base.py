@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import click
 
 from stepq.models import Database
-from stepq.models.errors import BrokerError, ConfigError, DatabaseError, Interrupted, StepqError, masked
+from stepq.models.errors import BrokerError, ConfigError, DatabaseError, Interrupted, StepqError, cause_of, masked
 from stepq.settings import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -56,11 +56,14 @@ def friendly(fn: F) -> F:
             sys.exit(exc.exit_code)
         except OperationalError as exc:
             first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-            err = DatabaseError(f"database error: {first}")
+            err = DatabaseError(f"database error, {cause_of(first)}: {first}")
             click.echo(masked(f"stepq: error: {err}"), err=True)
             sys.exit(err.exit_code)
         except KombuOperationalError as exc:
-            err2 = BrokerError(f"cannot reach the broker: {exc}")
+            cause = cause_of(str(exc))
+            err2 = BrokerError(
+                f"cannot reach the broker: {exc}" if cause == "unreachable" else f"broker error, {cause}: {exc}"
+            )
             click.echo(masked(f"stepq: error: {err2}"), err=True)
             sys.exit(err2.exit_code)
         except click.ClickException:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepq.models import Database, epoch, jobs, queries
-from stepq.models.errors import BrokerError, Busy
+from stepq.models.errors import BrokerError, Busy, cause_of
 from stepq.workers.jobqueue.broker_contents import JobsInBroker
 from stepq.workers.jobqueue.job_kind import Outlet, PartlyPublished
 from stepq.workers.jobqueue.message_split import SmallMessages, split_messages, tail_threshold
@@ -313,7 +313,8 @@ class Dispatcher:
                         raise
                     outage = outage or Outage(what, time.monotonic())
                     delay = outage.next_delay(self.options.outage_backoff_max_s)
-                    log.warning("%s unreachable (%s); trying again in %.0f s", what, _first_line(exc), delay)
+                    first = _first_line(exc)
+                    log.warning("%s %s (%s); trying again in %.0f s", what, cause_of(first), first, delay)
                     stop.wait(delay)
                     continue
                 if outage is not None:
