@@ -230,7 +230,9 @@ class Settings:
 
     def dispatch_options(self) -> DispatchOptions:
         return DispatchOptions(
-            lock_ttl_s=max(10.0, 5 * self.dispatch_interval_s),
+            # outlives any wait a cycle can do on a row lock (with a margin), so a dispatcher
+            # blocked on one does not lose its lease to a second that then runs beside it
+            lock_ttl_s=max(10.0, 5 * self.dispatch_interval_s, 2 * self.db_lock_timeout_s + 10),
             requeue_after_s=self.requeue_after_s,
             lost_grace_s=self.lost_grace_s,
             messages_per_worker=self.messages_per_worker,

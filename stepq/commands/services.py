@@ -3,6 +3,8 @@ serve-synthetic."""
 
 from __future__ import annotations
 
+import signal
+import threading
 from pathlib import Path
 
 import click
@@ -158,8 +160,14 @@ def dispatch(once: bool, interval: float | None, wait: float | None) -> None:
     database = open_db(settings)
     wait_for_broker(settings.broker_url, settings.broker_wait_s)
     dispatcher, listener = queue_dispatcher(settings, database)
+    stop = threading.Event()
+    # SIGTERM (a supervisor's stop, docker stop) ends the loop the way Ctrl-C does: the lock is
+    # released on the way out, so a standby dispatcher takes over at once, not after the lease
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
     try:
-        published = dispatcher.run(once=once, interval_s=interval or settings.dispatch_interval_s, wait_s=wait)
+        published = dispatcher.run(
+            once=once, interval_s=interval or settings.dispatch_interval_s, wait_s=wait, stop=stop
+        )
     except KeyboardInterrupt:
         published = 0
     finally:

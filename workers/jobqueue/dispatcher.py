@@ -157,10 +157,13 @@ class Dispatcher:
         tail = tail_threshold(per, live) if bound is not None and self.options.split_tail else 0
         published = 0
         while True:
-            if published and not self.acquire():  # a long cycle renews its lock as it goes
-                log.warning("dispatcher lock lost mid-cycle; stopping this cycle")
-                break
             with self.db.session() as s:
+                # The lock is checked (and renewed) in the transaction that marks the jobs queued:
+                # a dispatcher that froze, or waited out its lease on a lock, and lost it
+                # meanwhile publishes nothing, instead of its stale batch beside the new holder's.
+                if not queries.acquire_lock(s, LOCK_NAME, self.name, self.options.lock_ttl_s):
+                    log.warning("dispatcher lock lost; publishing nothing more this cycle")
+                    break
                 room_messages = None if bound is None else bound - self.queued_messages(s)
                 room = batch if room_messages is None else min(batch, room_messages * per)
                 limit = max(room, tail) if room > 0 else 0
