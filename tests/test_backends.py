@@ -389,3 +389,46 @@ def test_a_worker_of_another_policy_takes_none_of_an_unpinned_synthetic_set(tmp_
         assert conn.execute(text("SELECT count(*) FROM rollouts")).scalar_one() == 0
         errors = [e for (e,) in conn.execute(text("SELECT last_error FROM rollout_work"))]
     assert all("set 'one' names synthetic(err=0.1" in e and "err=0.3" in e for e in errors), errors
+
+
+def test_a_long_trajectorys_work_holds_its_text_once_not_every_prefix(tmp_path: Path) -> None:
+    """Every prefix kept as its own string grew with the square of the steps (a 10,000-step
+    trajectory took 2.3 GB in the worker); the job keeps the text once and cuts a batch's
+    contexts from it, each exactly the prompt and the first k chunks."""
+    import json
+    import tracemalloc
+
+    from stepq.migrations import upgrade
+    from stepq.workers.data.ingest import FieldMap, ingest_file
+    from stepq.workers.jobqueue.runner import Claimed
+    from stepq.workers.kinds import ROLLOUTS
+    from stepq.workers.labelling.rollout_handler import TrajectoryJob
+
+    steps = [f"Step {i}: add {i % 7} to get a number that is written out here.\n\n" for i in range(2000)]
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps({"id": "long", "problem": "Add.", "answer": "1", "steps": steps}) + "\n")
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    upgrade(url)
+    db = Database(url)
+    ingest_file(db, path, "long", FieldMap(steps="steps"))
+    configure_annotation(
+        db, "long", 1, backend="openai", backend_config={"base_url": "http://127.0.0.1:9/v1", "model": "m"}
+    )
+    rt = worker_runtime(db, WorkerOptions(name="w"))
+    from sqlalchemy import select
+
+    from stepq.models import RolloutWork
+
+    with db.session() as s:
+        (work_id,) = s.scalars(select(RolloutWork.id)).all()
+        ctx = queries.load_work_contexts(s, list(queries.work_trajectories(s, [work_id]).values()))
+    (context,) = ctx.values()
+    tracemalloc.start()
+    job = TrajectoryJob(Claimed(rt, ROLLOUTS, [work_id]), work_id, context)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 8_000_000, f"{peak / 1e6:.0f} MB to set up one trajectory's work"  # every prefix: ~120 MB
+    chunks = [c.text for c in context.chunks]
+    assert len(chunks) == 2000
+    for k in (0, 1, 1000, 2000):
+        assert job.prefix(k) == context.trajectory.prompt + "".join(chunks[:k])

@@ -13,6 +13,7 @@ import socket
 import time
 from dataclasses import dataclass
 from functools import partial
+from itertools import accumulate
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -99,9 +100,11 @@ class TrajectoryJob:
             self.policy.counts_trajectory() and traj.generator == self.generator,
             ctx.siblings,
         )
-        self.prefixes = [traj.prompt]
-        for chunk in ctx.chunks:
-            self.prefixes.append(self.prefixes[-1] + chunk.text)
+        # The whole text once and where each prefix ends: every prefix as its own string grew
+        # with the square of the steps (a 10,000-step trajectory took 2.3 GB); a batch's
+        # contexts are cut from it when asked.
+        self.text = traj.prompt + "".join(chunk.text for chunk in ctx.chunks)
+        self.ends = list(accumulate((len(c.text) for c in ctx.chunks), initial=len(traj.prompt)))
         self.decision = self.labeller.decide(ctx.rewards)
         self.batch: list[tuple[int, list[int]]] = []
         self.first = True
@@ -113,6 +116,10 @@ class TrajectoryJob:
         asked = sum(len(js) for js in self.decision.requests.values())
         return self.policy.asks_once and sum(len(js) for _, js in self.batch) == asked
 
+    def prefix(self, k: int) -> str:
+        """The prompt and the first ``k`` chunks."""
+        return self.text[: self.ends[k]]
+
     def next_requests(self) -> list[GenerationRequest]:
         """The next batch: the whole round when it fits, so a crash never splits one."""
         self.batch = next_batch(self.decision.requests, self.rt.options.batch_rollouts)
@@ -121,7 +128,7 @@ class TrajectoryJob:
         pset, problem, traj = self.ctx.problem_set, self.ctx.problem, self.ctx.trajectory
         return [
             GenerationRequest(
-                self.prefixes[k],
+                self.prefix(k),
                 tuple(derive_seed(pset.seed, problem.external_id, traj.source_key, k, j) for j in js),
             )
             for k, js in self.batch
