@@ -97,3 +97,25 @@ def test_the_judge_at_work_on_its_own_policy_runs_through_stepq_evals_functions(
     assert [row["n"] for row in result["best_of_n"]] == [1, 2]
     first = result["best_of_n"][0]
     assert first["judge P(Positive)"]["accuracy"] == first["random"]["accuracy"] == first["majority"]["accuracy"]
+
+
+def test_the_own_policy_goal_needs_half_the_oracles_gain_clear_of_zero_on_every_seed() -> None:
+    from bench.experiments.judge_own_policy import summary
+
+    def run(seed: int, judge: tuple[float, float, float], oracle: float) -> dict[str, Any]:
+        gain = {"gain": judge[0], "ci": [judge[1], judge[2]]}
+        return {
+            "seed": seed,
+            "chunk_reset": {
+                "plain": {"accuracy": 50.0},
+                "judge": {"accuracy": 50.0 + judge[0], "gain_over_plain": gain, "tokens_over_plain": 2.0},
+                "oracle": {"accuracy": 50.0 + oracle, "gain_over_plain": {"gain": oracle, "ci": [1.0, 2.0]}},
+            },
+            "best_of_n": [{"n": 4, "judge_over_majority": {"gain": 1.0, "ci": [0.0, 2.0]}}],
+        }
+
+    met = summary([run(1, (25.0, 10.0, 40.0), 40.0), run(0, (20.0, 2.0, 38.0), 40.0)])
+    assert [r["seed"] for r in met["seeds"]] == [0, 1] and met["goal_every_seed"]
+    assert met["seeds"][0]["share_of_oracle"] == 0.5 and met["mean"]["judge"] == 72.5
+    assert not summary([run(0, (19.0, 2.0, 38.0), 40.0)])["goal_every_seed"], "below half the oracle's gain"
+    assert not summary([run(0, (30.0, -1.0, 50.0), 40.0)])["goal_every_seed"], "interval not clear of zero"

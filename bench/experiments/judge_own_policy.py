@@ -114,8 +114,44 @@ def show(result: dict[str, Any]) -> None:
         print("  " + f"{row['n']:>3} " + cells + f" {gain(row['judge_over_majority']):>24}")
 
 
+def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every seed's chunk-reset and Best-of-N side by side, the mean over seeds, and the goal:
+    chunk-reset with the judge gains at least half the oracle's gain, its interval clear of
+    zero, on every seed; Best-of-N above majority vote."""
+    rows = []
+    for r in sorted(results, key=lambda r: r["seed"]):
+        cr = r["chunk_reset"]
+        judge, oracle = cr["judge"]["gain_over_plain"], cr["oracle"]["gain_over_plain"]
+        row = {
+            "seed": r["seed"], "plain": cr["plain"]["accuracy"], "judge": cr["judge"]["accuracy"],
+            "oracle": cr["oracle"]["accuracy"], "judge_gain": judge, "oracle_gain": oracle,
+            "share_of_oracle": judge["gain"] / oracle["gain"] if oracle["gain"] else None,
+            "tokens_over_plain": cr["judge"]["tokens_over_plain"],
+            "goal": judge["ci"][0] > 0 and judge["gain"] >= oracle["gain"] / 2,
+            "best_of_n": {b["n"]: b["judge_over_majority"] for b in r["best_of_n"]},
+        }  # fmt: skip
+        rows.append(row)
+
+    def ci(g: dict[str, Any]) -> str:
+        return f"{g['gain']:+.1f} [{g['ci'][0]:+.1f}, {g['ci'][1]:+.1f}]"
+
+    for row in rows:
+        bon = "  ".join(f"N={n}: {ci(g)}" for n, g in row["best_of_n"].items())
+        print(
+            f"seed {row['seed']}: plain {row['plain']:.1f}, judge {row['judge']:.1f} ({ci(row['judge_gain'])}), "
+            f"oracle {row['oracle']:.1f} ({row['oracle_gain']['gain']:+.1f}); judge/oracle gain "
+            f"{row['share_of_oracle']:.2f}, {row['tokens_over_plain']:.2f}x tokens; "
+            f"goal {'met' if row['goal'] else 'not met'}; Best-of-N judge - majority {bon}"
+        )
+    mean = {k: sum(r[k] for r in rows) / len(rows) for k in ("plain", "judge", "oracle")}
+    said = ", ".join(f"{k} {v:.1f}" for k, v in mean.items())
+    print(f"mean over {len(rows)} seeds: {said}")
+    return {"seeds": rows, "mean": mean, "goal_every_seed": all(r["goal"] for r in rows)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--from-json", nargs="+", type=Path, help="Runs' JSON lines (their last lines): the summary only.")
     ap.add_argument("--judge", type=Path, help="A judge bench_judge_capacity kept (--keep).")
     ap.add_argument("--problems", type=int, default=200, help="Held-out problems.")
     ap.add_argument("--retries", type=int, default=5, help="Regenerations of a rejected chunk (StepWiser: five).")
@@ -125,6 +161,16 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="A tiny judge and set: checks the chain, measures nothing.")
     args = ap.parse_args()
+    if args.from_json:
+        import json
+
+        emit(
+            {
+                "benchmark": "judge_own_policy",
+                **summary([json.loads(p.read_text().splitlines()[-1]) for p in args.from_json]),
+            }
+        )
+        return
     from stepq.migrations import upgrade
     from stepq.models import Database
     from stepq.workers.data.synthetic_set import synth_set
