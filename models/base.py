@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 from sqlalchemy import MetaData
@@ -20,21 +21,39 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
-_clock = {"offset_s": 0.0}
+CLOCK_JUMP_S = 5.0
+"""A change of this host's wall clock against the monotonic one larger than this is logged."""
+
+# anchor_s: the database's epoch seconds at monotonic zero (what ``epoch`` adds to the monotonic
+# clock); wall_s: this host's wall clock at monotonic zero, as last seen (a change is a jump)
+_clock = {"anchor_s": time.time() - time.monotonic(), "wall_s": time.time() - time.monotonic()}
+log = logging.getLogger("stepq.clock")
 
 
 def epoch() -> float:
-    """The database server's clock, in epoch seconds: this host's clock corrected by the
-    offset last measured against the server (``set_clock_offset``, on every new PostgreSQL
-    connection).  Every lease, deadline and timestamp stepq stores or compares is taken from
-    it, so a host whose clock is minutes off neither lets its own leases lapse at once nor
-    holds others' past their time.  Floats, so both dialects compare them alike."""
-    return time.time() + _clock["offset_s"]
+    """The database server's clock, in epoch seconds: the monotonic clock carried from the last
+    reading of the server's (``set_server_time``, on every new PostgreSQL connection; this
+    host's wall clock at start on SQLite).  Every lease, deadline and timestamp stepq stores or
+    compares is taken from it, so a host whose clock is minutes off neither lets its own leases
+    lapse at once nor holds others' past their time, and a wall clock that jumps after start
+    (an NTP step, an operator's date) changes nothing: it is logged.  Floats, so both dialects
+    compare them alike."""
+    now = time.monotonic()
+    wall = time.time() - now
+    if abs(wall - _clock["wall_s"]) > CLOCK_JUMP_S:
+        log.warning(
+            "this host's clock jumped %+.0f s; stepq keeps the database's time (a monotonic clock between readings)",
+            wall - _clock["wall_s"],
+        )
+        _clock["wall_s"] = wall
+    return now + _clock["anchor_s"]
 
 
-def set_clock_offset(seconds: float) -> None:
-    _clock["offset_s"] = seconds
+def set_server_time(server_epoch: float, at_monotonic: float) -> None:
+    """The server's clock read ``server_epoch`` at ``at_monotonic`` on this host."""
+    _clock["anchor_s"] = server_epoch - at_monotonic
 
 
 def clock_offset() -> float:
-    return _clock["offset_s"]
+    """How far the database's clock is ahead of this host's wall clock, in seconds."""
+    return epoch() - time.time()

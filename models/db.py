@@ -14,7 +14,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
-from stepq.models.base import clock_offset, set_clock_offset
+from stepq.models.base import clock_offset, set_server_time
 from stepq.models.errors import DatabaseError, cause_of, masked
 
 log = logging.getLogger(__name__)
@@ -82,19 +82,20 @@ def _measure_clock(dbapi_conn: Any, _record: Any) -> None:
     """The server's clock against this host's, halfway through the round trip."""
     cur = dbapi_conn.cursor()
     try:
-        sent = time.time()
+        sent = time.monotonic()
         cur.execute("SELECT extract(epoch FROM clock_timestamp())")
         server = float(cur.fetchone()[0])
-        offset = server - (sent + time.time()) / 2
+        halfway = (sent + time.monotonic()) / 2
     finally:
         cur.close()
+    offset = server - (time.time() - (time.monotonic() - halfway))
     if abs(offset) > CLOCK_WARNING_S and abs(offset - clock_offset()) > 1.0:
         log.warning(
             "this host's clock is %.0f s %s the database's; stepq keeps time by the database's",
             abs(offset),
             "behind" if offset > 0 else "ahead of",
         )
-    set_clock_offset(offset)
+    set_server_time(server, halfway)
 
 
 def make_engine(

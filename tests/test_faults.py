@@ -325,6 +325,33 @@ def test_a_frozen_transaction_does_not_stall_the_fleet(cluster: Cluster, pg: Dat
         frozen.wait(timeout=10)
 
 
+def test_a_worker_whose_clock_steps_back_mid_run_keeps_its_leases(
+    cluster: Cluster, pg: Database, tmp_path: Path
+) -> None:
+    """The clock of a running worker steps 310 s back (an NTP step, an operator's date): the
+    offset measured when its connections opened no longer held, its leases were written already
+    expired (36 expiries, 4 of 60 items in 90 s).  Leases now run on a monotonic clock between
+    readings of the server's, and the jump is logged.  The step is a shim in the worker alone."""
+    site = tmp_path / "step"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import time\n_host, _start = time.time, time.monotonic()\n"
+        "time.time = lambda: _host() - (310.0 if time.monotonic() - _start > 8.0 else 0.0)\n"
+    )
+    cluster.cli("synth", "--set", "st", "--problems", "40", "--seed", "8", "--latency-s", "0.01")
+    cluster.cli("annotate", "--set", "st", "--rollouts", "8")
+    path = os.pathsep.join(p for p in (str(site), cluster.env.get("PYTHONPATH", "")) if p)
+    stepped = Cluster({**cluster.env, "PYTHONPATH": path}, cluster.logs)
+    stepped.start_worker("stepped")
+    start_dispatcher(cluster)
+    wait_for(lambda: all_work_done(pg), 240, "the worker whose clock stepped to finish the set")
+    assert_exact(pg, "st", 8)
+    with pg.engine.connect() as conn:
+        retried = conn.execute(text("SELECT count(*) FROM rollout_work WHERE attempts > 1")).scalar_one()
+    assert retried == 0, "no lease of the worker expired under it"
+    assert "this host's clock jumped -310 s" in (cluster.logs / "stepped.log").read_text(errors="replace")
+
+
 def test_a_worker_whose_clock_is_behind_keeps_its_leases(cluster: Cluster, pg: Database, tmp_path: Path) -> None:
     """A worker 310 s behind wrote leases that had expired before they were taken: it stored
     nothing and items failed for good.  Leases now keep the database's time (the offset to the
