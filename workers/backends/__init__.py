@@ -102,13 +102,15 @@ def named_model(name: str, config: dict[str, Any]) -> str | None:
     return f"{name}:{model}" if name != "synthetic" and model else None
 
 
-def expected_generator(name: str, config: dict[str, Any]) -> str | None:
-    """The generator a worker must be to sample a set: the model its config names, or for the
-    synthetic policy the policy its config describes (cheap to build, and the set's only
-    identity: left to the first writer, a worker of another policy that wrote first pinned the
-    set to itself and the matching worker was refused)."""
+def expected_generator(name: str, config: dict[str, Any], worker: str) -> str | None:
+    """The generator a worker of backend ``worker`` must be to sample a set: the model its config
+    names, or for a synthetic worker on a synthetic set the policy the set's config describes
+    (cheap to build, and the set's only identity: left to the first writer, a worker of another
+    policy that wrote first pinned the set to itself and the matching worker was refused).  The
+    synthetic policy served through a server (``stepq serve-synthetic``) is another backend's
+    model: there the first write still pins the set."""
     if name == "synthetic":
-        return make_backend(name, config).generator
+        return make_backend(name, config).generator if worker == name else None
     return named_model(name, config)
 
 

@@ -159,11 +159,14 @@ class Dispatcher:
         while True:
             with self.db.session() as s:
                 # The lock is checked (and renewed) in the transaction that marks the jobs queued:
-                # a dispatcher that froze, or waited out its lease on a lock, and lost it
-                # meanwhile publishes nothing, instead of its stale batch beside the new holder's.
-                if not queries.acquire_lock(s, LOCK_NAME, self.name, self.options.lock_ttl_s):
-                    log.warning("dispatcher lock lost; publishing nothing more this cycle")
+                # a dispatcher that froze, or waited out its lease on a lock, and lost it to
+                # another publishes nothing, instead of its stale batch beside the new holder's.
+                holder = queries.lock_holder(s, LOCK_NAME)
+                if holder is not None and holder != self.name:
+                    log.warning("dispatcher lock lost to %s; publishing nothing more this cycle", holder)
                     break
+                if holder == self.name:
+                    queries.acquire_lock(s, LOCK_NAME, self.name, self.options.lock_ttl_s)
                 room_messages = None if bound is None else bound - self.queued_messages(s)
                 room = batch if room_messages is None else min(batch, room_messages * per)
                 limit = max(room, tail) if room > 0 else 0

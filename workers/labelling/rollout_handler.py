@@ -78,7 +78,7 @@ class TrajectoryJob:
         self.params = SamplingParams.from_config(pset.sampling)
         self.backend = self.rt.backend_for(pset)
         self.generator = generator_id(self.backend, self.params)
-        named = expected_generator(pset.backend, pset.backend_config or {})
+        named = expected_generator(pset.backend, pset.backend_config or {}, self.backend.name)
         if named is not None and not serves_model(self.backend, named):
             raise WrongGenerator(
                 f"set '{pset.name}' names {named}; this worker generates with {self.backend.generator}"
