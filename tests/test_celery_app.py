@@ -7,6 +7,7 @@ import base64
 import json
 import uuid
 
+import pytest
 import redis
 
 from stepq.settings import Settings
@@ -80,3 +81,31 @@ def test_the_broker_says_which_jobs_its_messages_carry(redis_client: redis.Redis
         assert sum(len(v) for v in stale.values()) == 4 - len(ids) - len(taken_ids)
     redis_client.flushdb()
     assert contents() == {}
+
+
+def test_a_worker_loop_that_ends_unasked_exits_with_the_brokers_status() -> None:
+    """Celery exits 0 whatever ended its loop: a broker that refused the writes of a worker's
+    fetch (Redis out of memory: `OutOfMemoryError` on the transport's ZADD, reproduced by hand)
+    ended every worker with status 0, which a restart-on-failure supervisor reads as done."""
+    from celery import signals
+
+    from stepq.commands.services import run_worker_main
+    from stepq.models.errors import BrokerError
+
+    class Loop:
+        def __init__(self, asked: bool, code: int | None) -> None:
+            self.asked, self.code = asked, code
+
+        def worker_main(self, argv: list[str]) -> None:
+            if self.asked:  # what Celery sends when SIGTERM or SIGINT asks it to stop
+                signals.worker_shutting_down.send(sender="test", sig="SIGTERM", how="Warm", exitcode=0)
+            raise SystemExit(self.code)
+
+    with pytest.raises(BrokerError, match="stopped without being asked to"):
+        run_worker_main(Loop(asked=False, code=0), [])
+    with pytest.raises(SystemExit) as stopped:
+        run_worker_main(Loop(asked=True, code=0), [])
+    assert stopped.value.code == 0, "asked to stop: as Celery says"
+    with pytest.raises(SystemExit) as failed:
+        run_worker_main(Loop(asked=False, code=70), [])
+    assert failed.value.code == 70, "a non-zero status is kept"

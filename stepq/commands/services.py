@@ -4,8 +4,10 @@ serve-synthetic."""
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -140,7 +142,32 @@ def worker(
     ]
     if name:
         argv.append(f"--hostname={name}@%h")
-    app.worker_main(argv)
+    run_worker_main(app, argv)
+
+
+def run_worker_main(app: Any, argv: list[str]) -> None:
+    """Celery's worker loop, whose end is a fault unless it was asked to stop: Celery exits 0
+    whatever ended it (a broker that refused writes killed every worker with status 0, which a
+    restart-on-failure supervisor reads as done).  Asked to stop (SIGTERM, SIGINT), it exits as
+    Celery says; stopped by anything else, with the broker's exit code and the reason."""
+    from celery import signals
+
+    from stepq.models.errors import BrokerError
+
+    asked = threading.Event()
+    signals.worker_shutting_down.connect(lambda **_: asked.set(), weak=False)
+    code: Any = 0
+    try:
+        app.worker_main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    if code not in (0, None) or asked.is_set():
+        sys.exit(code)
+    raise BrokerError(
+        "the worker stopped without being asked to: its broker connection failed (the log above says how; "
+        "a broker out of memory refuses the writes a worker's fetch makes). Nothing is lost: its items go back "
+        "when their leases expire; start it again once the broker has room"
+    )
 
 
 @main.command()
