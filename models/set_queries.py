@@ -66,10 +66,15 @@ def get_set(session: Session, name: str, for_update: bool = False) -> ProblemSet
     query = select(ProblemSet).where(ProblemSet.name == name)
     found = session.scalar(query.with_for_update() if for_update else query)
     if found is None:
-        names = list(session.scalars(select(ProblemSet.name).order_by(ProblemSet.name).limit(21)))
-        listed = ", ".join(f"'{n}'" for n in names[:20]) + (", ..." if len(names) > 20 else "")
-        raise NotFoundError(f"no problem set named '{name}' (sets here: {listed or 'none'}; see 'stepq status')")
+        raise no_such_set(session, name)
     return found
+
+
+def no_such_set(session: Session, name: str) -> NotFoundError:
+    """The error for a set that does not exist, naming the sets that do (a typo shows at once)."""
+    names = list(session.scalars(select(ProblemSet.name).order_by(ProblemSet.name).limit(21)))
+    listed = ", ".join(f"'{n}'" for n in names[:20]) + (", ..." if len(names) > 20 else "")
+    return NotFoundError(f"no problem set named '{name}' (sets here: {listed or 'none'}; see 'stepq status')")
 
 
 def check_set_name(name: str) -> None:

@@ -119,7 +119,7 @@ def run_embedded(
     if not exists:
         if n_synth is None and set_name != DEMO_SET:  # a typo must not become a new set
             with db.session() as s:
-                queries.get_set(s, set_name)  # raises, naming the sets there are
+                raise queries.no_such_set(s, set_name)
         if n_synth == 0:
             raise NotFoundError(f"no problem set '{set_name}' and --synthetic 0")
         n_synth = DEMO_PROBLEMS if n_synth is None else n_synth

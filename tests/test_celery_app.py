@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from stepq.settings import Settings
-from stepq.workers.celery_app import TASK_NAME, CeleryOptions, create_app, publisher
+from stepq.workers.celery_app import TASK_NAME, CeleryOptions, create_app, publisher, run_worker
 from stepq.workers.jobqueue.broker_contents import redis_queue_depth
 from stepq.workers.kinds import SEARCHES
 from tests.helpers import REDIS_URL
@@ -89,7 +89,6 @@ def test_a_worker_loop_that_ends_unasked_exits_with_the_brokers_status() -> None
     ended every worker with status 0, which a restart-on-failure supervisor reads as done."""
     from celery import signals
 
-    from stepq.commands.services import run_worker_main
     from stepq.models.errors import BrokerError
 
     class Loop:
@@ -102,10 +101,10 @@ def test_a_worker_loop_that_ends_unasked_exits_with_the_brokers_status() -> None
             raise SystemExit(self.code)
 
     with pytest.raises(BrokerError, match="stopped without being asked to"):
-        run_worker_main(Loop(asked=False, code=0), [])
+        run_worker(Loop(asked=False, code=0), [])
     with pytest.raises(SystemExit) as stopped:
-        run_worker_main(Loop(asked=True, code=0), [])
+        run_worker(Loop(asked=True, code=0), [])
     assert stopped.value.code == 0, "asked to stop: as Celery says"
     with pytest.raises(SystemExit) as failed:
-        run_worker_main(Loop(asked=False, code=70), [])
+        run_worker(Loop(asked=False, code=70), [])
     assert failed.value.code == 70, "a non-zero status is kept"

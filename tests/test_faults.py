@@ -5,7 +5,7 @@ dispatcher's PID unchanged); Redis flushed; one message lost while others wait; 
 restarted; every database connection killed under tasks holding claimed items; a generate
 call that hangs; 300 pending searches with no worker (the queue within its bound); a resample
 under load; a worker with another model joining a set under way; a host cut off from the
-network for a minute (``tests/hosts.py``)."""
+network for a minute (``tests/hosts.py``).  A host's clock: ``tests/test_faults_clock.py``."""
 
 from __future__ import annotations
 
@@ -323,67 +323,6 @@ def test_a_frozen_transaction_does_not_stall_the_fleet(cluster: Cluster, pg: Dat
     finally:
         frozen.kill()
         frozen.wait(timeout=10)
-
-
-def _with_clock(cluster: Cluster, site: Path, clock: str) -> Cluster:
-    """The cluster's settings for processes whose ``time.time`` is ``clock`` (Python run at their
-    start by ``sitecustomize``, after ``import time``): a host's clock, in those processes alone."""
-    site.mkdir()
-    (site / "sitecustomize.py").write_text("import time\n" + clock)
-    path = os.pathsep.join(p for p in (str(site), cluster.env.get("PYTHONPATH", "")) if p)
-    return Cluster({**cluster.env, "PYTHONPATH": path}, cluster.logs)
-
-
-def test_a_worker_whose_clock_steps_back_mid_run_keeps_its_leases(
-    cluster: Cluster, pg: Database, tmp_path: Path
-) -> None:
-    """The clock of a running worker steps 310 s back (an NTP step, an operator's date): the
-    offset measured when its connections opened no longer held, its leases were written already
-    expired (36 expiries, 4 of 60 items in 90 s).  Leases now run on a monotonic clock between
-    readings of the server's, and the jump is logged.  The step is a shim in the worker alone."""
-    stepped = _with_clock(
-        cluster,
-        tmp_path / "step",
-        "_host, _start = time.time, time.monotonic()\n"
-        "time.time = lambda: _host() - (310.0 if time.monotonic() - _start > 8.0 else 0.0)\n",
-    )
-    cluster.cli("synth", "--set", "st", "--problems", "40", "--seed", "8", "--latency-s", "0.01")
-    cluster.cli("annotate", "--set", "st", "--rollouts", "8")
-    try:
-        stepped.start_worker("stepped")
-        start_dispatcher(cluster)
-        wait_for(lambda: all_work_done(pg), 240, "the worker whose clock stepped to finish the set")
-        assert_exact(pg, "st", 8)
-        with pg.engine.connect() as conn:
-            retried = conn.execute(text("SELECT count(*) FROM rollout_work WHERE attempts > 1")).scalar_one()
-        assert retried == 0, "no lease of the worker expired under it"
-        assert "this host's clock jumped -310 s" in (cluster.logs / "stepped.log").read_text(errors="replace")
-    finally:
-        stepped.stop()
-
-
-def test_a_worker_whose_clock_is_behind_keeps_its_leases(cluster: Cluster, pg: Database, tmp_path: Path) -> None:
-    """A worker 310 s behind wrote leases that had expired before they were taken: it stored
-    nothing and items failed for good.  Leases now keep the database's time (the offset to the
-    server's clock, measured on every connection).  The skew is a stand-in for a host's clock:
-    ``time.time`` shifted in the worker process alone (``sitecustomize``)."""
-    behind = _with_clock(cluster, tmp_path / "skew", "_host = time.time\ntime.time = lambda: _host() - 310.0\n")
-    cluster.cli("synth", "--set", "sk", "--problems", "30", "--seed", "7", "--latency-s", "0.004")
-    cluster.cli("annotate", "--set", "sk", "--rollouts", "8")
-    try:
-        behind.start_worker("behind")
-        start_dispatcher(cluster)
-        wait_for(lambda: all_work_done(pg), 180, "the skewed worker to finish the set")
-        assert_exact(pg, "sk", 8)
-        with pg.engine.connect() as conn:
-            retried = conn.execute(text("SELECT count(*) FROM rollout_work WHERE attempts > 1")).scalar_one()
-            workers = {w for (w,) in conn.execute(text("SELECT DISTINCT split_part(worker, '@', 1) FROM rollouts"))}
-        assert retried == 0, "no lease of the skewed worker expired under it"
-        assert workers == {"behind"}
-        log = (cluster.logs / "behind.log").read_text(errors="replace")
-        assert "clock is 310 s behind the database's" in log
-    finally:
-        behind.stop()
 
 
 def test_after_a_postgres_restart_nothing_waits_for_its_lease(

@@ -18,6 +18,8 @@ Choices, each for a reason:
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -109,6 +111,29 @@ def create_app(
 
     app.stepq_queue = options.queue  # type: ignore[attr-defined]
     return app
+
+
+def run_worker(app: Celery, argv: list[str]) -> None:
+    """Celery's worker loop, whose end is a fault unless it was asked to stop: Celery exits 0
+    whatever ended it (a broker that refused writes killed every worker with status 0, which a
+    restart-on-failure supervisor reads as done).  Asked to stop (SIGTERM, SIGINT), it exits as
+    Celery says; stopped by anything else, with the broker's exit code and the reason."""
+    from stepq.models.errors import BrokerError
+
+    asked = threading.Event()
+    signals.worker_shutting_down.connect(lambda **_: asked.set(), weak=False)
+    code: Any = 0
+    try:
+        app.worker_main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    if code not in (0, None) or asked.is_set():
+        sys.exit(code)
+    raise BrokerError(
+        "the worker stopped without being asked to: its broker connection failed (the log above says how; "
+        "a broker out of memory refuses the writes a worker's fetch makes). Nothing is lost: its items go back "
+        "when their leases expire; start it again once the broker has room"
+    )
 
 
 PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1.0}

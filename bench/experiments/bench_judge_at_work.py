@@ -219,7 +219,7 @@ def main() -> None:
             args.problems, ns = 6, [1, 2]
             recipe = Recipe(band=(0.0, 1.0), max_steps=20, check_every=20, fine_every=20, problems=200)
             policy_dir = build(recipe, Path(scratch) / "policy")
-            args.judge = args.judge or _tiny_judge(Path(scratch) / "judge")
+            args.judge = args.judge or tiny_judge(Path(scratch) / "judge")
         else:
             if args.judge is None:
                 ap.error("--judge DIR is needed (or --quick)")
@@ -258,7 +258,7 @@ def main() -> None:
     emit(result)
 
 
-def _tiny_judge(path: Path) -> Path:
+def tiny_judge(path: Path) -> Path:
     """A judge of random weights with the benchmark's tokenizer: only for --quick."""
     from stepq.trainer.tiny_model import build_tiny_llama
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import emit
-from bench.experiments.bench_judge_at_work import _tiny_judge, accuracy_ci, load_judge, paired_gain
+from bench.experiments.bench_judge_at_work import accuracy_ci, load_judge, paired_gain, tiny_judge
 from bench.experiments.bench_judge_capacity import OP_ERROR_RATES
 from bench.experiments.stats import bootstrap
 
@@ -179,7 +179,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         if args.quick:
             args.problems, args.n = 4, "1,2"
-            args.judge = args.judge or _tiny_judge(Path(scratch) / "judge")
+            args.judge = args.judge or tiny_judge(Path(scratch) / "judge")
         elif args.judge is None:
             ap.error("--judge DIR is needed (or --quick)")
         url = f"sqlite:///{Path(scratch) / 'stepq.db'}"

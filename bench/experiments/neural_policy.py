@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench.experiments.lm_training import train_causal_lm
+from bench.experiments.lm_training import Device, train_causal_lm
 from stepq.workers.backends.synthetic_policy import SyntheticPolicy, make_problem
 from stepq.workers.data.synthetic_set import NUMBERS
 from stepq.workers.grading.grader import extract_boxed
@@ -216,7 +216,7 @@ def _build_group(group: list[Recipe], cache: Path, device: str | None, checker: 
         encoded = _encode(work, run)
         train_causal_lm(
             work, encoded, limit, run.batch_size, run.seed, lr=run.lr, check_every=run.fine_every,
-            on_check=on_check, log_every=1000, device=_device(device or where),
+            on_check=on_check, log_every=1000, device=Device(device or where),
         )  # fmt: skip
     shutil.rmtree(work, ignore_errors=True)
     failed = [r for r in group if r not in kept]
@@ -290,12 +290,6 @@ def fixed_numerics(threads: int) -> Iterator[str]:
         cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before_cuda[:2]
         cuda.enable_flash_sdp(before_cuda[2])
         cuda.enable_mem_efficient_sdp(before_cuda[3])
-
-
-def _device(name: str) -> Any:
-    from bench.experiments.lm_training import Device
-
-    return Device(name)
 
 
 def _initialise(path: Path, run: Recipe) -> None:
@@ -404,7 +398,7 @@ def trace(recipe: Recipe, workdir: Path, device: str | None = None, emit: Callab
         _initialise(workdir, run)
         train_causal_lm(
             workdir, _encode(workdir, run), recipe.max_steps, run.batch_size, run.seed, lr=run.lr,
-            check_every=run.check_every, on_check=on_check, log_every=0, device=_device(device or where),
+            check_every=run.check_every, on_check=on_check, log_every=0, device=Device(device or where),
         )  # fmt: skip
 
 

@@ -4,10 +4,8 @@ serve-synthetic."""
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -96,7 +94,7 @@ def worker(
     """Run a Celery worker that pulls rollout work (one per GPU, concurrency 1)."""
     from stepq.assembly import configured_runtime, self_tested_grader
     from stepq.workers.backends import check_config, check_installed, make_backend
-    from stepq.workers.celery_app import create_app, wait_for_broker
+    from stepq.workers.celery_app import create_app, run_worker, wait_for_broker
     from stepq.workers.jobqueue.runtime import WorkerRuntime
 
     settings = load_settings()
@@ -142,32 +140,7 @@ def worker(
     ]
     if name:
         argv.append(f"--hostname={name}@%h")
-    run_worker_main(app, argv)
-
-
-def run_worker_main(app: Any, argv: list[str]) -> None:
-    """Celery's worker loop, whose end is a fault unless it was asked to stop: Celery exits 0
-    whatever ended it (a broker that refused writes killed every worker with status 0, which a
-    restart-on-failure supervisor reads as done).  Asked to stop (SIGTERM, SIGINT), it exits as
-    Celery says; stopped by anything else, with the broker's exit code and the reason."""
-    from celery import signals
-
-    from stepq.models.errors import BrokerError
-
-    asked = threading.Event()
-    signals.worker_shutting_down.connect(lambda **_: asked.set(), weak=False)
-    code: Any = 0
-    try:
-        app.worker_main(argv)
-    except SystemExit as exc:
-        code = exc.code
-    if code not in (0, None) or asked.is_set():
-        sys.exit(code)
-    raise BrokerError(
-        "the worker stopped without being asked to: its broker connection failed (the log above says how; "
-        "a broker out of memory refuses the writes a worker's fetch makes). Nothing is lost: its items go back "
-        "when their leases expire; start it again once the broker has room"
-    )
+    run_worker(app, argv)
 
 
 @main.command()
