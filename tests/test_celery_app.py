@@ -108,3 +108,23 @@ def test_a_worker_loop_that_ends_unasked_exits_with_the_brokers_status() -> None
     with pytest.raises(SystemExit) as failed:
         run_worker(Loop(asked=False, code=70), [])
     assert failed.value.code == 70, "a non-zero status is kept"
+
+
+def test_a_full_redis_is_a_lost_connection_to_the_transport() -> None:
+    """Celery's consumer recovers from connection errors only: kombu files Redis's refusal at
+    ``maxmemory`` under channel errors, and every worker ended on it."""
+    from kombu import Connection
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import OutOfMemoryError
+
+    from stepq.workers.full_broker import BrokerFull, FullBrokerTransport, transport_for
+
+    assert transport_for("redis://:pw@host:6379/0") == "stepq-redis"
+    assert transport_for("rediss://host:6380/0") is None, "TLS takes its settings from kombu's own name"
+    assert transport_for("sentinel://host:26379") is None
+    assert issubclass(BrokerFull, OutOfMemoryError)
+    assert issubclass(OutOfMemoryError, FullBrokerTransport.connection_errors)
+    assert issubclass(RedisConnectionError, FullBrokerTransport.connection_errors), "kombu's own kept"
+    app = create_app(CeleryOptions(broker_url="redis://127.0.0.1:1/0"))
+    with app.connection_for_read() as conn:
+        assert isinstance(conn, Connection) and conn.get_transport_cls() is FullBrokerTransport

@@ -3,7 +3,8 @@ processes.  Each case ends with exactly the rollouts and labels of an uninterrup
 item left running: a worker SIGKILLed; the dispatcher SIGKILLed; Redis stopped mid-run (the
 dispatcher's PID unchanged); Redis flushed; one message lost while others wait; PostgreSQL
 restarted; every database connection killed under tasks holding claimed items; a generate
-call that hangs; 300 pending searches with no worker (the queue within its bound); a resample
+call that hangs; Redis full (writes refused) for 15 s; a dispatcher frozen past its lock's
+lease while a standby takes over; 300 pending searches with no worker (the queue within its bound); a resample
 under load; a worker with another model joining a set under way; a host cut off from the
 network for a minute (``tests/hosts.py``).  A host's clock: ``tests/test_faults_clock.py``."""
 
@@ -540,3 +541,60 @@ def test_a_host_cut_off_for_a_minute_loses_nothing_and_stalls_no_one(
         db.dispose()
         broker.remove()
         server.remove()
+
+
+def test_a_full_broker_is_ridden_out_by_every_worker(
+    cluster: Cluster, pg: Database, private_redis: PrivateRedis
+) -> None:
+    """Redis at its memory limit (no eviction) for 15 s mid-run: every write is refused, the
+    transport's fetch included.  The workers and the dispatcher stay up (same processes), say so
+    and carry on once Redis has room; the set ends exact."""
+    cluster.env["STEPQ_BROKER_URL"] = private_redis.url
+    cluster.cli("synth", "--set", "full", "--problems", "60", "--seed", "3", "--latency-s", "0.004")
+    cluster.cli("annotate", "--set", "full", "--rollouts", "8")
+    workers = [cluster.start_worker(f"w{i}") for i in (1, 2)]
+    dispatcher = start_dispatcher(cluster)
+    wait_for(lambda: rollout_count(pg) > 200, 120, "the run to be under way")
+    client = redis.Redis.from_url(private_redis.url)
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", 1)  # below what it holds: every write refused
+    time.sleep(15)
+    alive = [p.poll() is None for p in (*workers, dispatcher)]
+    client.config_set("maxmemory", 0)
+    logs = {p.name: p.read_text() for p in cluster.logs.glob("*.log")}
+    assert all(alive), {k: v[-1500:] for k, v in logs.items()}
+    wait_for(lambda: all_work_done(pg), 240, "every item done once the broker has room")
+    assert all(p.poll() is None for p in (*workers, dispatcher)), "the same processes rode it out"
+    assert_exact(pg, "full", 8)
+    assert _running(pg) == 0
+
+
+def test_a_frozen_dispatcher_resumes_as_a_standby_and_publishes_nothing_stale(
+    cluster: Cluster, pg: Database, redis_client: redis.Redis
+) -> None:
+    """A dispatcher frozen (SIGSTOP) mid-run past its lock's lease: a standby takes the lock and
+    carries on; thawed, the old one publishes nothing (the broker's queue never exceeds its
+    bound: 162 messages against 80 before) and waits as a standby; the set ends exact."""
+    cluster.env["STEPQ_DB_LOCK_TIMEOUT_S"] = "2"  # the lock's lease: max(10, 5 x 0.3, 2 x 2 + 10) = 14 s
+    cluster.cli("synth", "--set", "thaw", "--problems", "60", "--seed", "4", "--latency-s", "0.004")
+    cluster.cli("annotate", "--set", "thaw", "--rollouts", "8")
+    cluster.start_worker("w1")
+    first = start_dispatcher(cluster, "first")
+    wait_for(lambda: rollout_count(pg) > 100, 120, "the run to be under way")
+    first.send_signal(signal.SIGSTOP)
+    second = start_dispatcher(cluster, "second")
+    log = cluster.logs / "second.log"
+    wait_for(lambda: "published=" in log.read_text(), 60, "the standby to take the lock once its lease ran out")
+    bound = int(log.read_text().rsplit("bound=", 1)[1].split(",")[0])
+    first.send_signal(signal.SIGCONT)
+    depth, deadline = 0, time.monotonic() + 8
+    while time.monotonic() < deadline and not all_work_done(pg):
+        depth = max(depth, int(redis_client.llen(cluster.env["STEPQ_QUEUE"])))
+        time.sleep(0.02)
+    assert depth <= bound, f"{depth} messages queued against a bound of {bound}"
+    wait_for(lambda: all_work_done(pg), 240, "every item done")
+    assert first.poll() is None and second.poll() is None
+    thawed = (cluster.logs / "first.log").read_text()
+    assert "dispatcher lock lost" in thawed or "another dispatcher holds the lock" in thawed, thawed[-2000:]
+    assert_exact(pg, "thaw", 8)
+    assert _running(pg) == 0

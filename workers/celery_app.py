@@ -7,6 +7,8 @@ Choices, each for a reason:
 - a Redis visibility timeout longer than the longest task: Redis would otherwise
   redeliver a long task to a second worker while the first still runs it.  Redelivery
   after a crash is not needed anyway: the dispatcher reschedules expired database leases.
+- a full Redis (writes refused at ``maxmemory``) is ridden out as a lost connection
+  (``full_broker``): Celery's consumer would otherwise end on the refusal.
 - messages go to the queue through the default exchange, so they still route after the
   broker lost its state (a flushed Redis forgets Celery's exchange bindings).
 - the per-process runtime (database pool, grader, engine, heartbeat) is built in the
@@ -27,6 +29,7 @@ from typing import Any
 from celery import Celery, signals
 
 from stepq.workers import kinds as work_kinds
+from stepq.workers.full_broker import transport_for
 from stepq.workers.jobqueue.job_kind import JobKind, Outlet, PartlyPublished
 from stepq.workers.jobqueue.runner import run_jobs
 from stepq.workers.jobqueue.runtime import WorkerRuntime
@@ -69,6 +72,7 @@ def create_app(
         worker_send_task_events=True,
         task_send_sent_event=False,
         worker_hijack_root_logger=False,
+        broker_transport=transport_for(options.broker_url),
     )
     state: dict[str, WorkerRuntime] = {}
 

@@ -320,7 +320,9 @@ class Dispatcher:
                     outage = outage or Outage(what, time.monotonic())
                     delay = outage.next_delay(self.options.outage_backoff_max_s)
                     first = _first_line(exc)
-                    log.warning("%s %s (%s); trying again in %.0f s", what, cause_of(first), first, delay)
+                    cause = cause_of(first)
+                    said = f"{what} {cause}" if cause == "unreachable" else f"{what}: {cause}"
+                    log.warning("%s (%s); trying again in %.0f s", said, first, delay)
                     stop.wait(delay)
                     continue
                 if outage is not None:
