@@ -65,6 +65,7 @@ from stepq.models.search_queries import (
     search_progress,
     search_turn_rows,
     search_turns,
+    segmented_samples,
     set_segmentation,
 )
 from stepq.models.set_queries import (
@@ -229,6 +230,7 @@ __all__ = [
     "set_has_rollouts",
     "set_ids_by_name",
     "set_problems",
+    "segmented_samples",
     "set_segmentation",
     "set_solutions",
     "set_trajectory_ids",

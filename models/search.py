@@ -88,6 +88,8 @@ class SearchTurn(Base):
     candidates: Mapped[list[str]] = mapped_column(JSON)
     wins: Mapped[list[int]] = mapped_column(JSON)
     consistent_pairs: Mapped[int] = mapped_column(Integer)
+    unanswered: Mapped[int] = mapped_column(Integer, server_default="0", default=0)
+    """The judge's answers with no verdict (cut at its token limit): they count for neither side."""
     action: Mapped[str] = mapped_column(String(20))
     chosen: Mapped[int | None] = mapped_column(Integer, nullable=True)
     rejected: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -16,7 +16,7 @@ from stepq.models.jobs import PENDING
 from stepq.models.problems import Problem
 from stepq.models.search import SearchTurn, StepSearch
 from stepq.models.sql import _insert, insert_ignore
-from stepq.models.trajectories import Trajectory
+from stepq.models.trajectories import Chunk, Trajectory
 from stepq.models.wakeup import announce
 
 
@@ -65,6 +65,30 @@ def set_segmentation(session: Session, set_id: int) -> str | None:
     return None if row is None else str(row[0])
 
 
+def segmented_samples(session: Session, set_id: int, method: str, limit: int = 50) -> list[list[str]]:
+    """The chunks of up to ``limit`` of the set's policy trajectories cut with ``method``: what a
+    splitter must give back to stand in for that method on new text."""
+    ids = list(
+        session.scalars(
+            select(Trajectory.id)
+            .join(Problem, Problem.id == Trajectory.problem_id)
+            .where(
+                Problem.problem_set_id == set_id,
+                Trajectory.source_key.like("policy:%"),
+                Trajectory.segmentation == method,
+            )
+            .order_by(Trajectory.id)
+            .limit(limit)
+        )
+    )
+    chunks: dict[int, list[str]] = {i: [] for i in ids}
+    for tid, text in session.execute(
+        select(Chunk.trajectory_id, Chunk.text).where(Chunk.trajectory_id.in_(ids)).order_by(Chunk.trajectory_id, Chunk.idx)
+    ):
+        chunks[int(tid)].append(str(text))
+    return [c for c in chunks.values() if c]
+
+
 def search_turns(session: Session, search_id: int) -> list[SearchTurn]:
     return list(session.scalars(select(SearchTurn).where(SearchTurn.search_id == search_id).order_by(SearchTurn.turn)))
 
@@ -77,7 +101,8 @@ def record_turn(session: Session, search_id: int, turn: dict[str, Any]) -> None:
 
 
 def search_progress(session: Session) -> list[dict[str, Any]]:
-    """Per search name: searches by state, turns, pairs and order-consistent judgements."""
+    """Per search name: searches by state, turns, pairs, order-consistent judgements and the
+    judge's answers without a verdict."""
     states = session.execute(
         select(StepSearch.name, StepSearch.state, func.count()).group_by(StepSearch.name, StepSearch.state)
     ).all()
@@ -87,6 +112,7 @@ def search_progress(session: Session) -> list[dict[str, Any]]:
             func.count(SearchTurn.id),
             func.count(SearchTurn.chosen),
             func.coalesce(func.sum(SearchTurn.consistent_pairs), 0),
+            func.coalesce(func.sum(SearchTurn.unanswered), 0),
         )
         .join(SearchTurn, SearchTurn.search_id == StepSearch.id)
         .group_by(StepSearch.name)
@@ -96,13 +122,15 @@ def search_progress(session: Session) -> list[dict[str, Any]]:
     ).all()
     out: dict[str, dict[str, Any]] = {}
     for name, state, n in states:
-        entry = {"search": name, "turns": 0, "pairs": 0, "consistent_pairs": 0, "policy_runs": []}
+        entry = {"search": name, "turns": 0, "pairs": 0, "consistent_pairs": 0, "unanswered": 0, "policy_runs": []}
         out.setdefault(name, entry)[state] = int(n)
     for name, run_id in runs:
         if run_id is not None:
             out[name]["policy_runs"].append(int(run_id))
-    for name, n_turns, n_pairs, consistent in turns:
-        out[name].update(turns=int(n_turns), pairs=int(n_pairs), consistent_pairs=int(consistent))
+    for name, n_turns, n_pairs, consistent, unanswered in turns:
+        out[name].update(
+            turns=int(n_turns), pairs=int(n_pairs), consistent_pairs=int(consistent), unanswered=int(unanswered)
+        )
     return [out[k] for k in sorted(out)]
 
 

@@ -496,3 +496,76 @@ def test_a_search_without_trajectories_applies_the_models_chat_template(sqlite: 
         search = s.scalars(select(StepSearch)).one()
         assert search.prompt == expected and search.prompt != user
         assert search.segmentation == "step-markers"
+
+
+def test_the_judges_prompt_carries_every_element_of_the_methods_and_brief_is_named() -> None:
+    """The method's judge prompt casts the judge as impartial, asks for a detailed explanation
+    before the verdict and tells it that neither the order nor the names of the two answers may
+    sway it; the default carries each, and brevity is stepq's named option."""
+    from stepq.workers.search.pairwise import TEMPLATES, load_template
+    from stepq.workers.search.search_handler import judge_for
+
+    published = " ".join(load_template().split()).lower()
+    for element in ("impartial judge", "detailed explanation", "order in which", "names", "length", "[[a]]", "[[b]]"):
+        assert element in published, element
+    assert "brief" not in published
+    brief = " ".join(load_template("brief").split()).lower()
+    assert "briefly" in brief and "detailed" not in brief
+    assert set(TEMPLATES) == {"published", "brief"}
+
+    class Engine:  # a stand-in backend: judge_for only keeps it
+        name = generator = "engine"
+
+    made = judge_for(lambda _b, _c: Engine(), "hf", {"model": "m", "template": "brief"})  # type: ignore[arg-type,return-value]
+    assert made.template == load_template("brief")  # type: ignore[attr-defined]
+    default = judge_for(lambda _b, _c: Engine(), "hf", {"model": "m"})  # type: ignore[arg-type,return-value]
+    assert default.template == load_template() and default.params.temperature == 0  # type: ignore[attr-defined]
+    assert default.params.max_tokens == 1024  # type: ignore[attr-defined]
+
+
+def test_an_llm_segmented_set_is_cut_as_its_chunks_were_or_refused(sqlite: Database) -> None:
+    """A set whose chunks an LLM drew: its searches cut candidates with the splitter that gives
+    back those chunks ("Step n" lines here), not at the first blank line (whole solutions);
+    where no splitter does, the search and chunk-reset are refused, saying why."""
+    from stepq.models.errors import ConfigError
+    from stepq.models.search import StepSearch
+    from stepq.trainer.evaluation.validation import _policy_problems
+    from stepq.workers.search.plan import SearchPlan, start_search
+
+    _step_lines_set(sqlite)
+    with sqlite.engine.begin() as conn:
+        conn.execute(text("UPDATE trajectories SET segmentation = 'llm'"))
+    assert start_search(sqlite, SearchPlan("lines", "n", width=4)) == 6
+    with sqlite.session() as s:
+        assert {x.segmentation for x in s.scalars(select(StepSearch))} == {"step-markers"}
+    assert {p.segmentation for p in _policy_problems(sqlite, "lines")[1]} == {"step-markers"}
+    with sqlite.engine.begin() as conn:  # the LLM drew two steps as one chunk: no splitter does that
+        tid, first, second = conn.execute(
+            text(
+                "SELECT c1.trajectory_id, c1.text, c2.text FROM chunks c1 JOIN chunks c2 "
+                "ON c2.trajectory_id = c1.trajectory_id AND c2.idx = 2 WHERE c1.idx = 1 ORDER BY c1.trajectory_id"
+            )
+        ).first()
+        conn.execute(text("DELETE FROM chunks WHERE trajectory_id = :t AND idx = 2"), {"t": tid})
+        conn.execute(
+            text("UPDATE chunks SET text = :x WHERE trajectory_id = :t AND idx = 1"), {"x": first + second, "t": tid}
+        )
+    with pytest.raises(ConfigError, match="cut by 'llm', and no splitter"):
+        start_search(sqlite, SearchPlan("lines", "m", width=4))
+    with pytest.raises(ConfigError, match="stepq segment --set lines"):
+        _policy_problems(sqlite, "lines")
+
+
+def test_a_method_without_a_splitter_is_never_cut_at_a_blank_line() -> None:
+    from stepq.models.errors import ConfigError
+    from stepq.workers.data.segmentation import SegmentationError, cutting_method, next_chunk
+
+    steps = [["Step 1: 2 + 3 = 5\n", "Step 2: 5 * 2 = 10\n"], ["Step 1: 1 + 1 = 2\n", "Step 2: \\boxed{2}"]]
+    assert cutting_method("llm", steps, "s") == "step-markers"
+    assert cutting_method("given", [["a" * 400 + "\n\n", "b" * 400]], "s") == "blank-lines"
+    assert cutting_method("llm-fallback:blank-lines", [], "s") == "blank-lines"
+    assert cutting_method("step-markers", [], "s") == "step-markers" and cutting_method(None, [], "s") is None
+    with pytest.raises(ConfigError, match="no splitter"):  # two steps in one chunk, then one: none cuts so
+        cutting_method("llm", [["Step 1: a\n\nStep 2: b\n\n", "Step 3: c"]], "s")
+    with pytest.raises(SegmentationError, match="no splitter for 'llm'"):
+        next_chunk("Step 1: x\n\nStep 2: y", "llm")

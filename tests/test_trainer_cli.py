@@ -92,6 +92,41 @@ def test_eval_step_search_keeps_the_judges_pick_each_step(sqlite: Database, monk
     blind = search_at_test_time(backend, SamplingParams(), Indifferent(), problems[:5], width=3, max_turns=4)
     assert blind["step_search"]["turns_without_a_pick"] == blind["step_search"]["turns"] == 20
     assert blind["step_search"]["completed_after_max_turns"] == 5, "out of turns, the policy completes the rest"
+    assert blind["step_search"]["answers_without_a_verdict"] == 20 * 3, "3 questions a turn, none answered"
+    assert report["baseline"] == "greedy" and "ignores the temperature" in report["note"]
+
+
+def test_step_search_compares_with_greedy_decoding_unless_told() -> None:
+    """The method's test-time comparison is against greedy decoding: a sampled draw is weaker
+    as a rule, so a search measured against it reads a larger gain than the paper's."""
+    from stepq.trainer.evaluation.chunk_reset import PolicyProblem
+    from stepq.trainer.evaluation.step_search_eval import search_at_test_time
+    from stepq.workers.backends import SamplingParams
+    from stepq.workers.backends.base import Completion
+    from stepq.workers.search.pairwise import SyntheticPairwiseOracle
+
+    class RecordingPolicy:  # a stand-in policy that records the sampling each call asked for
+        name = generator = "recording"
+
+        def __init__(self) -> None:
+            self.calls: list[SamplingParams] = []
+
+        def generate(self, requests, params):  # type: ignore[no-untyped-def]
+            self.calls.append(params)
+            return [[Completion("The answer is 1.", 4)] * len(r.seeds) for r in requests]
+
+        def close(self) -> None:
+            return None
+
+    problems = [PolicyProblem("q", "q\n", "1", None)]
+    candidates = SamplingParams(temperature=0.5, top_p=0.95)
+    for baseline, expected in (("greedy", (0.0, 1.0)), ("sampled", (0.5, 0.95))):
+        policy = RecordingPolicy()
+        out = search_at_test_time(policy, candidates, SyntheticPairwiseOracle(), problems, width=2, baseline=baseline)
+        first, *search = policy.calls
+        assert (first.temperature, first.top_p) == expected and out["baseline"] == baseline
+        assert out["policy_alone"]["sampling"] == dict(zip(("temperature", "top_p"), expected, strict=True))
+        assert search and all((p.temperature, p.top_p) == (0.5, 0.95) for p in search), "candidates as the method"
 
 
 def test_best_of_n_reports_every_n_asked(sqlite: Database, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -383,12 +383,20 @@ def eval_chunk_reset(set_name: str, retries: int, seed: int, as_json: bool, spec
 @eval_group.command("step-search")
 @click.option("--set", "set_name", required=True, help="Problems to solve; the set's backend is the policy.")
 @search_options
+@click.option(
+    "--baseline",
+    type=click.Choice(["greedy", "sampled"]),
+    default="greedy",
+    show_default=True,
+    help="The policy alone: greedy decoding (the method's comparison) or one draw at the candidates' sampling.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @friendly
-def eval_step_search(set_name: str, seed: int, as_json: bool, choices: SearchChoices) -> None:
+def eval_step_search(set_name: str, baseline: str, seed: int, as_json: bool, choices: SearchChoices) -> None:
     """Test-time scaling by step search (process-based self-rewarding): several candidates per
-    step, the pairwise judge keeps the best; against the policy alone on the same sampling."""
+    step, the pairwise judge keeps the best; against the policy alone, greedy by default (as
+    the method compares), with the tokens each side wrote."""
     from stepq.trainer.evaluation.validation import set_step_search
     from stepq.workers.backends import make_backend
     from stepq.workers.search.search_handler import judge_for
@@ -401,16 +409,26 @@ def eval_step_search(set_name: str, seed: int, as_json: bool, choices: SearchCho
         "max_turns": choices.max_turns,
         "scoring": choices.scoring,
         "sampling": choices.sampling,
+        "baseline": baseline,
     }
     report = {"judge": judge.name, **set_step_search(open_db(settings), set_name, judge, plan, seed, api_key=key)}
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
-    for name in ("policy_alone", "step_search"):
-        r = report[name]
-        click.echo(f"{name:<13} accuracy {r['accuracy']:6.1f}%  tokens {r['tokens']}  ({r['problems']} problems)")
-    r = report["step_search"]
+    if note := report.get("note"):
+        click.echo(f"note: {note}")
+    alone, searched = report["policy_alone"], report["step_search"]
+    sampling = alone["sampling"]
     click.echo(
-        f"step search: {r['turns']} turns, {r['turns_without_a_pick']} without a pick (all candidates tied), "
-        f"{r['completed_after_max_turns']} completed by the policy after {choices.max_turns} turns"
+        f"policy alone ({report['baseline']}, T = {sampling['temperature']:g}, top_p = {sampling['top_p']:g}) "
+        f"accuracy {alone['accuracy']:6.1f}%  tokens {alone['tokens']}  ({alone['problems']} problems)"
+    )
+    click.echo(
+        f"step search (width {report['width']}, T = {report['sampling']['temperature']:g}) "
+        f"accuracy {searched['accuracy']:6.1f}%  tokens {searched['tokens']}  ({searched['problems']} problems)"
+    )
+    click.echo(
+        f"step search: {searched['turns']} turns, {searched['turns_without_a_pick']} without a pick (all candidates "
+        f"tied), {searched['answers_without_a_verdict']} judge answers without a verdict (counted for neither), "
+        f"{searched['completed_after_max_turns']} completed by the policy after {choices.max_turns} turns"
     )

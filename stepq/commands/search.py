@@ -183,7 +183,8 @@ def search_run() -> None:
 @click.option("--json", "as_json", is_flag=True)
 @friendly
 def search_status(as_json: bool) -> None:
-    """Per search: searches by state, turns, pairs and order-consistent judgements."""
+    """Per search: searches by state, turns, pairs, order-consistent judgements and the judge's
+    answers without a verdict (cut before [[A]]/[[B]]: they count for neither candidate)."""
     from stepq.models import queries
 
     with open_db(load_settings()).session() as s:
@@ -193,10 +194,10 @@ def search_status(as_json: bool) -> None:
         return
     click.echo(
         f"{'search':<20} {'pending':>7} {'queued':>6} {'running':>7} {'done':>5} {'failed':>6} {'turns':>6} "
-        f"{'pairs':>6}"
+        f"{'pairs':>6} {'no-verdict':>10}"
     )
     for r in rows:
         click.echo(
             f"{r['search']:<20} {r.get('pending', 0):>7} {r.get('queued', 0):>6} {r.get('running', 0):>7} "
-            f"{r.get('done', 0):>5} {r.get('failed', 0):>6} {r['turns']:>6} {r['pairs']:>6}"
+            f"{r.get('done', 0):>5} {r.get('failed', 0):>6} {r['turns']:>6} {r['pairs']:>6} {r['unanswered']:>10}"
         )

@@ -3,16 +3,18 @@
 best is kept, with the search's own rollback on a tie; its accuracy against the policy alone.
 
 The search is ``workers.search.step_search`` itself (the turns that make preference pairs),
-run here without the queue: one problem at a time, nothing written.  The policy alone draws
-one solution per problem with the same sampling, so the only difference is the judge's
-choice.  A search that reaches ``max_turns`` unfinished is completed by one plain draw from
-its kept steps, so both sides always answer.
+run here without the queue: one problem at a time, nothing written.  The policy alone is the
+method's baseline, **greedy decoding** (T = 0: "We use greedy search in evaluations", its
+test-time comparison); ``baseline="sampled"`` draws one solution per problem with the
+search's own sampling instead (weaker than greedy as a rule, so the search's gain over it
+reads larger than the paper's).  A search that reaches ``max_turns`` unfinished is completed
+by one plain draw from its kept steps, so both sides always answer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from stepq.models.search import FINISH
 from stepq.trainer.evaluation.chunk_reset import PolicyProblem
@@ -41,6 +43,19 @@ class _CountingBackend:
         return None
 
 
+GREEDY, SAMPLED = "greedy", "sampled"
+BASELINES = (GREEDY, SAMPLED)
+
+
+def baseline_params(params: SamplingParams, baseline: str) -> SamplingParams:
+    """The policy-alone side's sampling: greedy (T = 0, the whole distribution) or the search's."""
+    if baseline == GREEDY:
+        return replace(params, temperature=0.0, top_p=1.0)
+    if baseline == SAMPLED:
+        return params
+    raise ValueError(f"unknown baseline {baseline!r} (one of: {', '.join(BASELINES)})")
+
+
 @dataclass
 class SideReport:
     problems: int = 0
@@ -67,16 +82,19 @@ def search_at_test_time(
     scoring: str = EACH_VERDICT,
     grader: Grader | None = None,
     on_progress: Callable[[int], None] | None = None,
+    baseline: str = GREEDY,
 ) -> dict[str, object]:
-    """The policy alone and the judge-guided step search on the same problems, graded."""
+    """The policy alone (greedy by default, as published) and the judge-guided step search on
+    the same problems, graded, with the tokens each wrote."""
     grader = grader or Grader()
     counted = _CountingBackend(policy)
     alone, searched = SideReport(len(problems)), SideReport(len(problems))
     requests = [GenerationRequest(p.prompt, (derive_seed("policy-alone", seed, i),)) for i, p in enumerate(problems)]
-    for problem, out in zip(problems, counted.generate(requests, params), strict=True):
+    alone_params = baseline_params(params, baseline)
+    for problem, out in zip(problems, counted.generate(requests, alone_params), strict=True):
         alone.correct += grader.grade(out[0].text, problem.reference).reward
     alone.tokens, counted.tokens = counted.tokens, 0
-    turns = rollbacks = exhausted = 0
+    turns = rollbacks = exhausted = unanswered = 0
     for i, problem in enumerate(problems):
         spec = SearchSpec(
             f"eval-{i}",
@@ -95,6 +113,7 @@ def search_at_test_time(
             turn = next_turn(spec, len(done), kept, counted, params, judge)
             done.append((turn.action, turn.candidates, turn.chosen))
             rollbacks += turn.chosen is None
+            unanswered += turn.unanswered
             kept, finished = replay(done)
             finished = finished or turn.action == FINISH
         turns += len(done)
@@ -108,12 +127,17 @@ def search_at_test_time(
             on_progress(1)
     searched.tokens = counted.tokens
     return {
-        "policy_alone": alone.as_dict(),
+        "baseline": baseline,
+        "policy_alone": {
+            **alone.as_dict(),
+            "sampling": {"temperature": alone_params.temperature, "top_p": alone_params.top_p},
+        },
         "step_search": {
             **searched.as_dict(),
             "turns": turns,
             "turns_without_a_pick": rollbacks,
             "completed_after_max_turns": exhausted,
+            "answers_without_a_verdict": unanswered,
         },
         "width": width,
         "max_turns": max_turns,

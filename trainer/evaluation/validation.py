@@ -14,6 +14,7 @@ from stepq.trainer.evaluation.chunk_reset import PolicyProblem, chunk_reset
 from stepq.trainer.evaluation.judges import AcceptAll, ScoringJudge, StepItem, StepJudge, judge_stats
 from stepq.trainer.snapshots.export import snapshot_records
 from stepq.workers.backends import SamplingParams, make_backend
+from stepq.workers.data.segmentation import set_cutting_method
 from stepq.workers.search.pairwise import PairwiseJudge
 
 
@@ -83,9 +84,12 @@ def set_best_of_n(db: Database, name: str, judge: StepJudge, ns: Sequence[int], 
 def _policy_problems(db: Database, name: str) -> tuple[Any, list[PolicyProblem]]:
     """The set and its problems as its policy saw them: the prompt its first trajectory was
     sampled from and the set's segmentation."""
-    pset, solutions = _set(db, name)
+    with db.session() as session:
+        pset = queries.get_set(session, name)
+        solutions = queries.set_solutions(session, pset.id)
+        cut = set_cutting_method(session, pset.id, name)  # as the set's chunks were cut, or refused
     problems = [
-        PolicyProblem(trajs[0]["prompt"], trajs[0]["question"], trajs[0]["reference"], trajs[0]["segmentation"])
+        PolicyProblem(trajs[0]["prompt"], trajs[0]["question"], trajs[0]["reference"], cut)
         for trajs in solutions.values()
     ]
     if not problems:
@@ -97,15 +101,19 @@ def set_step_search(
     db: Database, name: str, judge: PairwiseJudge, plan: dict[str, Any], seed: int, api_key: str | None = None
 ) -> dict[str, Any]:
     """Test-time step search with the pairwise ``judge`` against the policy alone on the set's
-    problems, the set's backend as the policy; ``plan`` holds width, max_turns, scoring and
-    the candidates' sampling (over the set's own max tokens and stops)."""
+    problems, the set's backend as the policy; ``plan`` holds width, max_turns, scoring, the
+    candidates' sampling (over the set's own max tokens and stops) and the baseline (greedy,
+    the method's, unless ``sampled``)."""
     from stepq.trainer.evaluation.step_search_eval import search_at_test_time
 
     pset, problems = _policy_problems(db, name)
     backend = make_backend(pset.backend, pset.backend_config, api_key=api_key)
     params = SamplingParams.from_config({**(pset.sampling or {}), **plan["sampling"]})
+    note = {}
+    if pset.backend == "synthetic" and plan.get("baseline", "greedy") == "greedy":
+        note = {"note": "the synthetic policy ignores the temperature: its greedy baseline is one seeded draw"}
     try:
-        return search_at_test_time(
+        return note | search_at_test_time(
             backend,
             params,
             judge,
@@ -114,6 +122,7 @@ def set_step_search(
             max_turns=plan["max_turns"],
             scoring=plan["scoring"],
             seed=seed,
+            baseline=plan.get("baseline", "greedy"),
         )
     finally:
         backend.close()

@@ -11,8 +11,12 @@ import itertools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from stepq.models.errors import StepqError
+from stepq.models.errors import ConfigError, StepqError
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 CHUNK_OPEN = "<chunk>"
 CHUNK_CLOSE = "</chunk>"
@@ -121,14 +125,63 @@ def first_chunk(text: str, delimiter: str) -> tuple[str, bool]:
     return chunk, not rest.strip() or "\\boxed" in chunk
 
 
+FALLBACK_PREFIX = "llm-fallback:"
+
+
+def reproducing_splitter(samples: Sequence[Sequence[str]]) -> str | None:
+    """The splitter that cuts every sample's text into exactly its recorded chunks, or None."""
+    for name in ("chunk-tags", "step-markers", "blank-lines"):
+        try:
+            if samples and all(list(SPLITTERS[name]("".join(chunks))) == list(chunks) for chunks in samples):
+                return name
+        except SegmentationError:
+            continue
+    return None
+
+
+def cutting_method(recorded: str | None, samples: Sequence[Sequence[str]], set_name: str) -> str | None:
+    """How new text of a set's policy (a search's candidates, chunk-reset's chunks) is cut into
+    the chunks its trajectories were cut into: the recorded method where it has a splitter (an
+    LLM segmentation that fell back names its splitter); for an LLM's or the data's own steps,
+    the splitter that reproduces the recorded chunks of every sampled trajectory.  None of them
+    does: refused, never a silent cut at the first blank line (a "Step n" policy whose chunks an
+    LLM drew got whole-solution candidates that way)."""
+    if recorded is None or recorded == "auto" or recorded in SPLITTERS:
+        return recorded
+    if recorded.startswith(FALLBACK_PREFIX) and recorded[len(FALLBACK_PREFIX) :] in SPLITTERS:
+        return recorded[len(FALLBACK_PREFIX) :]
+    found = reproducing_splitter(samples)
+    if found is None:
+        raise ConfigError(
+            f"set '{set_name}': its trajectories were cut by '{recorded}', and no splitter (chunk-tags, "
+            f"step-markers, blank-lines) gives back their chunks ({len(samples)} checked), so new text of its "
+            f"policy cannot be cut the same way; segment the set with a splitter first (stepq segment --set "
+            f"{set_name} --method step-markers, or the one that fits)"
+        )
+    return found
+
+
+def set_cutting_method(session: Session, set_id: int, set_name: str) -> str | None:
+    """``cutting_method`` for the method most of a set's policy trajectories were cut with."""
+    from stepq.models import queries
+
+    recorded = queries.set_segmentation(session, set_id)
+    needs_samples = recorded is not None and recorded != "auto" and recorded not in SPLITTERS
+    samples = queries.segmented_samples(session, set_id, recorded) if needs_samples and recorded else []
+    return cutting_method(recorded, samples, set_name)
+
+
 def next_chunk(text: str, method: str | None) -> tuple[str, bool]:
     """The first chunk of a continuation as ``method`` segments text (a set's own method:
     the chunks its judge was trained on, the steps a search takes one at a time), and whether
-    it is the last one.  ``auto`` tries the methods in ``segment``'s order.  Methods with no
-    splitter here (given steps, an LLM segmenter) and None cut at the first blank line."""
+    it is the last one.  ``auto`` tries the methods in ``segment``'s order; None cuts at the
+    first blank line.  A method with no splitter (given steps, an LLM segmenter) is refused:
+    ``cutting_method`` resolves it to the splitter that reproduces it, or says why it cannot."""
     if method == "auto" and text:
         method = segment(text, "auto").method
-    if method not in SPLITTERS or not text:
+    if method is not None and method not in SPLITTERS:
+        raise SegmentationError(f"no splitter for '{method}': resolve it with cutting_method first")
+    if method is None or not text:
         return first_chunk(text, "\n\n")
     try:
         chunks = SPLITTERS[method](text)

@@ -25,7 +25,16 @@ from stepq.models.errors import ConfigError
 from stepq.workers.backends.base import GenerationBackend, GenerationRequest, SamplingParams
 from stepq.workers.seeds import derive_seed
 
-TEMPLATE = Path(__file__).resolve().parent / "templates" / "pairwise.txt"
+TEMPLATES = {
+    "published": Path(__file__).resolve().parent / "templates" / "pairwise.txt",
+    "brief": Path(__file__).resolve().parent / "templates" / "pairwise-brief.txt",
+}
+"""The judge's prompts by name.  ``published`` (the default) carries every element of the
+method's judge prompt: an impartial judge, a detailed explanation before the verdict, no
+position, length or name bias, ``[[A]]``/``[[B]]`` (the wording is stepq's).  ``brief`` is
+stepq's option: a short explanation, for a judge whose token limit cuts long answers before
+their verdict.  Any other value is a template file."""
+TEMPLATE = TEMPLATES["published"]
 EACH_VERDICT = "each-verdict"
 BOTH_ORDERS = "both-orders"
 SCORINGS = (EACH_VERDICT, BOTH_ORDERS)
@@ -39,7 +48,15 @@ _PLACEHOLDER = re.compile(r"\{(problem|history|a|b)\}")
 
 
 def load_template(path: str | Path | None = None) -> str:
-    text = Path(path or TEMPLATE).read_text(encoding="utf-8")
+    """A named template (``TEMPLATES``) or a file with the four placeholders."""
+    if isinstance(path, str) and path in TEMPLATES:
+        path = TEMPLATES[path]
+    try:
+        text = Path(path or TEMPLATE).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            f"pairwise template {path!r}: neither a name ({', '.join(TEMPLATES)}) nor a readable file ({exc})"
+        ) from None
     for placeholder in ("{problem}", "{history}", "{a}", "{b}"):
         if placeholder not in text:
             raise ConfigError(f"pairwise template {path} has no {placeholder} placeholder")

@@ -13,6 +13,7 @@ from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
 from stepq.workers.backends import check_storable
 from stepq.workers.data.prompts import load_template, render
+from stepq.workers.data.segmentation import set_cutting_method
 from stepq.workers.labelling.annotation_plans import require_synthetic_problems
 from stepq.workers.search.pairwise import EACH_VERDICT, SCORINGS
 from stepq.workers.search.search_handler import ORACLE
@@ -66,7 +67,7 @@ def start_search(db: Database, plan: SearchPlan) -> int:
         given = {} if plan.template else queries.policy_prompts(s, pset.id)
         name = plan.template or ("synthetic" if pset.backend == "synthetic" else "step")
         template = load_template(name)
-        segmentation = queries.set_segmentation(s, pset.id) if given else None
+        segmentation = set_cutting_method(s, pset.id, plan.set_name) if given else None
         segmentation = segmentation or TEMPLATE_SEGMENTATION.get(name, "auto")
         every = all(pid in given for pid, _ in problems)
         chat = None if every else _chat_template(pset.backend, pset.backend_config, plan)

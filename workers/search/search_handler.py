@@ -15,11 +15,17 @@ from stepq.workers.backends import GenerationBackend, SamplingParams
 from stepq.workers.jobqueue.job_kind import JobKind
 from stepq.workers.jobqueue.runner import Claimed, run_jobs
 from stepq.workers.jobqueue.runtime import WorkerRuntime
-from stepq.workers.search.pairwise import VERDICT_BY, ModelPairwiseJudge, PairwiseJudge, SyntheticPairwiseOracle
+from stepq.workers.search.pairwise import (
+    VERDICT_BY,
+    ModelPairwiseJudge,
+    PairwiseJudge,
+    SyntheticPairwiseOracle,
+    load_template,
+)
 from stepq.workers.search.step_search import SearchSpec, next_turn, replay
 
 ORACLE = "synthetic-oracle"
-JUDGE_KEYS = ("sampling", "verdict_by")
+JUDGE_KEYS = ("sampling", "verdict_by", "template")
 """Keys of a judge's config that say how it is asked, not how its backend is built."""
 
 
@@ -31,11 +37,14 @@ def judge_for(
     if backend == ORACLE:
         return SyntheticPairwiseOracle()
     engine = make(backend, {k: v for k, v in config.items() if k not in JUDGE_KEYS})
+    # stepq's choices (the method states none): greedy answers, up to 1,024 tokens; an answer
+    # cut before its verdict counts for neither candidate, and every report counts them
     sampling = {"temperature": 0.0, "max_tokens": 1024, **(config.get("sampling") or {})}
     verdict_by = str(config.get("verdict_by", "text"))
     if verdict_by not in VERDICT_BY:
         raise ConfigError(f"judge verdict_by '{verdict_by}' is not one of: {', '.join(VERDICT_BY)}")
-    return ModelPairwiseJudge(engine, SamplingParams.from_config(sampling), verdict_by=verdict_by)
+    template = load_template(config.get("template") or "published")
+    return ModelPairwiseJudge(engine, SamplingParams.from_config(sampling), template=template, verdict_by=verdict_by)
 
 
 def handle_searches(rt: WorkerRuntime, claimed: Claimed) -> None:

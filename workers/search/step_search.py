@@ -59,6 +59,8 @@ class Turn:
     action: str
     chosen: int | None
     rejected: int | None
+    unanswered: int = 0
+    """Answers without a verdict (cut at the judge's token limit): counted for neither side."""
 
     def row(self) -> dict[str, object]:
         return asdict(self)
@@ -117,11 +119,12 @@ def next_turn(
         [PairQuestion(spec.question, tuple(prefix), candidates[c.first], candidates[c.second]) for c in asked]
     )
     wins, consistent = score_candidates(spec.scoring, spec.width, asked, answers)
+    unanswered = sum(a is None for a in answers)
     decision = decide(wins)
     if decision.action == "rollback":
         action = ROLLBACK if prefix else RESAMPLE
-        return Turn(turn, list(prefix), candidates, wins, consistent, action, None, None)
+        return Turn(turn, list(prefix), candidates, wins, consistent, action, None, None, unanswered)
     assert decision.best is not None
     last = cut[decision.best][1] or not candidates[decision.best].strip()
     action = FINISH if last else ADVANCE
-    return Turn(turn, list(prefix), candidates, wins, consistent, action, decision.best, decision.worst)
+    return Turn(turn, list(prefix), candidates, wins, consistent, action, decision.best, decision.worst, unanswered)
