@@ -164,6 +164,11 @@ def test_the_dashboard_queries_only_metrics_stepq_exports(sqlite: object) -> Non
         "stepq_training_step",
     }
     assert watched <= asked, f"no panel shows {watched - asked}"
+    exprs = " ".join(t["expr"] for panel in dashboard["panels"] for t in panel["targets"])
+    described = set(re.findall(r'stepq_workers\{state="(\w+)"\}', (ROOT / "docs" / "operations.md").read_text()))
+    assert described and all(f'stepq_workers{{state="{s}"}}' in exprs for s in described), (
+        f"docs/operations.md describes worker states {described}; the dashboard must show each"
+    )
 
 
 def test_prometheus_and_grafana_are_provisioned_and_safe() -> None:

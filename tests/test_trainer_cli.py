@@ -120,11 +120,12 @@ def test_step_search_compares_with_greedy_decoding_unless_told() -> None:
 
     problems = [PolicyProblem("q", "q\n", "1", None)]
     candidates = SamplingParams(temperature=0.5, top_p=0.95)
-    for baseline, expected in (("greedy", (0.0, 1.0)), ("sampled", (0.5, 0.95))):
+    for baseline, expected in ((None, (0.0, 1.0)), ("greedy", (0.0, 1.0)), ("sampled", (0.5, 0.95))):
         policy = RecordingPolicy()
-        out = search_at_test_time(policy, candidates, SyntheticPairwiseOracle(), problems, width=2, baseline=baseline)
+        told = {"baseline": baseline} if baseline else {}
+        out = search_at_test_time(policy, candidates, SyntheticPairwiseOracle(), problems, width=2, **told)
         first, *search = policy.calls
-        assert (first.temperature, first.top_p) == expected and out["baseline"] == baseline
+        assert (first.temperature, first.top_p) == expected and out["baseline"] == (baseline or "greedy")
         assert out["policy_alone"]["sampling"] == dict(zip(("temperature", "top_p"), expected, strict=True))
         assert search and all((p.temperature, p.top_p) == (0.5, 0.95) for p in search), "candidates as the method"
 
@@ -134,7 +135,8 @@ def test_best_of_n_reports_every_n_asked(sqlite: Database, monkeypatch: pytest.M
     of one trajectory per problem printed N = 1 alone)."""
     synth_set(sqlite, "one", problems=6, seed=2)
     out = _run(monkeypatch, sqlite, "eval", "best-of-n", "--set", "one", "--n", "4,1,2", "--judge", "oracle")
-    lines = [line.split() for line in out.splitlines()]
+    assert out.splitlines()[0] == "aggregate: min (default)"
+    lines = [line.split() for line in out.splitlines()[1:]]
     assert [row[0] for row in lines[1:4]] == ["1", "2", "4"]
     assert lines[1][4] == "6" and "(no problem has 2 trajectories)" in out and "(no problem has 4" in out
     assert "stepq generate --set one --samples 4" in out

@@ -299,20 +299,22 @@ def eval_snapshot(ref: str, as_json: bool, spec: JudgeSpec) -> None:
     "--aggregate",
     "how",
     type=click.Choice(list(AGGREGATORS)),
-    default="min",
-    show_default=True,
-    help="softmin: the PRM's softmin of the step logits at tau 0.1.",
+    default=None,
+    help="How a solution's step scores rank it; default: a stepq PRM's own training aggregate (last for an "
+    "ORM, min for asymmetric), min for other judges.  softmin: the step logits' softmin at tau 0.1.",
 )
 @click.option("--json", "as_json", is_flag=True)
 @judge_options
 @friendly
-def eval_best_of_n(set_name: str, ns: str, how: str, as_json: bool, spec: JudgeSpec) -> None:
+def eval_best_of_n(set_name: str, ns: str, how: str | None, as_json: bool, spec: JudgeSpec) -> None:
     """Pick one of N trajectories per problem by its aggregated step scores (a PRM's
     probabilities, or a generative judge's verdicts as 1/0)."""
+    from stepq.trainer.evaluation.best_of_n import trained_aggregate
     from stepq.trainer.evaluation.judges import judge_stats
     from stepq.trainer.evaluation.validation import set_best_of_n
 
     built = build_judge(spec)
+    how, why = (how, "--aggregate") if how is not None else trained_aggregate(built.judge)
     try:
         wanted = sorted({int(n) for n in ns.split(",")})
     except ValueError:
@@ -324,11 +326,19 @@ def eval_best_of_n(set_name: str, ns: str, how: str, as_json: bool, spec: JudgeS
     rows = set_best_of_n(db, set_name, built.judge, wanted, how)
     counts = judge_stats(built.judge).as_dict()
     if as_json:
-        report = {**built.describe(), **counts, "outside_training_range": note, "rows": [r.__dict__ for r in rows]}
+        report = {
+            **built.describe(),
+            "aggregate": how,
+            "aggregate_from": why,
+            **counts,
+            "outside_training_range": note,
+            "rows": [r.__dict__ for r in rows],
+        }
         click.echo(json.dumps(report, indent=2))
         return
     if note:
         click.echo(f"note: {note}")
+    click.echo(f"aggregate: {how} ({why})")
     click.echo(f"{'N':>4} {'judge':>7} {'random':>7} {'majority':>8} {'problems':>8}")
     for r in rows:
         if r.judge is None or r.random is None or r.majority is None:

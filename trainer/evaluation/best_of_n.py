@@ -9,6 +9,7 @@ import random
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 SOFTMIN_TEMPERATURE = 0.1
 """The PRM recipe's default tau; a Best-of-N pick by softmin uses it."""
@@ -33,6 +34,21 @@ AGGREGATORS: dict[str, Callable[[Sequence[float]], float]] = {
     "last": lambda s: s[-1],
     "softmin": softmin,
 }
+
+
+def trained_aggregate(judge: Any) -> tuple[str, str]:
+    """How Best-of-N aggregates a judge's step scores unless told: a stepq PRM as it was trained
+    (an ORM, ``last``, ranks by its outcome score, as the outcome-supervised PRM paper ranks
+    its baseline; ``asymmetric`` predicts with ``min``), any other judge by ``min``; and why."""
+    trained = (getattr(getattr(judge, "scorer", None), "meta", None) or {}).get("aggregate")
+    if trained is None:
+        return "min", "default"
+    from stepq.trainer.prm.aggregate import PREDICTED_BY
+
+    how = PREDICTED_BY.get(str(trained), str(trained))
+    if how not in AGGREGATORS:
+        return "min", f"default (the PRM's training aggregate '{trained}' does not rank solutions)"
+    return how, f"the PRM's training aggregate ({trained})"
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ class BuiltJudge:
     @property
     def scoring(self) -> bool:
         """Scores every step (thresholds apply) rather than accepting or rejecting it."""
-        return isinstance(self.judge, judges.ScoringJudge)
+        return isinstance(self.judge, (judges.ScoringJudge, judges.ScoreJudge))
 
     def range_note(self, db: Database, set_name: str) -> str | None:
         """A sentence when the set's problems are of a kind the judge was not trained on."""
@@ -88,7 +88,7 @@ def build_judge(spec: JudgeSpec) -> BuiltJudge:
         if spec.scores_file is None:
             raise ConfigError("--judge scores needs --scores FILE")
         table = load_scores(spec.scores_file)
-        return BuiltJudge(judges.ScoreJudge(lambda sid, step: table[sid][step], spec.threshold), None)
+        return BuiltJudge(judges.ScoreJudge(table, spec.threshold), None)
     return _model_judge(spec)
 
 

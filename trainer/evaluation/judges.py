@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from stepq.models.errors import ConfigError
 from stepq.trainer.generative_judge.prompt import NEGATIVE, POSITIVE, JudgePrompt, parse_verdict
 from stepq.workers.backends.base import Completion, GenerationBackend, GenerationRequest, SamplingParams
 from stepq.workers.backends.synthetic_policy import step_is_right
@@ -121,15 +122,27 @@ class LabelOracle:
 
 @dataclass
 class ScoreJudge:
-    """A scoring judge (a discriminative PRM): accept iff the step's score >= ``threshold``.
-    ``score`` maps (sample id, 0-based step) to the step's score."""
+    """Step scores computed elsewhere (another tool's PRM), by sample id: a scoring judge like
+    any PRM (thresholds, a tuned or oracle threshold apply); accepts a step iff its score >=
+    ``threshold``."""
 
-    score: Callable[[str, int], float]
+    table: Mapping[str, Sequence[float]]
     threshold: float = 0.5
     name: str = "scores"
 
     def judge(self, items: Sequence[StepItem]) -> list[bool | None]:
-        return [self.score(str(item.meta["id"]), int(item.meta["step"])) >= self.threshold for item in items]
+        return [self.table[str(item.meta["id"])][int(item.meta["step"])] >= self.threshold for item in items]
+
+    def score_samples(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, list[float | None]]:
+        """Each sample's step scores (a step past the end of its row has none: below any threshold)."""
+        missing = [str(s["id"]) for s in samples if str(s["id"]) not in self.table]
+        if missing:
+            raise ConfigError(f"the scores file has no row for {len(missing)} sample(s) (first: {', '.join(missing[:3])})")
+        out: dict[str, list[float | None]] = {}
+        for s in samples:
+            row = list(self.table[str(s["id"])])
+            out[str(s["id"])] = [row[i] if i < len(row) else None for i in range(len(s["steps"]))]
+        return out
 
 
 @dataclass

@@ -176,8 +176,20 @@ def choose_threshold(
     return best
 
 
+def at_oracle_threshold(
+    step_scores: Mapping[str, Sequence[float | None]], labels: Mapping[str, int]
+) -> tuple[float, dict[str, int]]:
+    """The best of up to ``ORACLE_CANDIDATES`` thresholds on these very samples, and the
+    predictions at it (the outcome-supervised PRM paper's appendix protocol: it flatters)."""
+    chosen = choose_threshold(step_scores, labels, ORACLE_CANDIDATES)
+    return chosen, predictions_at(step_scores, chosen)
+
+
 def sample_scores(judge: Any, samples: Sequence[dict[str, Any]]) -> dict[str, list[float | None]]:
-    """Every step's score of every sample, from a judge with ``score_solutions``."""
+    """Every step's score of every sample, from a judge with ``score_solutions`` (or, for
+    scores computed elsewhere, ``score_samples`` by sample id)."""
+    if hasattr(judge, "score_samples"):
+        return dict(judge.score_samples(samples))
     rows = judge.score_solutions([(s["problem"], s["steps"]) for s in samples])
     return {s["id"]: row for s, row in zip(samples, rows, strict=True)}
 
@@ -219,7 +231,7 @@ def evaluate(
         raise ValueError("give a judge or predictions")
     per_subset = dict(subset_tune_files or {})
     if (tune_file is not None or per_subset or oracle_threshold) and not scoring:
-        raise ConfigError("threshold tuning needs a scoring judge (--judge prm, or --score-by votes|logprob)")
+        raise ConfigError("threshold tuning needs a scoring judge (--judge prm, --judge scores, or --score-by votes|logprob)")
     if oracle_threshold and (tune_file is not None or per_subset):
         raise ConfigError("an oracle threshold is chosen on each subset itself: drop --tune-threshold-on/--tune-subset")
     unknown = sorted(set(per_subset) - {subset_name(p) for p in files})
@@ -247,9 +259,10 @@ def evaluate(
         elif scoring:
             step_scores = sample_scores(judge, samples)
             if oracle_threshold:
-                chosen = choose_threshold(step_scores, labels, ORACLE_CANDIDATES)
+                chosen, found = at_oracle_threshold(step_scores, labels)
                 thresholds[subset_name(path)] = (chosen, ORACLE)
-            found = dict(predictions_at(step_scores, thresholds.get(subset_name(path), default)[0]))
+            else:
+                found = dict(predictions_at(step_scores, thresholds.get(subset_name(path), default)[0]))
         else:
             advance = on_subset(subset_name(path), len(samples)) if on_subset else None
             found = dict(predict(judge, samples, advance))

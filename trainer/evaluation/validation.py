@@ -16,6 +16,7 @@ from stepq.trainer.snapshots.export import snapshot_records
 from stepq.workers.backends import SamplingParams, make_backend
 from stepq.workers.data.segmentation import set_cutting_method
 from stepq.workers.search.pairwise import PairwiseJudge
+from stepq.workers.search.step_search import candidate_params
 
 
 def validation_accuracy(db: Database, ref: str | int, judge: StepJudge, batch: int = 64) -> dict[str, Any]:
@@ -108,7 +109,7 @@ def set_step_search(
 
     pset, problems = _policy_problems(db, name)
     backend = make_backend(pset.backend, pset.backend_config, api_key=api_key)
-    params = SamplingParams.from_config({**(pset.sampling or {}), **plan["sampling"]})
+    params = candidate_params(pset.sampling, plan["sampling"])
     note = {}
     if pset.backend == "synthetic" and plan.get("baseline", "greedy") == "greedy":
         note = {"note": "the synthetic policy ignores the temperature: its greedy baseline is one seeded draw"}

@@ -9,6 +9,7 @@ run reloads the policy from its checkpoint while the reference stays the base mo
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from stepq.trainer.training.recipe import Recipe
 from stepq.trainer.training.runs import RunSpec, TrainOptions, TrainResult, recorded_trl_run
 
 FIELDS = ("prompt", "chosen", "rejected")
+log = logging.getLogger(__name__)
 
 
 def load_preferences(folder: Path) -> list[dict[str, str]]:
@@ -45,6 +47,24 @@ def load_preferences(folder: Path) -> list[dict[str, str]]:
     return [{k: r[k] for k in FIELDS} for r in rows]
 
 
+def pairs_that_fit(
+    pairs: Sequence[dict[str, str]], count_tokens: Callable[[str], int], max_length: int | None
+) -> tuple[list[dict[str, str]], int]:
+    """The pairs whose prompt and longer next step fit in ``max_length`` tokens (one spare for
+    the end-of-sequence token), and how many do not.  A pair that does not fit is left out, not
+    cut: TRL cuts the prompt from one end, and a step-wise DPO prompt loses either its problem
+    (``keep_end``) or the steps the pair continues (``keep_start``); either teaches another
+    conditional than the one the pair was sampled in."""
+    if not max_length:
+        return list(pairs), 0
+    kept = [
+        p
+        for p in pairs
+        if count_tokens(p["prompt"]) + max(count_tokens(p["chosen"]), count_tokens(p["rejected"])) + 1 <= max_length
+    ]
+    return kept, len(pairs) - len(kept)
+
+
 def train_dpo(
     db: Database,
     pairs: Sequence[dict[str, str]],
@@ -66,11 +86,12 @@ def train_dpo(
 
     # built before the run row: a setting this machine cannot honour leaves no row behind
     config = recipe.config(DPOConfig, output_dir, **(options.trainer_overrides or {}))
+    pairs = _fitting(pairs, base_model, getattr(config, "max_length", None), dataset)
 
     from datasets import Dataset
     from trl import DPOTrainer
 
-    data = Dataset.from_list(list(pairs))
+    data = Dataset.from_list(pairs)
     return recorded_trl_run(
         db,
         spec,
@@ -79,3 +100,28 @@ def train_dpo(
         on_step=on_step,
         max_steps=int(config.max_steps or 0),
     )
+
+
+def _fitting(
+    pairs: Sequence[dict[str, str]], base_model: str, max_length: int | None, dataset: str
+) -> list[dict[str, str]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base_model)
+    kept, dropped = pairs_that_fit(
+        pairs, lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]), max_length
+    )
+    if not kept:
+        raise ConfigError(
+            f"{dataset}: none of its {len(pairs)} pairs fits in max_length {max_length} tokens (raise "
+            "trainer.max_length: a pair is never cut, since a cut prompt loses its problem or its steps)"
+        )
+    if dropped:
+        log.warning(
+            "%s: %d of %d pairs are longer than max_length %s tokens and are left out (never cut)",
+            dataset,
+            dropped,
+            len(pairs),
+            max_length,
+        )
+    return kept

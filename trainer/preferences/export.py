@@ -18,7 +18,7 @@ def preference_records(db: Database, set_name: str, margin: float) -> list[dict[
     with db.session() as session:
         rows = queries.scored_trajectories(session, set_name)
     scored = [ScoredTrajectory(r["id"], r["problem_id"], r["question"], r["chunks"], r["q"], r["prompt"]) for r in rows]
-    return [_record(p) for p in q_pairs(scored, margin)]
+    return [pair_record(p) for p in q_pairs(scored, margin)]
 
 
 def search_preference_records(db: Database, name: str) -> list[dict[str, Any]]:
@@ -51,7 +51,8 @@ def search_preference_records(db: Database, name: str) -> list[dict[str, Any]]:
     ]
 
 
-def _record(p: StepPair) -> dict[str, Any]:
+def pair_record(p: StepPair) -> dict[str, Any]:
+    """A DPO record: the step with the higher Q is ``chosen``, in the context it was sampled in."""
     return {
         "prompt": prompt_of(p.policy_prompt, p.prefix),
         "chosen": p.chosen,

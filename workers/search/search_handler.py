@@ -22,7 +22,7 @@ from stepq.workers.search.pairwise import (
     SyntheticPairwiseOracle,
     load_template,
 )
-from stepq.workers.search.step_search import SearchSpec, next_turn, replay
+from stepq.workers.search.step_search import SearchSpec, candidate_params, next_turn, replay
 
 ORACLE = "synthetic-oracle"
 JUDGE_KEYS = ("sampling", "verdict_by", "template")
@@ -64,7 +64,7 @@ def _run_search(rt: WorkerRuntime, claimed: Claimed, search_id: int) -> bool:
         policy = rt.backend_for(pset)
     else:  # a later round's policy: the trained model, on the set's backend
         policy = rt.backend_named(pset.backend, {**(pset.backend_config or {}), "model": policy_model})
-    params = SamplingParams.from_config({**(pset.sampling or {}), **(sampling or {})})
+    params = candidate_params(pset.sampling, sampling)
     judge = judge_for(rt.backend_named, judge_backend, judge_config)
     prefix, finished = replay(turns)
     turn_no = len(turns)

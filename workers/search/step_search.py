@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from stepq.models.search import ADVANCE, FINISH, RESAMPLE, ROLLBACK
 from stepq.workers.backends.base import GenerationBackend, GenerationRequest, SamplingParams
@@ -92,6 +93,12 @@ def surviving_pairs(actions: Sequence[str]) -> list[int]:
         elif action == ROLLBACK and kept:
             kept.pop()
     return kept
+
+
+def candidate_params(set_sampling: dict[str, Any] | None, search_sampling: dict[str, Any] | None) -> SamplingParams:
+    """The candidates' sampling: the search's (temperature, top_p: the method's T = 0.5,
+    top_p = 0.95 by default) over the set's own, which keeps its max tokens and stops."""
+    return SamplingParams.from_config({**(set_sampling or {}), **(search_sampling or {})})
 
 
 def candidate_seeds(spec: SearchSpec, turn: int) -> tuple[int, ...]:
