@@ -71,6 +71,13 @@ class InputError(StepqError):
         super().__init__(f"{where}: {what}{reason}")
 
 
+class SourceUnavailable(StepqError):
+    """A data source that cannot be reached now (a dataset hub offline or unreachable): not the
+    file's fault, not a typo in an option; trying again later, or from a cache, may work."""
+
+    exit_code = 66  # EX_NOINPUT
+
+
 class NotFoundError(StepqError):
     """A named object (problem set, work item) does not exist."""
 

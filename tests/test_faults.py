@@ -576,6 +576,8 @@ def test_a_frozen_dispatcher_resumes_as_a_standby_and_publishes_nothing_stale(
     carries on; thawed, the old one publishes nothing (the broker's queue never exceeds its
     bound: 162 messages against 80 before) and waits as a standby; the set ends exact."""
     cluster.env["STEPQ_DB_LOCK_TIMEOUT_S"] = "2"  # the lock's lease: max(10, 5 x 0.3, 2 x 2 + 10) = 14 s
+    # frozen inside a transaction, it holds its row locks until the server ends the session
+    cluster.env["STEPQ_DB_IDLE_TRANSACTION_TIMEOUT_S"] = "5"
     cluster.cli("synth", "--set", "thaw", "--problems", "60", "--seed", "4", "--latency-s", "0.004")
     cluster.cli("annotate", "--set", "thaw", "--rollouts", "8")
     cluster.start_worker("w1")

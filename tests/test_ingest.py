@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from stepq.cli import main
 from stepq.models import Chunk, Database, Problem, ProblemSet, Trajectory
 from stepq.workers.data.ingest import FieldMap, ingest_file
-from tests.helpers import DATA, table_counts
+from tests.helpers import DATA, clean_env, run_stepq, table_counts
 from tests.ingest_records import annotated_by_hand, solution_records, write_jsonl
 
 
@@ -356,10 +356,56 @@ def test_a_hugging_face_dataset_ingests_as_its_file_does(sqlite: Database, tmp_p
     datasets.Dataset.from_list([rows[0], {**rows[1], "answer": ""}]).save_to_disk(str(broken))
     before = table_counts(sqlite)
     code, out = _cli(sqlite, "ingest", str(broken), "--hf", "--set", "broken")
-    assert code == 3 and f"{broken}[test]:2: field 'answer'" in out, out
+    assert code == 3 and f"{broken}:2: field 'answer'" in out, out
     assert table_counts(sqlite) == before
     code, out = _cli(sqlite, "ingest", str(saved), "--hf", "--split", "train", "--set", "x")
-    assert code == 3 and "cannot load split 'train'" in out, out
+    assert code == 3 and "no split 'train': it has test (choose one with --split)" in out, out
+
+
+def test_ingest_reads_what_people_have(sqlite: Database, tmp_path: Path) -> None:
+    """A folder of train-*.parquet files (its only split), a Parquet or JSONL file given to
+    --hf (read as a file, not looked up on the hub), a .parquet file without --hf (read as
+    Parquet, not as text); several splits are listed, not guessed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [json.loads(line) for line in MATH500.read_text().splitlines()]
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows[:20]), shards / "train-00000-of-00002.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[20:]), shards / "train-00001-of-00002.parquet")
+    code, out = _cli(sqlite, "ingest", str(shards), "--hf", "--set", "shards")
+    assert code == 0 and "40 new problems" in out and f"{shards}[train]" not in out, out
+    single = tmp_path / "math.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), single)
+    code, out = _cli(sqlite, "ingest", str(single), "--set", "parquet")
+    assert code == 0 and "40 records, 40 new problems" in out, out
+    code, out = _cli(sqlite, "ingest", str(single), "--hf", "--set", "parquet-hf")
+    assert code == 0 and "40 new problems" in out, out
+    code, out = _cli(sqlite, "ingest", str(MATH500), "--hf", "--set", "jsonl-hf")
+    assert code == 0 and "40 new problems" in out, out
+    pq.write_table(pa.Table.from_pylist(rows[:5]), shards / "test-00000-of-00001.parquet")
+    code, out = _cli(sqlite, "ingest", str(shards), "--hf", "--set", "two")
+    assert code == 3 and "several splits: it has test, train (choose one with --split)" in out, out
+    with sqlite.session() as s:
+        sizes = {
+            name: s.scalar(select(func.count(Problem.id)).join(ProblemSet).where(ProblemSet.name == name))
+            for name in ("shards", "parquet", "parquet-hf", "jsonl-hf")
+        }
+    assert sizes == dict.fromkeys(sizes, 40)
+
+
+def test_an_unreachable_hub_is_its_own_error_at_once_offline(tmp_path: Path) -> None:
+    """A hub id that cannot be fetched (offline here) is exit 66 naming the cause, not an
+    internal error after 25 s of retries; a local path is never sent to the hub."""
+    import time
+
+    env = clean_env(STEPQ_DATABASE_URL=f"sqlite:///{tmp_path / 'stepq.db'}", HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path))
+    started = time.monotonic()
+    proc = run_stepq("ingest", "nobody/no-such-dataset", "--hf", "--set", "x", env=env, cwd=tmp_path)
+    assert proc.returncode == 66, proc.stderr
+    assert "the Hugging Face hub cannot be reached (HF_HUB_OFFLINE is set" in proc.stderr, proc.stderr
+    assert "internal error" not in proc.stderr and time.monotonic() - started < 20
 
 
 def test_a_first_error_past_the_last_step_is_refused_not_stored_as_no_error(any_db: Database, tmp_path: Path) -> None:

@@ -25,9 +25,9 @@ from stepq.workers.backends import BACKENDS as BACKEND_NAMES
     "from_dataset",
     is_flag=True,
     help="FILE is a Hugging Face dataset: a hub id, a save_to_disk folder, or a folder of data files "
-    "(read with datasets.load_dataset).",
+    "(read with datasets.load_dataset); a local data file is read as a file.",
 )
-@click.option("--split", default="test", show_default=True, help="--hf: the split to ingest.")
+@click.option("--split", default=None, help="--hf: the split to ingest (default: the only one; several are listed).")
 @click.option("--hf-config", default=None, help="--hf: the dataset's configuration name, if it has several.")
 @click.option("--question", default=None, help="Question field (default: problem, question or prompt).")
 @click.option("--answer", default="answer", show_default=True, help="Reference answer field; '-' for none.")
@@ -52,7 +52,7 @@ def ingest(
     file: str,
     set_name: str,
     from_dataset: bool,
-    split: str,
+    split: str | None,
     hf_config: str | None,
     question: str | None,
     answer: str,
@@ -63,9 +63,10 @@ def ingest(
     first_error: str | None,
     update: bool,
 ) -> None:
-    """Add problems (and given trajectories) from a JSONL file, a JSON array, or (--hf) a
-    Hugging Face dataset."""
-    from stepq.workers.data.ingest import FieldMap, ingest_file, read_dataset
+    """Add problems (and given trajectories) from a JSONL file, a JSON array, a Parquet file
+    (by its extension), or (--hf) a Hugging Face dataset."""
+    from stepq.workers.data.ingest import FieldMap, ingest_file
+    from stepq.workers.data.record_files import read_dataset
 
     settings = load_settings()
     database = open_db(settings, migrate=settings.embedded)
@@ -79,10 +80,9 @@ def ingest(
         answer_format=answer_format,
     )
     if from_dataset:
-        source = f"{file}[{split}]"
-        report = ingest_file(
-            database, source, set_name, fields, update=update, objects=read_dataset(file, split, hf_config)
-        )
+        chosen, rows = read_dataset(file, split, hf_config)
+        source = f"{file}[{chosen}]" if chosen else file
+        report = ingest_file(database, source, set_name, fields, update=update, objects=rows)
     else:
         report = ingest_file(database, Path(file), set_name, fields, update=update)
     click.echo(

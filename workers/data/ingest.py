@@ -9,7 +9,6 @@ content, so re-ingesting a file adds nothing and a grown file adds only its new 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from stepq.models import Database, queries
 from stepq.models.errors import InputError
 from stepq.models.problems import Problem
 from stepq.models.trajectories import GIVEN_STEPS
+from stepq.workers.data.record_files import read_records
 from stepq.workers.data.segmentation import join_steps
 from stepq.workers.grading.grader import Grader, extract_boxed
 
@@ -63,93 +63,10 @@ class IngestReport:
     updated_problems: int = 0
 
 
-def _decode(path: Path, raw: bytes) -> str:
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise InputError(str(path), line, None, f"not valid UTF-8 (byte 0x{raw[exc.start]:02x})") from None
-
-
-def read_objects(path: Path) -> list[tuple[int, Any]]:
-    """(line, value) for every record of a JSONL file or a JSON array."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputError(str(path), None, None, f"cannot read file: {exc.strerror}") from None
-    text = _decode(path, raw).replace("\r\n", "\n")
-    if not text.strip():
-        raise InputError(str(path), None, None, "file is empty")
-    if text.lstrip().startswith("["):
-        return _read_array(path, text)
-    out = []
-    for no, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            out.append((no, _decode_json(line)))
-        except (ValueError, RecursionError) as exc:
-            raise InputError(str(path), no, None, _json_error(exc)) from None
-    return out
-
-
-def _read_array(path: Path, text: str) -> list[tuple[int, Any]]:
-    decoder = json.JSONDecoder(parse_constant=_refuse_constant)
-    i = text.index("[") + 1
-    out: list[tuple[int, Any]] = []
-
-    def skip(j: int) -> int:
-        while j < len(text) and text[j] in " \t\n\r":
-            j += 1
-        return j
-
-    def fail(j: int, msg: str) -> InputError:
-        return InputError(str(path), text.count("\n", 0, j) + 1, None, msg)
-
-    i = skip(i)
-    if i < len(text) and text[i] == "]":
-        return out
-    while True:
-        i = skip(i)
-        try:
-            value, end = decoder.raw_decode(text, i)
-        except json.JSONDecodeError as exc:
-            raise fail(exc.pos, f"invalid JSON: {exc.msg}") from None
-        except (ValueError, RecursionError) as exc:
-            raise fail(i, _json_error(exc)) from None
-        out.append((text.count("\n", 0, i) + 1, value))
-        i = skip(end)
-        if i < len(text) and text[i] == ",":
-            i += 1
-            continue
-        if i < len(text) and text[i] == "]":
-            if text[i + 1 :].strip():
-                raise fail(i + 1, "invalid JSON: extra data after the array")
-            return out
-        raise fail(i, "invalid JSON: expected ',' or ']'")
-
-
 MAX_DEPTH = 32
 """Records nest no deeper than this (a step list in a dict is 2)."""
 MAX_ID = 200
 """The longest external id a problem can have (its column's width)."""
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number a database can store")
-
-
-def _decode_json(text: str) -> Any:
-    """``json.loads`` that names what no database can store: NaN and Infinity are refused."""
-    return json.loads(text, parse_constant=_refuse_constant)
-
-
-def _json_error(exc: Exception) -> str:
-    if isinstance(exc, RecursionError):
-        return "invalid JSON: nested too deeply"
-    if isinstance(exc, json.JSONDecodeError):
-        return f"invalid JSON: {exc.msg} at column {exc.colno}"
-    return f"invalid JSON: {exc}"  # an integer past Python's digit limit, NaN, Infinity
 
 
 def _check_values(path: Path | str, line: int, record: dict[str, Any]) -> None:
@@ -206,29 +123,12 @@ def _final_answer(answer: str, fmt: str) -> str:
     return answer.strip()
 
 
-def read_dataset(source: str, split: str, config: str | None = None) -> list[tuple[int, Any]]:
-    """(row number from 1, record) of a Hugging Face dataset: a hub id, a folder written by
-    ``save_to_disk``, or a folder of data files ``datasets.load_dataset`` reads."""
-    import datasets
-
-    local = Path(source)
-    try:
-        if (local / "dataset_info.json").is_file() or (local / "dataset_dict.json").is_file():
-            loaded = datasets.load_from_disk(str(local))
-            data = loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
-        else:
-            data = datasets.load_dataset(source, config, split=split)
-    except (FileNotFoundError, ValueError, KeyError) as exc:
-        raise InputError(source, None, None, f"cannot load split '{split}' of the dataset: {exc}") from None
-    return [(i + 1, dict(row)) for i, row in enumerate(data)]
-
-
 def parse_records(path: Path | str, fields: FieldMap, objects: list[tuple[int, Any]] | None = None) -> list[Record]:
     """Validate every record of the file (or of ``objects`` read elsewhere, e.g. a dataset's
     rows, numbered from 1); raises InputError on the first bad one."""
     records: list[Record] = []
     seen: dict[str, Record] = {}
-    for line, obj in read_objects(Path(path)) if objects is None else objects:
+    for line, obj in read_records(Path(path)) if objects is None else objects:
         if not isinstance(obj, dict):
             raise InputError(str(path), line, None, f"record must be a JSON object, not {type(obj).__name__}")
         _check_values(path, line, obj)
