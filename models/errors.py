@@ -38,6 +38,11 @@ def cause_of(text: str) -> str:
     """What an error from the database or the broker says happened, in a few words: a lock
     timeout, a full disk or a full memory reported as "unreachable" sent operators to the network."""
     lowered = text.lower()
+    if 'database "' in lowered and "does not exist" in lowered:
+        return (
+            "the database named in the URL does not exist: create it (createdb NAME, or CREATE DATABASE NAME), "
+            "then run 'stepq db upgrade'"
+        )
     for needles, cause in _CAUSES:
         if any(n in lowered for n in needles):
             return cause

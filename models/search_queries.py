@@ -83,7 +83,9 @@ def segmented_samples(session: Session, set_id: int, method: str, limit: int = 5
     )
     chunks: dict[int, list[str]] = {i: [] for i in ids}
     for tid, text in session.execute(
-        select(Chunk.trajectory_id, Chunk.text).where(Chunk.trajectory_id.in_(ids)).order_by(Chunk.trajectory_id, Chunk.idx)
+        select(Chunk.trajectory_id, Chunk.text)
+        .where(Chunk.trajectory_id.in_(ids))
+        .order_by(Chunk.trajectory_id, Chunk.idx)
     ):
         chunks[int(tid)].append(str(text))
     return [c for c in chunks.values() if c]

@@ -13,6 +13,7 @@ from stepq.assembly import configured_runtime, kinds_of
 from stepq.migrations import upgrade
 from stepq.models import Database, jobs, queries
 from stepq.models.errors import Busy, ConfigError, Interrupted, NotFoundError, WorkFailed
+from stepq.workers.in_process import EMBEDDED_HOLDER
 from stepq.models.work import ROLLOUT_WORK
 from stepq.settings import Settings
 from stepq.status import collect, render
@@ -102,7 +103,12 @@ def run_embedded(
     db = Database(settings.database_url, guards=settings.session_guards())
     with db.session() as s:
         holder = queries.lock_holder(s, "dispatcher")
-    if holder is not None:  # before anything is created or planned
+    if holder is not None and holder.startswith(EMBEDDED_HOLDER):  # before anything is created or planned
+        raise Busy(
+            f"another 'stepq run' ({holder[len(EMBEDDED_HOLDER) :]}) is working on {db.safe_url}: wait for it to "
+            "finish (or stop it with Ctrl-C), then run again; nothing was created"
+        )
+    if holder is not None:
         raise Busy(
             f"a dispatcher ({holder}) is running against {db.safe_url}: stop it first, or let it do the work "
             "('stepq annotate' plans, the dispatcher publishes)"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from stepq.models.db import SessionGuards
-from stepq.models.errors import ConfigError
+from stepq.models.errors import ConfigError, masked
 from stepq.workers.celery_app import DEFAULT_QUEUE, CeleryOptions
 from stepq.workers.jobqueue.dispatcher import DispatchOptions
 from stepq.workers.jobqueue.job_kind import JobKind, RetryPolicy, with_retry
@@ -150,9 +150,12 @@ class Settings:
         return settings
 
     def validate(self) -> None:
+        if self.database_url.startswith(("postgres://", "postgres+")):  # what hosted databases hand out
+            object.__setattr__(self, "database_url", "postgresql" + self.database_url[len("postgres") :])
         if not self.database_url.startswith(("sqlite", "postgresql")):
             raise ConfigError(
-                f"{PREFIX}DATABASE_URL must be a sqlite:// or postgresql:// URL, got {self.database_url!r}"
+                f"{PREFIX}DATABASE_URL must be a sqlite:// or postgresql:// (or postgres://) URL, "
+                f"got {masked(self.database_url)!r}"
             )
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"{PREFIX}LOG_FORMAT must be text or json, got {self.log_format!r}")

@@ -58,7 +58,12 @@ def test_label_recomputes_another_rule_without_sampling(tmp_path: Path) -> None:
     [
         (["annotate", "--set", "nope", "--rollouts", "4"], {}, 4, "no problem set named 'nope'"),
         (["status"], {"STEPQ_LEASE_TTL_S": "soon"}, 2, "STEPQ_LEASE_TTL_S='soon' is not a valid float"),
-        (["status"], {"STEPQ_DATABASE_URL": "mysql://x"}, 2, "must be a sqlite:// or postgresql:// URL"),
+        (
+            ["status"],
+            {"STEPQ_DATABASE_URL": "mysql://x"},
+            2,
+            "must be a sqlite:// or postgresql:// (or postgres://) URL",
+        ),
         (["status"], {"STEPQ_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/none"}, 5, "cannot reach database"),
         (["label", "--set", "demo", "--rule", "best-guess"], {}, 2, "unknown label rule 'best-guess'"),
     ],

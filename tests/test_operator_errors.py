@@ -208,6 +208,24 @@ def test_run_while_a_dispatcher_runs_is_busy_and_creates_nothing(tmp_path: Path)
         assert conn.execute(text("SELECT count(*) FROM problem_sets")).scalar_one() == 0
 
 
+def test_a_second_run_on_the_same_file_is_told_another_run_holds_it(tmp_path: Path) -> None:
+    """Two 'stepq run' on one SQLite file: the second was told "a dispatcher is running"."""
+    assert _stepq(tmp_path, "db", "upgrade").returncode == 0
+    first = Dispatcher(_db(tmp_path), outlets(lambda ids: None), name="embedded:laptop-1234")
+    assert first.acquire()
+    proc = _stepq(tmp_path, "run", "--set", "d", "--synthetic", "3")
+    line = _one_line(proc)
+    assert proc.returncode == 75 and "another 'stepq run' (laptop-1234) is working on" in line, line
+    assert "dispatcher" not in line
+
+
+def test_a_postgres_url_as_hosted_databases_give_it_is_postgresql(tmp_path: Path, pg_url: str) -> None:
+    url = pg_url.replace("postgresql+psycopg://", "postgres://").replace("postgresql://", "postgres://")
+    assert url.startswith("postgres://")
+    proc = _stepq(tmp_path, "status", env={"STEPQ_DATABASE_URL": url})
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_flower_refuses_to_listen_beyond_loopback_without_auth(tmp_path: Path) -> None:
     proc = _stepq(tmp_path, "flower", "--address", "0.0.0.0")
     assert proc.returncode == 2 and "STEPQ_FLOWER_BASIC_AUTH" in _one_line(proc)

@@ -22,6 +22,9 @@ from stepq.workers.labelling.rollout_handler import ROLLOUTS
 from stepq.workers.priority.scoring_handler import SCORINGS
 from stepq.workers.search.search_handler import SEARCHES
 
+EMBEDDED_HOLDER = "embedded:"
+"""How the dispatcher lock names a process running the queue in process (``stepq run``)."""
+
 
 def run_in_process(
     db: Database,
@@ -52,13 +55,13 @@ def run_in_process(
         outlets(publisher, items_per_task, kinds),
         options=unbounded,
         queue_depth=lambda: len(inbox),
-        name=f"embedded:{runtime.name}",
+        name=f"{EMBEDDED_HOLDER}{runtime.name}",
     )
     outcomes: dict[str, int] = {}
     if not dispatcher.acquire():
         from stepq.models.errors import Busy
 
-        raise Busy("another dispatcher is running against this database; stop it first")
+        raise Busy(f"another dispatcher ({dispatcher.holder()}) is running against this database; stop it first")
     try:
         while True:  # each cycle publishes what is pending (retries included); none left: done
             dispatcher.cycle()

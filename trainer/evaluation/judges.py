@@ -137,7 +137,9 @@ class ScoreJudge:
         """Each sample's step scores (a step past the end of its row has none: below any threshold)."""
         missing = [str(s["id"]) for s in samples if str(s["id"]) not in self.table]
         if missing:
-            raise ConfigError(f"the scores file has no row for {len(missing)} sample(s) (first: {', '.join(missing[:3])})")
+            raise ConfigError(
+                f"the scores file has no row for {len(missing)} sample(s) (first: {', '.join(missing[:3])})"
+            )
         out: dict[str, list[float | None]] = {}
         for s in samples:
             row = list(self.table[str(s["id"])])

@@ -231,7 +231,9 @@ def evaluate(
         raise ValueError("give a judge or predictions")
     per_subset = dict(subset_tune_files or {})
     if (tune_file is not None or per_subset or oracle_threshold) and not scoring:
-        raise ConfigError("threshold tuning needs a scoring judge (--judge prm, --judge scores, or --score-by votes|logprob)")
+        raise ConfigError(
+            "threshold tuning needs a scoring judge (--judge prm, --judge scores, or --score-by votes|logprob)"
+        )
     if oracle_threshold and (tune_file is not None or per_subset):
         raise ConfigError("an oracle threshold is chosen on each subset itself: drop --tune-threshold-on/--tune-subset")
     unknown = sorted(set(per_subset) - {subset_name(p) for p in files})
