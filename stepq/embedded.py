@@ -13,12 +13,11 @@ from stepq.assembly import configured_runtime, kinds_of
 from stepq.migrations import upgrade
 from stepq.models import Database, jobs, queries
 from stepq.models.errors import Busy, ConfigError, Interrupted, NotFoundError, WorkFailed
-from stepq.workers.in_process import EMBEDDED_HOLDER
 from stepq.models.work import ROLLOUT_WORK
 from stepq.settings import Settings
 from stepq.status import collect, render
 from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.in_process import run_in_process
+from stepq.workers.in_process import EMBEDDED_HOLDER, run_in_process
 from stepq.workers.labelling.annotation_plans import configure_annotation
 from stepq.workers.labelling.rollout_handler import ROLLOUTS
 from stepq.workers.priority.scoring_handler import SCORINGS
