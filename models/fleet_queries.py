@@ -24,10 +24,32 @@ from stepq.models.work import Lock, RolloutWork, Worker
 
 
 def acquire_lock(session: Session, name: str, owner: str, ttl: float) -> bool:
-    """Take or renew a named lease; True when ``owner`` holds it afterwards."""
-    insert_ignore(session, Lock, [{"name": name, "lease_owner": owner, "lease_expires_at": epoch() + ttl}])
+    """Take or renew a named lease; True when ``owner`` holds it afterwards (taking it, not
+    renewing it, records when)."""
+    now = epoch()
+    insert_ignore(session, Lock, [{"name": name, "lease_owner": owner, "lease_expires_at": now + ttl}])
+    held = session.execute(
+        select(Lock.lease_owner, Lock.lease_expires_at, Lock.acquired_at).where(Lock.name == name)
+    ).one()
+    renewing = held.lease_owner == owner and held.lease_expires_at >= now and held.acquired_at is not None
     leases.take(session, Lock, Lock.name == name, owner, ttl, reentrant=True)
-    return session.scalar(select(Lock.lease_owner).where(Lock.name == name)) == owner
+    if session.scalar(select(Lock.lease_owner).where(Lock.name == name)) != owner:
+        return False
+    if not renewing:
+        session.execute(update(Lock).where(Lock.name == name, Lock.lease_owner == owner).values(acquired_at=now))
+    return True
+
+
+def lock_state(session: Session, name: str) -> dict[str, Any] | None:
+    """The live holder of a named lease, since when it holds it and when its lease ends."""
+    row = session.execute(
+        select(Lock.lease_owner, Lock.acquired_at, Lock.lease_expires_at).where(
+            Lock.name == name, Lock.lease_expires_at >= epoch()
+        )
+    ).first()
+    if row is None:
+        return None
+    return {"holder": row.lease_owner, "since": row.acquired_at, "expires_at": row.lease_expires_at}
 
 
 def release_lock(session: Session, name: str, owner: str) -> None:

@@ -66,6 +66,8 @@ class Lock(Base):
     name: Mapped[str] = mapped_column(String(100), primary_key=True)
     lease_owner: Mapped[str] = mapped_column(String(200))
     lease_expires_at: Mapped[float] = mapped_column(Float)
+    acquired_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    """When its holder took it (a renewal keeps it): "a dispatcher since 09:12"."""
 
 
 class Worker(Base):

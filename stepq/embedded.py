@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -133,6 +134,10 @@ def run_embedded(
     configure_annotation(db, set_name, m, rule=rule, budget=budget)
     with db.session() as s:
         total = len(queries.set_trajectory_ids(s, queries.get_set(s, set_name).id))
+    with db.session() as s:
+        set_id = queries.get_set(s, set_name).id
+        drawn_before = _drawn(s, set_id)
+    started = time.monotonic()
     runtime = configured_runtime(settings, db, "embedded")
     stop = WarmStop(echo)
     with (
@@ -160,7 +165,9 @@ def run_embedded(
             f"'{set_name}' is pending, no attempt spent: 'stepq run --set {set_name}' resumes"
         )
     echo(f"work items: {outcomes}")
-    echo(render(collect(db)))
+    with db.session() as s:  # this run's own rate: the fleet's progress samples are a dispatcher's
+        rate = (_drawn(s, set_id) - drawn_before) / max(1e-9, time.monotonic() - started)
+    echo(render(collect(db, rates={set_id: round(rate, 2)})))
     with db.session() as s:
         pset = queries.get_set(s, set_name)
         rows = queries.labels_with_truth(s, pset.id, pset.label_rule)
@@ -178,3 +185,7 @@ def run_embedded(
             f"{failed} work items of set '{set_name}' failed (latest: {last_error}); see 'stepq status', and "
             f"'stepq retry --set {set_name}' once the cause is fixed"
         )
+
+
+def _drawn(session: Any, set_id: int) -> int:
+    return next((int(r["rollouts_done"]) for r in queries.progress(session) if r["problem_set_id"] == set_id), 0)

@@ -54,6 +54,15 @@ class StepqCollector(Collector):
         planned = GaugeMetricFamily(
             "stepq_rollouts_planned", "Rollouts an exhaustive budget would draw", labels=["set"]
         )
+        saved = GaugeMetricFamily(
+            "stepq_rollouts_saved", "Rollouts the budget saved on finished trajectories, per set", labels=["set"]
+        )
+        done = GaugeMetricFamily(
+            "stepq_done_percent",
+            "done %: rollouts drawn over the rollouts the set will draw at most (its plan less the budget's "
+            "savings), as stepq status shows it",
+            labels=["set"],
+        )
         rate = GaugeMetricFamily("stepq_rollouts_per_second", "Current rollout rate, per set", labels=["set"])
         eta = GaugeMetricFamily("stepq_eta_seconds", "Estimated seconds to finish, per set", labels=["set"])
         labelled = GaugeMetricFamily("stepq_labelled_chunks", "Chunks labelled under the set's rule", labels=["set"])
@@ -75,6 +84,9 @@ class StepqCollector(Collector):
             name = row["problem_set"]
             rollouts.add_metric([name], row["rollouts_done"])
             planned.add_metric([name], row["rollouts_planned"])
+            saved.add_metric([name], row["rollouts_saved"])
+            if row["done_percent"] is not None:
+                done.add_metric([name], row["done_percent"])
             rate.add_metric([name], row["rollouts_per_s"])
             if row["eta_s"] is not None:
                 eta.add_metric([name], row["eta_s"])
@@ -90,6 +102,8 @@ class StepqCollector(Collector):
         yield from (
             rollouts,
             planned,
+            saved,
+            done,
             rate,
             eta,
             labelled,

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from stepq.models import Database, jobs, queries
+from stepq.models import Database, epoch, jobs, queries
 from stepq.models.work import ROLLOUT_WORK
 
 RATE_WINDOW_S = 60.0
@@ -20,8 +20,24 @@ WORKER_LIVE_S = 60.0
 """A worker whose last heartbeat is older than this is not shown as live."""
 
 
-def collect(db: Database, queue_depth: Callable[[], int | None] | None = None) -> dict[str, Any]:
-    """Progress per set, its current rollouts/s and ETA, troubles, work states and workers."""
+def done_percent(done: int, planned: int, saved: int) -> float | None:
+    """**done %**, stepq's one progress figure (status, ``stepq_done_percent``, the documented
+    SQL): the rollouts drawn over the rollouts the set will draw at most, its exhaustive plan
+    (M per prefix) less what the budget saved on finished trajectories.  It reaches 100 when
+    every trajectory is labelled, under any budget; the savings are shown beside it, never
+    counted as done.  None while nothing is planned (a set not annotated yet)."""
+    if planned <= 0:
+        return None
+    to_draw = planned - saved
+    return round(100.0 * done / to_draw, 1) if to_draw > 0 else 100.0
+
+
+def collect(
+    db: Database, queue_depth: Callable[[], int | None] | None = None, rates: dict[int, float] | None = None
+) -> dict[str, Any]:
+    """Progress per set, its current rollouts/s and ETA, troubles, work states, workers and the
+    dispatcher.  ``rates``: a set's rollouts/s as its caller measured it (``stepq run``: its own
+    run's average; the dispatcher's progress samples are for a fleet)."""
     with db.session() as s:
         rows = queries.progress(s)
         now = time.time()
@@ -30,10 +46,13 @@ def collect(db: Database, queue_depth: Callable[[], int | None] | None = None) -
         workers = queries.live_workers(s, time.time() - WORKER_LIVE_S)
         troubles = jobs.troubles(s, ROLLOUT_WORK)
         ordered = queries.priority_summary(s)
+        dispatcher = queries.lock_state(s, "dispatcher")
     sets = []
     for r in rows:
-        rate = _rate(r, earlier.get(r["problem_set_id"]), now)
-        left = max(0, int(r["rollouts_planned"]) - int(r["rollouts_done"]) - int(r["rollouts_saved"]))
+        rate = (rates or {}).get(r["problem_set_id"])
+        rate = _rate(r, earlier.get(r["problem_set_id"]), now) if rate is None else rate
+        planned, saved = int(r["rollouts_planned"]), int(r["rollouts_saved"])
+        left = max(0, planned - int(r["rollouts_done"]) - saved)
         share = r["positive_share"]
         trouble = troubles.get(r["problem_set_id"], {})
         sets.append(
@@ -49,12 +68,15 @@ def collect(db: Database, queue_depth: Callable[[], int | None] | None = None) -
                 "chunks": int(r["chunks"]),
                 "rollouts_done": int(r["rollouts_done"]),
                 "rollouts_planned": int(r["rollouts_planned"]),
-                "rollouts_saved": int(r["rollouts_saved"]),
+                "rollouts_saved": saved,
+                "rollouts_to_draw": planned - saved,
+                "done_percent": done_percent(int(r["rollouts_done"]), planned, saved),
+                "state": "not started" if not planned else ("done" if not left else "under way"),
                 **_tokens(r),
                 "labelled_chunks": int(r["labelled_chunks"]),
                 "positive_share": None if share is None else round(float(share), 4),
                 "rollouts_per_s": round(rate, 2),
-                "eta_s": (round(left / rate) if rate > 0 else None) if left else 0,
+                "eta_s": None if not planned else ((round(left / rate) if rate > 0 else None) if left else 0),
                 "work": dict(r.get("work") or {}),
                 "failed": int(trouble.get("failed", 0)),
                 "retrying": int(trouble.get("retrying", 0)),
@@ -63,7 +85,7 @@ def collect(db: Database, queue_depth: Callable[[], int | None] | None = None) -
             }
         )
     depth = queue_depth() if queue_depth else None
-    return {"sets": sets, "work": work, "workers": workers, "broker_queue_depth": depth}
+    return {"sets": sets, "work": work, "workers": workers, "broker_queue_depth": depth, "dispatcher": dispatcher}
 
 
 def _tokens(row: dict[str, Any]) -> dict[str, Any]:
@@ -117,7 +139,7 @@ def _row(r: dict[str, Any]) -> dict[str, str]:
         "problems": str(r["problems"]),
         "done": f"{r['trajectories_done']}/{r['trajectories']}",
         "chunks": str(r["chunks"]),
-        "rollouts": f"{r['rollouts_done']}/{r['rollouts_planned']}",
+        "rollouts": f"{r['rollouts_done']}/{r['rollouts_to_draw']}",
         "%": _percent(r),
         "saved": str(r["rollouts_saved"]),
         "tokens": _count(r["tokens"]),
@@ -125,7 +147,7 @@ def _row(r: dict[str, Any]) -> dict[str, str]:
         "labelled": str(r["labelled_chunks"]),
         "positive": "-" if r["positive_share"] is None else f"{100 * r['positive_share']:.1f}%",
         "rollouts/s": f"{r['rollouts_per_s']:.1f}",
-        "ETA": _eta(r["eta_s"]),
+        "ETA": r["state"] if r["state"] != "under way" else _eta(r["eta_s"]),
         "failed": str(r["failed"]),
         "retrying": str(r["retrying"]),
     }
@@ -174,12 +196,29 @@ def render(report: dict[str, Any], verbose: bool = False) -> str:
     broker = "" if depth is None else f"; broker queue: {depth} messages"
     unwell = f", {len(sick)} unhealthy" if sick else ""
     lines.append(f"work items: {work}; workers: {live} live ({busy} busy, {live - busy} idle{unwell}){broker}")
+    lines.append(_dispatcher_line(report.get("dispatcher")))
+    waiting = sum(report["work"].get(state, 0) for state in ("pending", "queued"))
+    if report.get("dispatcher") is None and waiting:
+        idle = f"{live - busy} live workers idle: " if live - busy else ""
+        lines.append(
+            f"  {idle}{waiting} work items wait and nothing publishes them: start 'stepq dispatch' "
+            "(or run a set on this machine alone: 'stepq run --set NAME')"
+        )
     for w in sick:
         lines.append(said(f"  worker {w['label'] or w['name']} takes no work: ", w["unhealthy"]))
     for w in report["workers"]:
         if w.get("refused"):
             lines.append(said(f"  worker {w['label'] or w['name']} refuses work: ", w["refused"]))
     return "\n".join(lines)
+
+
+def _dispatcher_line(state: dict[str, Any] | None) -> str:
+    if state is None:
+        return "dispatcher: none running"
+    since = (
+        "" if state["since"] is None else f" since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(state['since']))}"
+    )
+    return f"dispatcher: {state['holder']}{since} (its lease runs {max(0, state['expires_at'] - epoch()):.0f} s more)"
 
 
 def _count(n: int) -> str:
@@ -191,11 +230,7 @@ def _count(n: int) -> str:
 
 
 def _percent(row: dict[str, Any]) -> str:
-    """Share of the planned work that is done (a finished trajectory counts whole)."""
-    planned = int(row["rollouts_planned"])
-    if not planned:
-        return "-"
-    return f"{100 * min(1.0, (int(row['rollouts_done']) + int(row['rollouts_saved'])) / planned):.1f}"
+    return "-" if row["done_percent"] is None else f"{row['done_percent']:.1f}"
 
 
 def watch(db: Database, *, interval_s: float, queue_depth: Callable[[], int | None] | None, echo: Callable[[str], None],

@@ -308,3 +308,12 @@ def test_the_same_set_splits_the_same_way_in_two_databases(tmp_path: Path) -> No
     assert sides[("a", "row-id")] != sides[("b", "row-id")], "row ids differ between the databases"
     with pytest.raises(ConfigError, match="split_by must be one of"):
         create_snapshot(Database(f"sqlite:///{tmp_path / 'a.db'}"), SnapshotSpec(("s",), "abs-q", split_by="hash"))
+
+
+def test_a_validation_split_too_small_to_weigh_a_judge_says_so() -> None:
+    from stepq.trainer.snapshots.create import validation_note
+
+    tour = validation_note({"train": {"positive": 40, "negative": 40}, "validation": {"positive": 2, "negative": 2}})
+    assert tour is not None and "4 rows, too few" in tour and "±49 points" in tour
+    assert "nothing to score" in (validation_note({"validation": {"positive": 0, "negative": 0}}) or "")
+    assert validation_note({"validation": {"positive": 60, "negative": 60}}) is None

@@ -112,3 +112,82 @@ def test_the_status_table_fits_100_columns_and_verbose_shows_every_one(sqlite: D
     full = render(report, verbose=True)
     assert full.splitlines()[0].split()[:4] == ["set", "M", "rule", "budget"] and "~tokens" in full
     assert len(COLUMNS) > len(COMPACT) and "rel-effective:alpha=0.4" in full
+
+
+def test_done_percent_is_one_figure_in_status_metrics_and_the_documented_sql(any_db: Database) -> None:
+    """Three "percent done" figures disagreed at one moment (status 24.8 while its rollouts
+    column read 8.3%, the documented SQL 13.7): under an adaptive budget, mid-run, they agree."""
+    import re
+    from pathlib import Path
+
+    from sqlalchemy import text
+
+    from stepq.metrics import StepqCollector
+    from stepq.status import done_percent
+
+    synth_set(any_db, "p", problems=24, seed=3, error_rate=0.3)
+    configure_annotation(any_db, "p", 8, budget="adaptive")
+    rt = worker_runtime(any_db, WorkerOptions(name="t", batch_rollouts=128))
+    from stepq.workers.labelling.rollout_handler import run_work_items
+
+    with any_db.session() as s:
+        run_work_items(rt, jobs.pending_ids(s, ROLLOUT_WORK, 10))
+    report = collect(any_db)
+    (row,) = report["sets"]
+    assert row["rollouts_saved"] > 0 and 0 < row["done_percent"] < 100, row
+    drawn, to_draw = row["rollouts_done"], row["rollouts_planned"] - row["rollouts_saved"]
+    assert row["done_percent"] == done_percent(drawn, row["rollouts_planned"], row["rollouts_saved"])
+    line = render(report).splitlines()[1].split()
+    assert f"{drawn}/{to_draw}" in line and f"{row['done_percent']:.1f}" in line, line
+    assert abs(100 * drawn / to_draw - float(line[line.index(f"{drawn}/{to_draw}") + 1])) < 0.06
+    metric = {
+        f.name: f.samples[0].value
+        for f in StepqCollector(any_db, lambda: 0).collect()
+        if f.name == "stepq_done_percent"
+    }
+    assert metric == {"stepq_done_percent": row["done_percent"]}
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    query = re.search(r"```sql\n(SELECT problem_set, rollouts_done.*?AS pct_done.*?);\n```", docs, re.S)
+    assert query is not None, "the documented done % query"
+    with any_db.engine.connect() as conn:
+        pct = conn.execute(text(query.group(1))).mappings().one()["pct_done"]
+    assert float(pct) == row["done_percent"]
+    run_in_process(any_db, rt)
+    (row,) = collect(any_db)["sets"]
+    assert row["done_percent"] == 100.0 and row["state"] == "done"
+
+
+def test_a_set_never_annotated_is_not_started_not_finished(any_db: Database) -> None:
+    """It showed ETA 0m00s and stepq_eta_seconds 0, as if finished."""
+    from stepq.metrics import StepqCollector
+
+    synth_set(any_db, "fresh", problems=3, seed=1)
+    report = collect(any_db)
+    (row,) = report["sets"]
+    assert row["state"] == "not started" and row["eta_s"] is None and row["done_percent"] is None
+    line = render(report).splitlines()[1]
+    assert "not started" in line and "0m00s" not in line
+    names = {f.name for f in StepqCollector(any_db, lambda: 0).collect() if f.samples}
+    assert "stepq_eta_seconds" not in names and "stepq_done_percent" not in names
+
+
+def test_status_says_whether_a_dispatcher_runs_and_why_workers_idle(any_db: Database) -> None:
+    from stepq.workers.jobqueue.dispatcher import Dispatcher
+    from tests.helpers import outlets
+
+    synth_set(any_db, "w", problems=3, seed=1)
+    configure_annotation(any_db, "w", 2)
+    idle = worker_runtime(any_db, WorkerOptions(name="idle")).start()
+    try:
+        text = render(collect(any_db))
+        assert "dispatcher: none running" in text
+        assert "1 live workers idle: 3 work items wait and nothing publishes them: start 'stepq dispatch'" in text
+        dispatcher = Dispatcher(any_db, outlets(lambda ids: None), name="d@host:1")
+        assert dispatcher.acquire()
+        first = collect(any_db)["dispatcher"]
+        assert dispatcher.acquire()  # a renewal keeps its start
+        assert collect(any_db)["dispatcher"]["since"] == first["since"] is not None
+        text = render(collect(any_db))
+        assert "dispatcher: d@host:1 since " in text and "nothing publishes" not in text
+    finally:
+        idle.close()

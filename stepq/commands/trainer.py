@@ -57,7 +57,7 @@ def snapshot_create(
 ) -> None:
     """Freeze the currently labelled chunks into a numbered snapshot."""
     from stepq.models import queries
-    from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot, parse_sets
+    from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot, parse_sets, validation_note
 
     db = open_db(load_settings())
     spec = SnapshotSpec(
@@ -79,6 +79,8 @@ def snapshot_create(
         f"validation {counts['validation']['positive']}+/{counts['validation']['negative']}- "
         f"(hash {snap.content_hash[:12]})"
     )
+    if note := validation_note(counts):
+        click.echo(f"note: {note}")
 
 
 @main.group("export")

@@ -148,6 +148,25 @@ def create_snapshot(db: Database, spec: SnapshotSpec) -> int:
         )
 
 
+MIN_VALIDATION_ROWS = 100
+"""Below this many validation rows a snapshot says its split is too small to weigh a judge on."""
+
+
+def validation_note(counts: dict[str, dict[str, int]]) -> str | None:
+    """A sentence when the validation split is too small to evaluate a judge on (the tour's
+    held 4 rows without a word): an accuracy over n rows is uncertain by about 1.96·√(¼/n)."""
+    n = sum(counts.get("validation", {}).values())
+    if n >= MIN_VALIDATION_ROWS:
+        return None
+    if n == 0:
+        return "no validation rows: 'stepq eval snapshot' has nothing to score (raise --val-fraction)"
+    spread = 100 * 1.96 * (0.25 / n) ** 0.5
+    return (
+        f"the validation split holds {n} rows, too few to weigh a judge on (an accuracy over {n} rows is "
+        f"uncertain by about ±{spread:.0f} points); raise --val-fraction or add problems"
+    )
+
+
 def parse_sets(text: str | Sequence[str]) -> tuple[str, ...]:
     items = text.split(",") if isinstance(text, str) else list(text)
     return tuple(s.strip() for s in items if s.strip())
