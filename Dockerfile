@@ -4,6 +4,14 @@
 FROM python:3.11-slim
 ARG EXTRAS=flower
 WORKDIR /app
+# A C compiler where the image runs vLLM or trains: Triton (vLLM's kernels, torch.compile)
+# builds its launchers with one at first use, and the slim base has none.  Python's headers
+# come with the base image.
+RUN case ",${EXTRAS}," in \
+      *,vllm,*|*,train,*) apt-get update \
+        && apt-get install -y --no-install-recommends gcc g++ libc6-dev \
+        && rm -rf /var/lib/apt/lists/* ;; \
+    esac
 # One copy of the tree: .dockerignore lets in only the package sources and their packaging.
 COPY . ./
 RUN pip install --no-cache-dir ".[${EXTRAS}]" \

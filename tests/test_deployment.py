@@ -71,6 +71,23 @@ def test_dockerfile_copies_every_package() -> None:
     assert {*folders, "pyproject.toml", "setup.py", "README.md"} <= allowed
 
 
+def test_the_gpu_and_training_images_have_a_c_compiler() -> None:
+    """Triton (vLLM's kernels) builds its launchers with a C compiler at first use; the slim
+    base has none, so the image built for each compose service that runs vLLM or trains
+    installs one (checked by reading the Dockerfile with that service's EXTRAS)."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim", dockerfile, re.MULTILINE), "the base the step below assumes"
+    step = re.search(r'RUN case ",\$\{EXTRAS\}," in \\\n(.*?)esac', dockerfile, re.S)
+    assert step is not None, dockerfile
+    patterns, installs = step.group(1).split(")", 1)
+    assert "gcc" in installs and "libc6-dev" in installs
+    wanted = [p.strip(" *,\n") for p in patterns.split("|")]
+    for name, service in _compose()["services"].items():
+        extras = str((service.get("build") or {}).get("args", {}).get("EXTRAS", "flower")).split(",")
+        runs_kernels = bool({"vllm", "train"} & set(extras))
+        assert runs_kernels == any(w in extras for w in wanted), f"{name} ({extras})"
+
+
 def test_weights_are_mounted_apart_from_the_source_and_kept_out_of_the_image() -> None:
     worker = _compose()["services"]["worker"]
     (volume,) = worker["volumes"]

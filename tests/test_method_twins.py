@@ -101,4 +101,3 @@ def test_a_dpo_pair_that_does_not_fit_is_left_out_never_cut() -> None:
     assert kept == [short] and dropped == 1, "10 + the longer step (8) + end of sequence = 19 fits; 41 does not"
     assert pairs_that_fit([short], chars, max_length=18) == ([], 1)
     assert pairs_that_fit([short, long], chars, None) == ([short, long], 0)
-

@@ -434,36 +434,34 @@ def test_a_worker_refuses_to_start_without_a_working_math_verify(tmp_path: Path)
 
 
 def test_a_command_whose_extra_is_missing_names_its_install(tmp_path: Path) -> None:
-    """On the base install (no torch, transformers, TRL), training and model judges say which
-    extra to install, with the config error's exit code, never an internal error."""
+    """On the base install (no torch, transformers, TRL, datasets), each command names the
+    smallest extra that serves it (training: train; a PRM judge or the hf backend: hf; a
+    dataset ingest: datasets), with the config error's exit code, never an internal error."""
     import sys
 
     assert _stepq(tmp_path, "synth", "--set", "s", "--problems", "3").returncode == 0
     blocked = "import sys\nfor m in ('torch', 'transformers', 'trl', 'datasets', 'accelerate'): sys.modules[m] = None\n"
-    for args in (
-        ["train", "--method", "prm", "--set", "s", "--pass-rate", "off", "--model", "x", "--output", "out"],
-        [
-            "eval",
-            "processbench",
-            "--data",
-            str(DATA / "processbench_gsm8k_sample.json"),
-            "--judge",
-            "prm",
-            "--model",
-            "x",
-        ],
+    pb = str(DATA / "processbench_gsm8k_sample.json")
+    for args, extra in (
+        (["train", "--method", "prm", "--set", "s", "--pass-rate", "off", "--model", "x", "--output", "out"], "train"),
+        (["eval", "processbench", "--data", pb, "--judge", "prm", "--model", "x"], "hf"),
+        (["ingest", "nobody/a-dataset", "--hf", "--set", "d"], "datasets"),
     ):
         code = blocked + f"from stepq.cli import main\nmain({args!r})\n"
         env = clean_env(STEPQ_DATABASE_URL=f"sqlite:///{tmp_path / 'stepq.db'}")
         proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
         assert proc.returncode == 2, proc.stderr
-        assert "which is not installed: pip install 'stepq[train]'" in proc.stderr and "internal" not in proc.stderr
+        assert f"which is not installed: pip install 'stepq[{extra}]'" in proc.stderr, (args, proc.stderr)
+        assert "internal" not in proc.stderr
 
 
 def test_a_missing_module_no_extra_provides_is_an_internal_error() -> None:
     from stepq.commands.base import missing_extra
 
-    assert missing_extra(ModuleNotFoundError("no", name="torch.nn")) == "pip install 'stepq[train]'"
+    assert missing_extra(ModuleNotFoundError("no", name="torch.nn")) == "pip install 'stepq[hf]'"
+    assert missing_extra(ModuleNotFoundError("no", name="torch.nn"), "train") == "pip install 'stepq[train]'"
+    assert missing_extra(ModuleNotFoundError("no", name="datasets")) == "pip install 'stepq[datasets]'"
+    assert missing_extra(ModuleNotFoundError("no", name="trl")) == "pip install 'stepq[train]'"
     assert missing_extra(ModuleNotFoundError("no", name="vllm")) == "pip install 'stepq[vllm]'"
     assert missing_extra(ModuleNotFoundError("no", name="sqlalchemy")) is None, "a broken base install is a bug"
 

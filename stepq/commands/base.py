@@ -21,19 +21,34 @@ from stepq.settings import Settings
 F = TypeVar("F", bound=Callable[..., Any])
 INTERNAL_ERROR = 70  # EX_SOFTWARE: a bug or an unforeseen failure, not a user error
 EXTRAS = {
-    **dict.fromkeys(("torch", "transformers", "trl", "datasets", "accelerate", "tokenizers", "deepspeed"), "train"),
+    **dict.fromkeys(("torch", "transformers", "tokenizers"), "hf"),
+    "datasets": "datasets",
+    **dict.fromkeys(("trl", "accelerate", "deepspeed"), "train"),
     "vllm": "vllm",
     "flower": "flower",
     "matplotlib": "bench",
 }
-"""The optional packages commands import, and the extra of ``pyproject.toml`` that installs each."""
+"""The optional packages commands import, and the smallest extra of ``pyproject.toml`` that
+installs each (``--backend hf`` needs ``hf``, ``ingest --hf`` needs ``datasets``)."""
+TRAINING_COMMANDS = ("train", "trainer")
+"""Commands that need the whole ``train`` extra: naming a smaller one would only move the error."""
 
 
-def missing_extra(exc: ModuleNotFoundError) -> str | None:
+def missing_extra(exc: ModuleNotFoundError, command: str = "") -> str | None:
     """The install command for an optional package a command needed, or None for any other
-    missing module (a broken install: an internal error)."""
+    missing module (a broken install: an internal error); ``command``, the subcommand run."""
     extra = EXTRAS.get((exc.name or "").split(".")[0])
+    if extra in ("hf", "datasets") and command in TRAINING_COMMANDS:
+        extra = "train"
     return None if extra is None else f"pip install 'stepq[{extra}]'"
+
+
+def _subcommand() -> str:
+    """The first subcommand of the running command line (``train`` in ``stepq train ...``)."""
+    ctx = click.get_current_context(silent=True)
+    while ctx is not None and ctx.parent is not None and ctx.parent.parent is not None:
+        ctx = ctx.parent
+    return ctx.info_name or "" if ctx is not None else ""
 
 
 def friendly(fn: F) -> F:
@@ -72,7 +87,7 @@ def friendly(fn: F) -> F:
             click.echo("stepq: interrupted: the work in hand went back to pending, no attempt spent", err=True)
             sys.exit(Interrupted.exit_code)
         except Exception as exc:
-            install = missing_extra(exc) if isinstance(exc, ModuleNotFoundError) else None
+            install = missing_extra(exc, _subcommand()) if isinstance(exc, ModuleNotFoundError) else None
             if install is not None:
                 name = getattr(exc, "name", "")
                 click.echo(f"stepq: error: this command needs {name}, which is not installed: {install}", err=True)
