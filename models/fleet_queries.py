@@ -137,6 +137,19 @@ def live_workers(session: Session, since: float) -> list[dict[str, Any]]:
     ]
 
 
+def host_workers(session: Session, hostname: str) -> list[dict[str, Any]]:
+    """The worker processes of one host that have not stopped, the latest heartbeat first."""
+    rows = session.scalars(
+        select(Worker)
+        .where(Worker.hostname == hostname, Worker.stopped_at.is_(None))
+        .order_by(Worker.last_heartbeat.desc())
+    )
+    return [
+        {"name": w.name, "last_heartbeat": w.last_heartbeat, "busy_items": w.busy_items, "unhealthy": w.unhealthy}
+        for w in rows
+    ]
+
+
 def silent_worker_count(session: Session, live_since: float, seen_since: float) -> int:
     """Workers that have not stopped but whose last heartbeat is older than ``live_since``
     and newer than ``seen_since``: crashed, frozen or cut off, and not yet forgotten."""

@@ -212,6 +212,22 @@ def render(report: dict[str, Any], verbose: bool = False) -> str:
     return "\n".join(lines)
 
 
+def worker_liveness(db: Database, hostname: str, max_age_s: float = WORKER_LIVE_S) -> tuple[bool, str]:
+    """Whether this host's worker is alive, read from its row (a liveness probe: Kubernetes
+    restarts a container whose worker froze, lost its database or stopped taking work)."""
+    with db.session() as s:
+        rows = queries.host_workers(s, hostname)
+    if not rows:
+        return False, f"no running worker of host {hostname} has written a heartbeat"
+    w = rows[0]
+    age = epoch() - w["last_heartbeat"]
+    if age > max_age_s:
+        return False, f"worker {w['name']}: last heartbeat {age:.0f} s ago (more than {max_age_s:g} s)"
+    if w["unhealthy"]:
+        return False, f"worker {w['name']} takes no work: {w['unhealthy'].splitlines()[0]}"
+    return True, f"worker {w['name']}: heartbeat {age:.0f} s ago, {w['busy_items']} items in hand"
+
+
 def _dispatcher_line(state: dict[str, Any] | None) -> str:
     if state is None:
         return "dispatcher: none running"

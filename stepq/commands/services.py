@@ -4,6 +4,7 @@ serve-synthetic."""
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -260,6 +261,22 @@ def metrics(port: int, address: str) -> None:
     except KeyboardInterrupt:
         server.shutdown()
         thread.join(timeout=5)
+
+
+@main.command("worker-alive")
+@click.option("--host", default=None, help="The worker's host (default: this one, as a probe in its container runs).")
+@click.option("--max-age", type=click.FloatRange(min=1), default=60.0, show_default=True, help="Seconds.")
+@friendly
+def worker_alive(host: str | None, max_age: float) -> None:
+    """Exit 0 when this host's worker wrote a heartbeat within --max-age seconds and takes work,
+    1 otherwise (a liveness probe for Kubernetes and other supervisors)."""
+    import socket
+
+    from stepq.status import worker_liveness
+
+    alive, why = worker_liveness(open_db(load_settings()), host or socket.gethostname(), max_age)
+    click.echo(why, err=not alive)
+    sys.exit(0 if alive else 1)
 
 
 @main.command("serve-synthetic")
