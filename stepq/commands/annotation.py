@@ -9,6 +9,7 @@ import click
 
 from stepq.commands.base import (
     backend_config,
+    client,
     friendly,
     load_settings,
     main,
@@ -77,15 +78,11 @@ def annotate(
     priority_aging_s: float | None,
 ) -> None:
     """Set a problem set's budget and plan its missing rollouts (only what is missing)."""
-    from stepq.workers.labelling.annotation_plans import configure_annotation
-
-    settings = load_settings()
     config = backend_config(model, base_url, backend_options)
     sampling = {
         k: v for k, v in {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}.items() if v is not None
     }
-    report = configure_annotation(
-        open_db(settings, migrate=settings.embedded),
+    report = client().annotate(
         set_name,
         m,
         rule=rule,
@@ -237,5 +234,6 @@ def run(set_name: str, n_synth: int | None, m: int | None, seed: int, rule: str 
     """The embedded default: problems to labels in this process (SQLite, no services)."""
     from stepq.embedded import run_embedded
 
-    settings = load_settings()
-    run_embedded(settings, set_name, n_synth=n_synth, m=m, seed=seed, rule=rule, budget=budget, echo=click.echo)
+    # not through the API object: 'stepq run' creates and migrates the file itself, after
+    # checking that no other run holds it
+    run_embedded(load_settings(), set_name, n_synth=n_synth, m=m, seed=seed, rule=rule, budget=budget, echo=click.echo)

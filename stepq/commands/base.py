@@ -107,6 +107,14 @@ def load_settings() -> Settings:
     return Settings.from_env()
 
 
+def client(settings: Settings | None = None) -> Any:
+    """The Python API's ``Stepq`` on these settings (an embedded database migrated on first
+    use): the commands that have a library call make it through the API a script uses."""
+    from stepq.api import Stepq
+
+    return Stepq(settings=settings or load_settings())
+
+
 def open_db(settings: Settings, *, migrate: bool = False) -> Database:
     if migrate:
         from stepq.migrations import upgrade

@@ -9,6 +9,7 @@ import click
 
 from stepq.commands.base import (
     backend_from_options,
+    client,
     friendly,
     load_settings,
     main,
@@ -65,26 +66,21 @@ def ingest(
 ) -> None:
     """Add problems (and given trajectories) from a JSONL file, a JSON array, a Parquet file
     (by its extension), or (--hf) a Hugging Face dataset."""
-    from stepq.workers.data.ingest import FieldMap, ingest_file
-    from stepq.workers.data.record_files import read_dataset
-
-    settings = load_settings()
-    database = open_db(settings, migrate=settings.embedded)
-    fields = FieldMap(
+    report = client().ingest(
+        file,
+        set_name,
+        hf=from_dataset,
+        split=split,
+        hf_config=hf_config,
         question=question,
         answer=None if answer == "-" else answer,
-        id=id_field,
+        answer_format=answer_format,
+        id_field=id_field,
         steps=steps,
         outcome=outcome,
         first_error=first_error,
-        answer_format=answer_format,
+        update=update,
     )
-    if from_dataset:
-        chosen, rows = read_dataset(file, split, hf_config)
-        source = f"{file}[{chosen}]" if chosen else file
-        report = ingest_file(database, source, set_name, fields, update=update, objects=rows)
-    else:
-        report = ingest_file(database, Path(file), set_name, fields, update=update)
     click.echo(
         f"{file}: {report.records} records, {report.new_problems} new problems, "
         f"{report.new_trajectories} new trajectories in set '{set_name}'"
@@ -144,12 +140,7 @@ def synth(
     numbers: str,
 ) -> None:
     """Create a synthetic arithmetic problem set with policy trajectories of known truth."""
-    from stepq.workers.data.synthetic_set import synth_set
-
-    settings = load_settings()
-    database = open_db(settings, migrate=settings.embedded)
-    report = synth_set(
-        database,
+    report = client().synth(
         set_name,
         problems=problems,
         seed=seed,

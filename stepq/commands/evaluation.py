@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from stepq.commands.base import backend_config, friendly, load_settings, main, open_db
+from stepq.commands.base import backend_config, client, friendly, load_settings, main, open_db
 from stepq.commands.search import SearchChoices, search_options
 from stepq.trainer.evaluation.best_of_n import AGGREGATORS
 from stepq.workers.backends import BACKENDS as BACKEND_NAMES
@@ -215,6 +215,7 @@ def eval_processbench(
     spec: JudgeSpec,
 ) -> None:
     """Predict each sample's first wrong step and score it with the official metric."""
+    from stepq.api import evaluate_processbench
     from stepq.trainer.evaluation import processbench as pb
 
     per_subset = {}
@@ -227,21 +228,17 @@ def eval_processbench(
         per_subset[name] = Path(path)
 
     given = pb.load_predictions(predictions_file) if predictions_file else None
-    built = None if given is not None else build_judge(spec)
     with progress_bars() as bar:
-        report = pb.evaluate(
+        report = evaluate_processbench(
             [*files, *more_files],
-            None if built is None else built.judge,
-            scoring=built is not None and built.scoring,
+            spec,
             predictions=given,
-            threshold=spec.threshold,
             tune_file=tune_file,
             subset_tune_files=per_subset,
             oracle_threshold=oracle_threshold,
             on_subset=bar,
         )
     all_predictions = report.pop("predictions")
-    report = {**(built.describe() if built else {"judge": "predictions"}), **report}
     if out_dir is not None:
         pb.write_outputs(out_dir, all_predictions, report)
     if as_json:
@@ -256,7 +253,7 @@ def eval_processbench(
                 tuned = f"chosen on {r['threshold_tuned_on']}" if r["threshold_tuned_on"] else "given"
             where = f" for {r['subset']}" if each else ""
             click.echo(f"threshold{where} {r['threshold']:.4f} ({tuned})")
-    writes = built is not None and built.settings is not None
+    writes = "judge_settings" in report
     extra = f" {'outputs':>8} {'no verdict':>10} {'cut':>5}" if writes else ""
     click.echo(f"{'subset':<12} {'samples':>7} {'acc_error':>9} {'acc_correct':>11} {'F1':>6}{extra}")
     for r in report["subsets"]:
@@ -309,37 +306,23 @@ def eval_snapshot(ref: str, as_json: bool, spec: JudgeSpec) -> None:
 def eval_best_of_n(set_name: str, ns: str, how: str | None, as_json: bool, spec: JudgeSpec) -> None:
     """Pick one of N trajectories per problem by its aggregated step scores (a PRM's
     probabilities, or a generative judge's verdicts as 1/0)."""
-    from stepq.trainer.evaluation.best_of_n import trained_aggregate
-    from stepq.trainer.evaluation.judges import judge_stats
-    from stepq.trainer.evaluation.validation import set_best_of_n
+    from stepq.trainer.evaluation.best_of_n import BestOfNRow
 
-    built = build_judge(spec)
-    how, why = (how, "--aggregate") if how is not None else trained_aggregate(built.judge)
     try:
         wanted = sorted({int(n) for n in ns.split(",")})
     except ValueError:
         raise click.BadParameter(f"'{ns}' is not a comma-separated list of whole numbers", param_hint="--n") from None
     if not wanted or wanted[0] < 1:
         raise click.BadParameter("every N must be at least 1", param_hint="--n")
-    db = open_db(load_settings())
-    note = built.range_note(db, set_name)
-    rows = set_best_of_n(db, set_name, built.judge, wanted, how)
-    counts = judge_stats(built.judge).as_dict()
+    report = client().evaluate_best_of_n(set_name, wanted, spec, aggregate=how)
     if as_json:
-        report = {
-            **built.describe(),
-            "aggregate": how,
-            "aggregate_from": why,
-            **counts,
-            "outside_training_range": note,
-            "rows": [r.__dict__ for r in rows],
-        }
         click.echo(json.dumps(report, indent=2))
         return
-    if note:
+    if note := report["outside_training_range"]:
         click.echo(f"note: {note}")
-    click.echo(f"aggregate: {how} ({why})")
+    click.echo(f"aggregate: {report['aggregate']} ({report['aggregate_from']})")
     click.echo(f"{'N':>4} {'judge':>7} {'random':>7} {'majority':>8} {'problems':>8}")
+    rows = [BestOfNRow(**r) for r in report["rows"]]
     for r in rows:
         if r.judge is None or r.random is None or r.majority is None:
             click.echo(f"{r.n:>4} {'-':>7} {'-':>7} {'-':>8} {0:>8}  (no problem has {r.n} trajectories)")
@@ -347,7 +330,7 @@ def eval_best_of_n(set_name: str, ns: str, how: str | None, as_json: bool, spec:
         click.echo(f"{r.n:>4} {r.judge:>7.1f} {r.random:>7.1f} {r.majority:>8.1f} {r.problems:>8}")
     if any(r.problems == 0 for r in rows):
         click.echo(f"more trajectories per problem: stepq generate --set {set_name} --samples {max(r.n for r in rows)}")
-    if line := _judge_counts(counts):
+    if line := _judge_counts(report):
         click.echo(line.strip() + " (no verdict scores the step 0)")
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from stepq.commands.base import friendly, load_settings, main, open_db, setup_logging
+from stepq.commands.base import client, friendly, load_settings, main, open_db, setup_logging
 from stepq.models.errors import ConfigError
 from stepq.trainer.methods import DEFAULT_RECIPES
 from stepq.trainer.training.recipe import METHODS
@@ -57,21 +57,20 @@ def snapshot_create(
 ) -> None:
     """Freeze the currently labelled chunks into a numbered snapshot."""
     from stepq.models import queries
-    from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot, parse_sets, validation_note
+    from stepq.trainer.snapshots.create import validation_note
 
-    db = open_db(load_settings())
-    spec = SnapshotSpec(
-        parse_sets(sets),
-        rule,
-        val_fraction,
-        seed,
-        balance,
-        name,
+    api = client()
+    number = api.create_snapshot(
+        sets,
+        rule=rule,
+        val_fraction=val_fraction,
+        seed=seed,
+        balance=balance,
+        name=name,
         until_first_error=until_first_error,
         balance_by_position=balance_by_position,
     )
-    number = create_snapshot(db, spec)
-    with db.session() as session:
+    with api.db.session() as session:
         snap = queries.get_snapshot(session, number)
         counts = snap.manifest["counts"]
     click.echo(
@@ -209,9 +208,7 @@ def snapshot_show(ref: str) -> None:
 @friendly
 def snapshot_export(ref: str, fmt: str, out_dir: Path) -> None:
     """Write the snapshot as a datasets-loadable folder (train/validation + manifest)."""
-    from stepq.trainer.snapshots.export import export_snapshot
-
-    counts = export_snapshot(open_db(load_settings()), ref, out_dir, fmt)
+    counts = client().export_snapshot(ref, out_dir, format=fmt)
     click.echo(f"wrote {out_dir}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
 
 
@@ -294,27 +291,26 @@ def train(
     trains, rank 0 alone records the run."""
     if ctx.invoked_subcommand is not None:
         return
-    from stepq.trainer import methods
-    from stepq.trainer.outcomes.export import OutcomeFilter
     from stepq.trainer.training.ranks import current_rank, die_with_launcher
-    from stepq.trainer.training.runs import TrainOptions
 
     die_with_launcher()
-    loaded = methods.recipe_for(method, recipe, recipe_options, model)
-    method = method or loaded.method
-    if method == "grpo" and snapshot_ref is None:
-        raise click.UsageError("--method grpo needs --snapshot (or a subcommand: list)")
-    data = methods.TrainingData(
+    result = client().train(
+        method=method,
+        recipe=recipe,
+        recipe_options=recipe_options,
+        model=model,
         snapshot=snapshot_ref,
         set_name=set_name,
         search=search_name,
         data_dir=data_dir,
         margin=margin,
-        outcomes=OutcomeFilter(keep_unparseable, OutcomeFilter.parse_pass_rate(pass_rate), prefix_rollouts),
+        pass_rate=pass_rate,
+        keep_unparseable=keep_unparseable,
+        prefix_rollouts=prefix_rollouts,
+        output=output,
+        wait_s=wait,
+        lineage=lineage,
     )
-    settings = load_settings()
-    options = TrainOptions(lease_ttl_s=settings.trainer_lease_ttl_s, wait_s=wait, lineage=lineage)
-    result = methods.train(open_db(settings), method, loaded, data, output, options)
     if not current_rank().is_main:
         return
     how = f"resumed from {result.resumed_from}" if result.resumed_from else "from the start"
@@ -481,15 +477,7 @@ def trainer_serve(
 def tiny_model(out: Path, arch: str, layers: int, width: int, positions: int, seed: int) -> None:
     """Build a tiny causal LM with random weights and a character tokenizer, offline: a model
     to train a first judge on CPU in minutes (it learns only what its training teaches it)."""
-    from stepq.models.errors import ConfigError
-    from stepq.trainer.tiny_model import build_tiny_llama, build_tiny_model
+    from stepq.api import tiny_model as build
 
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"{out} is not empty: pick a new folder")
-    if arch == "llama":
-        if width % 64:
-            raise ConfigError("--width must be a multiple of 64 for llama (its head dimension)")
-        build_tiny_llama(out, seed=seed, max_positions=positions, hidden_size=width, num_layers=layers)
-    else:
-        build_tiny_model(out, seed=seed, n_positions=positions, n_embd=width, n_layer=layers, n_head=2)
+    build(out, arch=arch, layers=layers, width=width, positions=positions, seed=seed)
     click.echo(f"tiny {arch} ({layers} layers, width {width}, random weights) written to {out}")
