@@ -26,7 +26,7 @@ def test_the_api_pages_examples_run_as_written(tmp_path: Path, monkeypatch: pyte
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {}
     for block in blocks:
-        exec(compile(block, str(PAGE), "exec"), namespace)  # noqa: S102 - the page's own examples
+        exec(compile(block, str(PAGE), "exec"), namespace)
     assert (tmp_path / "api-demo.db").exists() and (tmp_path / "runs" / "first-prm" / "final").is_dir()
     status = namespace["status"]
     assert isinstance(status, dict) and status["sets"][0]["problem_set"] == "first"
