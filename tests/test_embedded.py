@@ -380,6 +380,12 @@ def test_run_resumes_a_set_with_its_own_settings_and_refuses_to_change_them(tmp_
     assert runner.invoke(main, ["annotate", "--set", "big", "--rollouts", "16"], env=env).exit_code == 0
     resumed = runner.invoke(main, ["run", "--set", "big"], env=env)
     assert resumed.exit_code == 0, resumed.output
+    # its table reports the run's own rate (it read 0.0: the work ran in process, with no
+    # dispatcher's samples to measure it from), done at 100 %
+    header = next(line for line in resumed.output.splitlines() if line.startswith("set "))
+    (row,) = [line.split() for line in resumed.output.splitlines() if line.startswith("big ")]
+    cells = dict(zip(header.split(), row, strict=True))
+    assert float(cells["rollouts/s"]) > 0 and cells["%"] == "100.0" and cells["ETA"] == "done", cells
     db = Database(env["STEPQ_DATABASE_URL"])
     with db.session() as s:
         pset = queries.get_set(s, "big")
