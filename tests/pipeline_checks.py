@@ -30,7 +30,16 @@ def assert_exact(db: Database, set_name: str, m: int, *, discarded: bool = False
         if discarded:
             assert written >= stored
         else:
-            assert written == stored, f"{written - stored} rollouts were generated and written twice"
+            assert written == stored, f"{written - stored} rollouts were generated and written twice: " + ", ".join(
+                f"{name} counted {done}, stored {kept}"
+                for name, done, kept in conn.execute(
+                    text(
+                        "SELECT w.name, w.rollouts_done, (SELECT count(*) FROM rollouts r WHERE r.worker = w.name) "
+                        "FROM workers w"
+                    )
+                )
+                if done != kept
+            )
         per_prefix = {
             (tid, k): (n, lo, hi)
             for tid, k, n, lo, hi in conn.execute(
