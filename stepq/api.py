@@ -205,6 +205,7 @@ class Stepq:
         recipe_options: Iterable[str] = (),
         model: str | None = None,
         snapshot: int | str | None = None,
+        until_first_error: bool = False,
         set_name: str | None = None,
         search: str | None = None,
         data_dir: str | Path | None = None,
@@ -217,7 +218,8 @@ class Stepq:
         lineage: str | None = None,
     ) -> Any:
         """Train (or resume, or report as done) a run, as ``stepq train`` does: ``method`` grpo
-        on a snapshot, dpo or prm on a set, a search or an exported folder; ``recipe_options``
+        or prm (the step-label PRM) on a snapshot, dpo or prm on a set, a search or an exported
+        folder; ``recipe_options``
         as ``KEY=VALUE`` (``trainer.max_steps=10``); for prm on a set, ``pass_rate``
         ``"LOW:HIGH"`` (default the paper's 0.2:0.8) or ``"off"``.  Returns the ``TrainResult``."""
         from stepq.models.errors import ConfigError
@@ -230,6 +232,7 @@ class Stepq:
             raise ConfigError("method grpo trains on a snapshot: give one (--snapshot N)")
         data = methods.TrainingData(
             snapshot=None if snapshot is None else str(snapshot),
+            until_first_error=until_first_error,
             set_name=set_name,
             search=search,
             data_dir=None if data_dir is None else Path(data_dir),

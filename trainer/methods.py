@@ -31,6 +31,8 @@ class TrainingData:
     data_dir: Path | None = None
     margin: float = 0.3
     """dpo from a set: the least Q difference of a step pair."""
+    until_first_error: bool = False
+    """prm on a snapshot: each trajectory's labelled steps up to its first dead prefix."""
     outcomes: OutcomeFilter = field(default_factory=OutcomeFilter)
     """prm from a set: which solutions to keep."""
 
@@ -100,11 +102,24 @@ def _train_dpo(
 def _train_prm(
     db: Database, recipe: Recipe, data: TrainingData, output: Path | None, options: TrainOptions
 ) -> TrainResult:
-    """The discriminative PRM on outcome-labelled solutions (from a set, or an export)."""
-    from stepq.trainer.prm.train import load_outcomes, set_outcomes, train_prm
+    """The discriminative PRM: on a snapshot's step labels (the step-label PRM), or on
+    outcome-labelled solutions (from a set, or an export)."""
+    from stepq.trainer.prm.train import PRMConfig, load_outcomes, set_outcomes, train_prm
 
     if data.search is not None:
         raise ConfigError("--search gives DPO pairs: use it with --method dpo, without --set or --data")
+    if data.snapshot is not None:
+        from stepq.trainer.prm.step_labels import snapshot_steps
+
+        if data.set_name is not None or data.data_dir is not None:
+            raise ConfigError("--method prm trains on one of --snapshot N (step labels), --set NAME or --data DIR")
+        targets = recipe.config(PRMConfig, **(options.trainer_overrides or {})).step_targets
+        steps = snapshot_steps(db, data.snapshot, targets=targets, until_first_error=data.until_first_error)
+        cut = ":until-first-error" if data.until_first_error else ""
+        dataset = f"steps:snapshot-{data.snapshot}:{targets}{cut}"
+        return train_prm(db, steps, dataset, recipe, output or PRM.default_output(data), options)
+    if data.until_first_error:
+        raise ConfigError("--until-first-error applies to step labels: use it with --snapshot")
     if data.data_dir is not None and data.set_name is None:
         if data.outcomes != OutcomeFilter():
             raise ConfigError(
@@ -116,7 +131,7 @@ def _train_prm(
         records = set_outcomes(db, data.set_name, data.outcomes)
         dataset = f"outcomes:{data.set_name}{data.outcomes.describe()}"
     else:
-        raise ConfigError("--method prm needs exactly one of --set NAME and --data DIR")
+        raise ConfigError("--method prm needs one of --snapshot N (step labels), --set NAME and --data DIR (outcomes)")
     return train_prm(db, records, dataset, recipe, output or PRM.default_output(data), options)
 
 

@@ -223,7 +223,17 @@ def snapshot_export(ref: str, fmt: str, out_dir: Path) -> None:
     help="grpo: the generative judge on a snapshot; dpo: step-wise DPO on step pairs; prm: a discriminative "
     "PRM on outcome labels.  Default: the recipe's.",
 )
-@click.option("--snapshot", "snapshot_ref", default=None, help="grpo: snapshot number or name.")
+@click.option(
+    "--snapshot",
+    "snapshot_ref",
+    default=None,
+    help="grpo: the judge's snapshot; prm: train the step-label PRM on its step labels (number or name).",
+)
+@click.option(
+    "--until-first-error",
+    is_flag=True,
+    help="prm --snapshot: each trajectory's labelled steps up to its first dead prefix (as the stepwise export).",
+)
 @click.option("--set", "set_name", default=None, help="dpo/prm: derive the training data from this problem set.")
 @click.option("--search", "search_name", default=None, help="dpo: the step pairs this step search chose.")
 @click.option(
@@ -270,6 +280,7 @@ def train(
     ctx: click.Context,
     method: str | None,
     snapshot_ref: str | None,
+    until_first_error: bool,
     set_name: str | None,
     search_name: str | None,
     data_dir: Path | None,
@@ -300,6 +311,7 @@ def train(
         recipe_options=recipe_options,
         model=model,
         snapshot=snapshot_ref,
+        until_first_error=until_first_error,
         set_name=set_name,
         search=search_name,
         data_dir=data_dir,

@@ -123,3 +123,17 @@ def outcome_loss(logits: Any, mask: Any, outcome: Any, how: str = "asymmetric", 
     log_not_p = torch.log(-torch.expm1(log_p))  # log(1 - P), exact near P = 1
     y = outcome.to(log_p.dtype)
     return -(y * log_p + (1 - y) * log_not_p).mean()
+
+
+def step_loss(logits: Any, labelled: Any, targets: Any) -> Any:
+    """Mean BCE of each labelled step's probability against its target (1 right, 0 wrong, or a
+    Q-value in between): the step-label PRM's loss (Math-Shepherd trains on every step's label,
+    hard or soft).  ``labelled`` marks the steps with a target; the others (the history a
+    balanced snapshot left unlabelled, padding) add nothing."""
+    import torch.nn.functional as F
+
+    if not bool(labelled.any()):
+        raise ValueError("a batch with no labelled step")
+    y = targets.to(logits.dtype).masked_fill(~labelled, 0.0)
+    per_step = F.binary_cross_entropy_with_logits(logits, y, reduction="none")
+    return per_step.masked_fill(~labelled, 0.0).sum() / labelled.sum()

@@ -1,9 +1,13 @@
-"""Train a discriminative PRM from outcome labels alone, recorded like every training run.
+"""Train a discriminative PRM, recorded like every training run: from outcome labels alone
+(``OutcomeExample``: the outcome-supervised PRM) or from a snapshot's step labels
+(``StepExample``: the step-label PRM, Math-Shepherd's practice).
 
 TRL no longer ships a PRM trainer, and this one is small: encode each solution once, then
-minimise ``outcome_loss`` (BCE of the outcome on the aggregated step probabilities) with
-AdamW.  Checkpoints (``OUTPUT/checkpoint-N``: the model, the optimizer, the step) are written
-whole and then renamed into place, so a killed trainer resumes from the last complete one
+minimise ``outcome_loss`` (BCE of the outcome on the aggregated step probabilities) or
+``step_loss`` (BCE of each labelled step's probability against its label) with AdamW.  Both
+share the backbone, the head, the checkpoints and the scoring.  Checkpoints
+(``OUTPUT/checkpoint-N``: the model, the optimizer, the step) are written whole and then
+renamed into place, so a killed trainer resumes from the last complete one
 and continues exactly as the uninterrupted run would have (the batch order is a function of
 the seed and step, the dropout of the seed and step).
 """
@@ -23,8 +27,9 @@ from typing import Any
 from stepq.models import Database, queries
 from stepq.models.errors import ConfigError, LeaseLost
 from stepq.trainer.outcomes.export import OutcomeFilter
-from stepq.trainer.prm.aggregate import AGGREGATES, outcome_loss, predict_log_prob
+from stepq.trainer.prm.aggregate import AGGREGATES, outcome_loss, predict_log_prob, step_loss
 from stepq.trainer.prm.model import HEADS, Encoded, StepScorer, collate
+from stepq.trainer.prm.step_labels import TARGETS, StepExample
 from stepq.trainer.training.ranks import current_rank
 from stepq.trainer.training.recipe import Recipe
 from stepq.trainer.training.records import metric_row
@@ -67,8 +72,13 @@ class PRMConfig:
     save_steps: int = 500
     logging_steps: int = 10
     seed: int = 0
+    step_targets: str = "hard"
+    """Step labels (a snapshot): ``hard``, the snapshot's rule (Math-Shepherd's hard estimate),
+    or ``soft``, the chunk's Q-value (its soft estimate).  Outcome training ignores it."""
 
     def __post_init__(self) -> None:
+        if self.step_targets not in TARGETS:
+            raise ConfigError(f"PRM step_targets '{self.step_targets}' is not one of: {', '.join(TARGETS)}")
         if self.head not in HEADS:
             raise ConfigError(f"PRM head '{self.head}' is not one of: {', '.join(HEADS)}")
         if self.gradient_accumulation_steps < 1 or self.batch_size % self.gradient_accumulation_steps:
@@ -167,7 +177,7 @@ def last_checkpoint(output_dir: Path) -> Path | None:
 
 def train_prm(
     db: Database,
-    examples: Sequence[OutcomeExample],
+    examples: Sequence[OutcomeExample] | Sequence[StepExample],
     dataset: str,
     recipe: Recipe,
     output_dir: Path,
@@ -184,7 +194,9 @@ def train_prm(
         )
     config = recipe.config(PRMConfig, **(options.trainer_overrides or {}))
     if not examples:
-        raise ConfigError(f"{dataset} has no outcome-labelled solutions to train on")
+        raise ConfigError(f"{dataset} has no labelled solutions to train on")
+    if len({type(e) for e in examples}) > 1:
+        raise ConfigError(f"{dataset}: outcome and step examples do not train one PRM together")
     output_dir = output_dir.resolve()
     base_model = options.base_model or recipe.model
     spec = RunSpec("prm", recipe.text, base_model, output_dir, dataset=dataset)
@@ -196,7 +208,7 @@ def train_prm(
 def _train(
     db: Database,
     handle: RunHandle,
-    examples: Sequence[OutcomeExample],
+    examples: Sequence[OutcomeExample] | Sequence[StepExample],
     base_model: str,
     config: PRMConfig,
     output_dir: Path,
@@ -212,7 +224,8 @@ def _train(
     )
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model.to(device)
-    encoded, outcomes = _encode(model, examples)
+    encoded, targets = _encode(model, examples)
+    stepwise = isinstance(examples[0], StepExample)
     per_epoch = -(-len(encoded) // config.batch_size)
     full = config.curriculum_steps + per_epoch * config.epochs
     total = min(config.max_steps or full, full)
@@ -230,40 +243,49 @@ def _train(
     window: list[tuple[float, list[bool], list[bool]]] = []
     while step < total:
         index = order.at(step)
-        y = torch.tensor([outcomes[i] for i in index], device=device)
         torch.manual_seed(config.seed * 1_000_003 + step)  # dropout: a resumed run draws what it would have
         optimizer.zero_grad()
         parts = _micro_batches(len(index), config.gradient_accumulation_steps)
-        losses, predicted = [], []
+        losses, predicted, truth = [], [], []
         for part in parts:
             tensors = collate([encoded[index[i]] for i in part], model.pad_id)
             ids, attention, ends, mask = (t.to(device) for t in tensors)
             logits = model.logits(ids, attention, ends)
-            loss = outcome_loss(logits, mask, y[part], config.aggregate, config.temperature)
+            if stepwise:  # each labelled step against its label
+                y, labelled = _step_targets([targets[index[i]] for i in part], mask.shape[1], device)
+                labelled = labelled & mask
+                loss = step_loss(logits, labelled, y)
+                with torch.no_grad():
+                    predicted.extend((logits[labelled] >= 0).tolist())
+                    truth.extend((y[labelled] >= 0.5).tolist())
+            else:
+                y = torch.tensor([targets[index[i]] for i in part], device=device)
+                loss = outcome_loss(logits, mask, y, config.aggregate, config.temperature)
+                with torch.no_grad():
+                    # what the model predicts, whatever the truth: an aggregate chosen by the
+                    # outcome (asymmetric's loss) would grade each class by its own easier rule
+                    lp = predict_log_prob(logits, mask, config.aggregate, config.temperature)
+                    predicted.extend((lp.exp() >= 0.5).tolist())
+                    truth.extend(y.bool().tolist())
             (loss * len(part) / len(index)).backward()  # the mean over the whole batch
             losses.append(loss.item() * len(part) / len(index))
-            with torch.no_grad():
-                # what the model predicts, whatever the truth: an aggregate chosen by the outcome
-                # (asymmetric's loss) would grade each class by its own easier rule
-                lp = predict_log_prob(logits, mask, config.aggregate, config.temperature)
-                predicted.extend((lp.exp() >= 0.5).tolist())
         if config.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
         for group in optimizer.param_groups:
             group["lr"] = config.learning_rate_at(step)
         optimizer.step()
         step += 1
-        window.append((sum(losses), predicted, y.bool().tolist()))
+        window.append((sum(losses), predicted, truth))
         if step % config.logging_steps == 0 or step == total:
             _log(db, handle, step, window)
             window = []
         elif not handle.renew(db, global_step=step):
             raise LeaseLost(f"training run {handle.run_id} was taken over by another trainer")
         if step % config.save_steps == 0 or step == total:
-            _checkpoint(db, handle, model, optimizer, step, output_dir, config)
+            _checkpoint(db, handle, model, optimizer, step, output_dir, config, stepwise)
         if on_step is not None:
             on_step(step)
-    model.save(output_dir / FINAL, **_meta(config))
+    model.save(output_dir / FINAL, **_meta(config, stepwise))
     return (str(resume) if resume else None), step
 
 
@@ -274,15 +296,33 @@ def _micro_batches(size: int, accumulation: int) -> list[list[int]]:
     return [list(range(i, min(i + per, size))) for i in range(0, size, per)]
 
 
-def _encode(model: StepScorer, examples: Iterable[OutcomeExample]) -> tuple[list[Encoded], list[float]]:
-    encoded, outcomes, skipped = [], [], 0
+def _step_targets(rows: Sequence[Sequence[float | None]], width: int, device: Any) -> tuple[Any, Any]:
+    """Per-step targets padded to ``width`` and the mask of the steps that have one."""
+    import torch
+
+    y = torch.zeros((len(rows), width), device=device)
+    labelled = torch.zeros((len(rows), width), dtype=torch.bool, device=device)
+    for i, row in enumerate(rows):
+        for k, value in enumerate(row[:width]):
+            if value is not None:
+                y[i, k], labelled[i, k] = float(value), True
+    return y, labelled
+
+
+def _encode(model: StepScorer, examples: Iterable[OutcomeExample | StepExample]) -> tuple[list[Encoded], list[Any]]:
+    """Each example's encoding and its target: the outcome (1.0 / 0.0), or the steps' targets."""
+    encoded: list[Encoded] = []
+    outcomes: list[Any] = []
+    skipped = 0
     for ex in examples:
         e = model.encode(ex.problem, ex.steps)
         if len(e.ends) < len(ex.steps) or not e.ends:
             skipped += 1  # a cut solution would hide the step an outcome may be about
             continue
+        if isinstance(ex, StepExample) and all(t is None for t in ex.targets):
+            continue
         encoded.append(e)
-        outcomes.append(1.0 if ex.outcome else 0.0)
+        outcomes.append(list(ex.targets) if isinstance(ex, StepExample) else (1.0 if ex.outcome else 0.0))
     if skipped:
         log.warning("%d solutions longer than %d tokens were left out", skipped, model.max_length)
     if not encoded:
@@ -290,8 +330,22 @@ def _encode(model: StepScorer, examples: Iterable[OutcomeExample]) -> tuple[list
     return encoded, outcomes
 
 
-def _meta(config: PRMConfig) -> dict[str, Any]:
-    return {"aggregate": config.aggregate, "temperature": config.temperature, "config": asdict(config)}
+def _meta(config: PRMConfig, stepwise: bool = False) -> dict[str, Any]:
+    """What the saved model says of its training.  A step-label PRM's scores are ranked by their
+    minimum (Math-Shepherd's Best-of-N): that is its ``aggregate`` for Best-of-N unless told."""
+    if stepwise:
+        return {
+            "aggregate": "min",
+            "temperature": config.temperature,
+            "labels": f"steps:{config.step_targets}",
+            "config": asdict(config),
+        }
+    return {
+        "aggregate": config.aggregate,
+        "temperature": config.temperature,
+        "labels": "outcomes",
+        "config": asdict(config),
+    }
 
 
 def _log(db: Database, handle: RunHandle, step: int, window: list[tuple[float, list[bool], list[bool]]]) -> None:
@@ -316,14 +370,21 @@ def _log(db: Database, handle: RunHandle, step: int, window: list[tuple[float, l
 
 
 def _checkpoint(
-    db: Database, handle: RunHandle, model: StepScorer, optimizer: Any, step: int, output_dir: Path, config: PRMConfig
+    db: Database,
+    handle: RunHandle,
+    model: StepScorer,
+    optimizer: Any,
+    step: int,
+    output_dir: Path,
+    config: PRMConfig,
+    stepwise: bool = False,
 ) -> None:
     import torch
 
     final = output_dir / f"checkpoint-{step}"
     partial = output_dir / f".checkpoint-{step}.partial"
     shutil.rmtree(partial, ignore_errors=True)
-    model.save(partial, **_meta(config))
+    model.save(partial, **_meta(config, stepwise))
     torch.save({"optimizer": optimizer.state_dict(), "step": step, "saved_at": time.time()}, partial / STATE)
     shutil.rmtree(final, ignore_errors=True)
     partial.rename(final)
