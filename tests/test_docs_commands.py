@@ -190,7 +190,7 @@ def test_every_fact_in_the_methods_page_names_its_source() -> None:
         cells = [c.strip() for c in row.strip("|").split(" | ")]
         assert len(cells) == 4, row
         _, published, source, ours = cells
-        cited = source.startswith(("SW,", "PSR,", "OPRM,", "ProcessBench", "OmegaPRM and PRM800K"))
+        cited = source.startswith(("SW,", "PSR,", "OPRM,", "ProcessBench", "OmegaPRM and PRM800K", "Math-Shepherd,"))
         assert cited or (source == "—" and "**stepq**" in ours), f"no source and not marked stepq's: {row}"
         assert source != "—" or published.startswith(("not ", "not in")), f"a published fact with no source: {row}"
 
