@@ -113,6 +113,13 @@ def test_logprob_score_reads_the_model_at_the_verdict(tmp_path: Path) -> None:
     prefix = prompt + answer.text + "\n2. Final Judgment: \\boxed{"
     pos, neg = backend.continuation_logprobs([(prefix, "Positive"), (prefix, "Negative")])
     assert scores[0] == pytest.approx(1 / (1 + math.exp(neg - pos)), abs=1e-6)
+    from stepq.models.errors import GenerationError
+
+    window = backend.context_window
+    assert window is not None  # a context past the model's positions indexed out of range: said so
+    with pytest.raises(GenerationError, match=f"do not fit the model's window of {window}") as past:
+        backend.continuation_logprobs([("x" * window, "Positive")])
+    assert past.value.permanent
 
 
 def test_processbench_takes_several_files_and_checks_predictions(tmp_path: Path) -> None:

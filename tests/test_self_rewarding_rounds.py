@@ -36,7 +36,7 @@ def test_two_rounds_each_searching_with_the_model_the_last_one_trained(sqlite: D
         assert done.returncode == 0, (args, done.stdout, done.stderr)
         return done
 
-    base = build_tiny_model(tmp_path / "base", n_positions=1024)
+    base = build_tiny_model(tmp_path / "base", n_positions=2048)  # the judge's prompt with the method's template
     problems = tmp_path / "p.jsonl"
     problems.write_text("".join(DATA.joinpath("gsm8k_sample.jsonl").read_text().splitlines(keepends=True)[:3]))
     (tmp_path / "dpo.yaml").write_text(DPO.format(model=base))

@@ -569,3 +569,18 @@ def test_a_method_without_a_splitter_is_never_cut_at_a_blank_line() -> None:
         cutting_method("llm", [["Step 1: a\n\nStep 2: b\n\n", "Step 3: c"]], "s")
     with pytest.raises(SegmentationError, match="no splitter for 'llm'"):
         next_chunk("Step 1: x\n\nStep 2: y", "llm")
+
+
+def test_search_run_with_failed_searches_exits_7_naming_the_error(tmp_path: Path) -> None:
+    """Every search of a run failed (a tiny judge whose prompt outgrew its positions) and
+    'stepq search run' exited 0: the pairs were missing without a word."""
+    env = clean_env(STEPQ_DATABASE_URL=f"sqlite:///{tmp_path / 's.db'}", STEPQ_MAX_ATTEMPTS="1")
+    assert run_stepq("synth", "--set", "s", "--problems", "2", env=env, cwd=tmp_path).returncode == 0
+    started = run_stepq(
+        "search", "start", "--set", "s", "--name", "x", "--judge-backend", "openai", "--judge-model", "m",
+        "--judge-base-url", "http://127.0.0.1:1/v1", env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    ran = run_stepq("search", "run", env=env, cwd=tmp_path)
+    assert ran.returncode == 7, (ran.stdout, ran.stderr)
+    assert "2 step searches failed (latest error: " in ran.stderr and "connection refused" in ran.stderr

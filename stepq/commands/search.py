@@ -177,6 +177,18 @@ def search_run() -> None:
     finally:
         rt.close()
     click.echo("searches: " + (", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) or "none pending"))
+    if outcomes.get("failed"):  # a search that failed must not read as done (its pairs are missing)
+        from stepq.models import jobs
+        from stepq.models.errors import WorkFailed
+        from stepq.models.search import STEP_SEARCHES
+
+        with db.session() as s:
+            errors = [e["last_error"] for e in jobs.troubles(s, STEP_SEARCHES).values() if e["last_error"]]
+        latest = f" (latest error: {errors[0].splitlines()[0]})" if errors else ""
+        raise WorkFailed(
+            f"{outcomes['failed']} step searches failed{latest}; fix the cause, then 'stepq retry' and "
+            "'stepq search run' again"
+        )
 
 
 @search.command("status")

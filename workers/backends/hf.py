@@ -145,9 +145,17 @@ class HFBackend:
         import torch
 
         out: list[float] = []
+        window = self.context_window
         for context, continuation in pairs:
             ctx = self.tokenizer.encode(context, add_special_tokens=False)
             cont = self.tokenizer.encode(continuation, add_special_tokens=False)
+            if window is not None and len(ctx) + len(cont) > window:  # it indexed past the position table
+                raise GenerationError(
+                    f"a context of {len(ctx)} tokens and its {len(cont)}-token verdict do not fit the model's "
+                    f"window of {window} (a shorter prompt, such as the pairwise judge's template=brief, or a "
+                    "model with a longer context)",
+                    permanent=True,
+                )
             ids = torch.tensor([ctx + cont], device=self.device)
             with torch.no_grad():
                 logits = self.model(ids).logits[0, len(ctx) - 1 : -1].float()
