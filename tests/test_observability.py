@@ -191,3 +191,32 @@ def test_status_shows_failed_and_retrying_items_with_the_last_error(sqlite: Data
     assert (row["failed"], row["retrying"]) == (1, 0)
     assert "HTTP 400" in row["last_error"]
     assert "t: last error: permanent: GenerationError: HTTP 400" in render(collect(sqlite))
+
+
+def test_a_failed_job_is_logged_with_what_was_decided(sqlite: Database) -> None:
+    """A transient failure on the job's last attempt was logged "will retry"."""
+    import io
+    import logging
+
+    from stepq.workers.jobqueue.runner import fail
+    from stepq.workers.kinds import ROLLOUTS
+
+    synth_set(sqlite, "last", problems=1, seed=1)
+    configure_annotation(sqlite, "last", 2)
+    from sqlalchemy import text
+
+    with sqlite.engine.begin() as conn:
+        conn.execute(text("UPDATE rollout_work SET state = 'running', lease_owner = 'me', attempts = 99"))
+        (job_id,) = conn.execute(text("SELECT id FROM rollout_work")).scalars().all()
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    logger = logging.getLogger("stepq")
+    logger.addHandler(handler)
+    try:
+        assert fail(sqlite, ROLLOUTS, job_id, "me", TimeoutError("slow")) == "failed"
+        assert fail(sqlite, ROLLOUTS, job_id, "me", TimeoutError("slow")) == "lost"
+    finally:
+        logger.removeHandler(handler)
+    lines = stream.getvalue().splitlines()
+    assert "failed (no attempts left): TimeoutError: slow" in lines[0] and "will retry" not in lines[0]
+    assert "another worker holds it now" in lines[1]

@@ -139,20 +139,28 @@ def fail(db: Database, kind: JobKind, job_id: int, owner: str, exc: BaseExceptio
     """Record a failed job: failed for good, or pending again after the policy's backoff;
     returns "failed", "retry" or "lost" (another worker holds it now)."""
     permanent = is_permanent(exc)
-    log.error(
-        "%s job %s failed (%s): %s: %s",
-        kind.table.name,
-        job_id,
-        "permanent" if permanent else "will retry",
-        type(exc).__name__,
-        exc,
-        extra={"item": job_id, **log_extra},
-    )
-    with db.session() as s:
-        outcome = jobs.fail_or_retry(
-            s, kind.table, job_id, owner, f"{type(exc).__name__}: {exc}", kind.retry.decide, permanent=permanent
+    outcome = "unrecorded"  # stays so when the database does not answer
+    try:
+        with db.session() as s:
+            outcome = jobs.fail_or_retry(
+                s, kind.table, job_id, owner, f"{type(exc).__name__}: {exc}", kind.retry.decide, permanent=permanent
+            )
+            queries.count_event(s, {"failed": "items_failed", "retry": "retries"}.get(outcome, "lost_leases"))
+    finally:  # said after the decision: "will retry" was logged for a job whose last attempt it was
+        how = {
+            "retry": "will retry",
+            "lost": "another worker holds it now",
+            "unrecorded": "not recorded: the database did not answer",
+        }.get(outcome, "permanent" if permanent else "no attempts left")
+        log.error(
+            "%s job %s failed (%s): %s: %s",
+            kind.table.name,
+            job_id,
+            how,
+            type(exc).__name__,
+            exc,
+            extra={"item": job_id, **log_extra},
         )
-        queries.count_event(s, {"failed": "items_failed", "retry": "retries"}.get(outcome, "lost_leases"))
     return outcome
 
 
