@@ -97,3 +97,9 @@ def label_accuracy(db: Database, set_name: str, rule: str = "abs-q") -> tuple[fl
     wrong = [bool(p) for g, p in rows if not g]
     right = [bool(p) for g, p in rows if g]
     return (sum(not p for p in wrong) / len(wrong), sum(right) / len(right), len(wrong), len(right))
+
+
+def running_items(db: Database) -> int:
+    """Work items still running: none once a run has ended, whatever it rode out."""
+    with db.engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM rollout_work WHERE state = 'running'")).scalar_one())

@@ -1,12 +1,12 @@
 """The fault matrix: faults a fleet must ride out, on real PostgreSQL, Redis and ``stepq worker``
 processes.  Each case ends with exactly the rollouts and labels of an uninterrupted run and no
-item left running: a worker SIGKILLed; the dispatcher SIGKILLed; Redis stopped mid-run (the
-dispatcher's PID unchanged); Redis flushed; one message lost while others wait; PostgreSQL
-restarted; every database connection killed under tasks holding claimed items; a generate
-call that hangs; Redis full (writes refused) for 15 s; a dispatcher frozen past its lock's
-lease while a standby takes over; 300 pending searches with no worker (the queue within its bound); a resample
-under load; a worker with another model joining a set under way; a host cut off from the
-network for a minute (``tests/hosts.py``).  A host's clock: ``tests/test_faults_clock.py``."""
+item left running: a worker SIGKILLed; Redis stopped mid-run (the dispatcher's PID
+unchanged); Redis flushed; one message lost while others wait; PostgreSQL restarted; every
+database connection killed under tasks holding claimed items; a generate call that hangs; Redis
+full (writes refused) for 15 s; 300 pending searches with no worker (the queue within its
+bound); a resample under load; a worker with another model joining a set under way; a host cut off from the
+network for a minute (``tests/hosts.py``).  A host's clock: ``tests/test_faults_clock.py``; the
+dispatcher killed or frozen: ``tests/test_faults_dispatcher.py``."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from tests.helpers import (
     wait_for,
 )
 from tests.hosts import TestHost
-from tests.pipeline_checks import assert_exact
+from tests.pipeline_checks import assert_exact, running_items
 from tests.services import PrivatePostgres, PrivateRedis
 
 pytestmark = pytest.mark.integration
@@ -116,29 +116,6 @@ def test_a_hung_generate_call_hands_its_work_back_and_another_worker_finishes(cl
     assert_exact(pg, "hang", 2)
 
 
-def _running(db: Database) -> int:
-    with db.engine.connect() as conn:
-        return int(conn.execute(text("SELECT count(*) FROM rollout_work WHERE state = 'running'")).scalar_one())
-
-
-def test_a_killed_dispatcher_is_replaced_and_nothing_is_lost(cluster: Cluster, pg: Database) -> None:
-    """The dispatcher SIGKILLed mid-run (its lock left behind): a second one waits for the lock
-    to expire, takes over, recovers what the first had queued, and the set ends exact."""
-    cluster.cli("synth", "--set", "dk", "--problems", "40", "--seed", "6", "--latency-s", "0.004")
-    cluster.cli("annotate", "--set", "dk", "--rollouts", "8")
-    cluster.start_worker("w1")
-    first = start_dispatcher(cluster, "first")
-    wait_for(lambda: rollout_count(pg) > 200, 120, "the run to be under way")
-    first.send_signal(signal.SIGKILL)
-    first.wait(timeout=30)
-    assert not all_work_done(pg), "killed mid-run"
-    second = start_dispatcher(cluster, "second")
-    wait_for(lambda: all_work_done(pg), 300, "the second dispatcher to finish the run")
-    assert second.poll() is None
-    assert_exact(pg, "dk", 8)
-    assert _running(pg) == 0
-
-
 def test_a_message_lost_while_the_queue_holds_others_is_published_again(
     cluster: Cluster, pg: Database, redis_client: redis.Redis
 ) -> None:
@@ -184,7 +161,7 @@ def test_a_postgres_restart_mid_run_loses_nothing(cluster: Cluster, pg: Database
     wait_for(lambda: all_work_done(pg), 300, "every item done after the restart")
     assert dispatcher.poll() is None and worker.poll() is None, "both rode the restart out"
     assert_exact(pg, "pr", 8)
-    assert _running(pg) == 0
+    assert running_items(pg) == 0
 
 
 def test_pending_searches_with_no_worker_stay_within_the_bound(
@@ -240,7 +217,7 @@ def test_tasks_whose_database_connections_die_release_what_they_claimed(cluster:
     wait_for(lambda: all_work_done(pg), 120, "every item done, well inside the 300 s lease")
     assert worker.poll() is None, "the worker rode it out"
     assert_exact(pg, "dc", 6)
-    assert _running(pg) == 0
+    assert running_items(pg) == 0
 
 
 def test_sigkill_worker_mid_run_loses_and_duplicates_nothing(cluster: Cluster, pg: Database) -> None:
@@ -347,7 +324,7 @@ def test_after_a_postgres_restart_nothing_waits_for_its_lease(
         assert time.monotonic() - restarted < 150
         assert dispatcher.poll() is None and worker.poll() is None
         assert_exact(pg, "rl", 8)
-        assert _running(pg) == 0
+        assert running_items(pg) == 0
     finally:
         long_leases.stop()
 
@@ -566,37 +543,4 @@ def test_a_full_broker_is_ridden_out_by_every_worker(
     wait_for(lambda: all_work_done(pg), 240, "every item done once the broker has room")
     assert all(p.poll() is None for p in (*workers, dispatcher)), "the same processes rode it out"
     assert_exact(pg, "full", 8)
-    assert _running(pg) == 0
-
-
-def test_a_frozen_dispatcher_resumes_as_a_standby_and_publishes_nothing_stale(
-    cluster: Cluster, pg: Database, redis_client: redis.Redis
-) -> None:
-    """A dispatcher frozen (SIGSTOP) mid-run past its lock's lease: a standby takes the lock and
-    carries on; thawed, the old one publishes nothing (the broker's queue never exceeds its
-    bound: 162 messages against 80 before) and waits as a standby; the set ends exact."""
-    cluster.env["STEPQ_DB_LOCK_TIMEOUT_S"] = "2"  # the lock's lease: max(10, 5 x 0.3, 2 x 2 + 10) = 14 s
-    # frozen inside a transaction, it holds its row locks until the server ends the session
-    cluster.env["STEPQ_DB_IDLE_TRANSACTION_TIMEOUT_S"] = "5"
-    cluster.cli("synth", "--set", "thaw", "--problems", "60", "--seed", "4", "--latency-s", "0.004")
-    cluster.cli("annotate", "--set", "thaw", "--rollouts", "8")
-    cluster.start_worker("w1")
-    first = start_dispatcher(cluster, "first")
-    wait_for(lambda: rollout_count(pg) > 100, 120, "the run to be under way")
-    first.send_signal(signal.SIGSTOP)
-    second = start_dispatcher(cluster, "second")
-    log = cluster.logs / "second.log"
-    wait_for(lambda: "published=" in log.read_text(), 60, "the standby to take the lock once its lease ran out")
-    bound = int(log.read_text().rsplit("bound=", 1)[1].split(",")[0])
-    first.send_signal(signal.SIGCONT)
-    depth, deadline = 0, time.monotonic() + 8
-    while time.monotonic() < deadline and not all_work_done(pg):
-        depth = max(depth, int(redis_client.llen(cluster.env["STEPQ_QUEUE"])))
-        time.sleep(0.02)
-    assert depth <= bound, f"{depth} messages queued against a bound of {bound}"
-    wait_for(lambda: all_work_done(pg), 240, "every item done")
-    assert first.poll() is None and second.poll() is None
-    thawed = (cluster.logs / "first.log").read_text()
-    assert "dispatcher lock lost" in thawed or "another dispatcher holds the lock" in thawed, thawed[-2000:]
-    assert_exact(pg, "thaw", 8)
-    assert _running(pg) == 0
+    assert running_items(pg) == 0
