@@ -317,14 +317,15 @@ def evaluate_processbench(
     hold each sample's predicted first wrong step."""
     from stepq.trainer.evaluation import processbench as pb
 
-    built = None if predictions is not None else _built(judge, judge_fields)
+    spec = None if predictions is not None else _spec(judge, judge_fields)
+    built = None if spec is None else _built(spec, {})
     try:
         report = pb.evaluate(
             [Path(f) for f in files],
             None if built is None else built.judge,
             scoring=built is not None and built.scoring,
             predictions=predictions,
-            threshold=_spec(judge, judge_fields).threshold if built is not None else 0.5,
+            threshold=spec.threshold if spec is not None else 0.5,
             tune_file=None if tune_file is None else Path(tune_file),
             subset_tune_files={k: Path(v) for k, v in (subset_tune_files or {}).items()},
             oracle_threshold=oracle_threshold,
