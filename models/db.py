@@ -31,6 +31,9 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
+KEEPALIVE_PROBES = 3
+
+
 @dataclass(frozen=True)
 class SessionGuards:
     """Limits every PostgreSQL session of stepq's carries, so one frozen or cut-off process
@@ -44,7 +47,11 @@ class SessionGuards:
       queueing behind a stuck holder;
     - ``statement_s``: no statement runs longer;
     - ``keepalive_idle_s``: TCP keepalives on both ends after this much silence (3 probes 10 s
-      apart), so a host that vanished is noticed in about a minute.
+      apart, closer when the idle time is shorter), so a host that vanished is noticed in about
+      a minute; and the same bound on data sent and not acknowledged (``tcp_user_timeout``):
+      keepalives are not sent while a reply is in flight, so a server that was answering when
+      the host vanished otherwise waits out TCP's retransmissions (about 15 minutes) with the
+      session's locks held.
 
     0 turns a limit off.  Every stepq transaction is short (a claim, a batch of rollouts, a
     heartbeat), far inside the defaults."""
@@ -64,15 +71,31 @@ class SessionGuards:
             f"-c statement_timeout={ms(self.statement_s)}",
         ]
         if self.keepalive_idle_s:
-            options += [f"-c tcp_keepalives_idle={self.keepalive_idle_s}", "-c tcp_keepalives_interval=10"]
-            options += ["-c tcp_keepalives_count=3"]
+            idle, interval = self.keepalive_idle_s, self.keepalive_interval_s
+            options += [f"-c tcp_keepalives_idle={idle}", f"-c tcp_keepalives_interval={interval}"]
+            options += [f"-c tcp_keepalives_count={KEEPALIVE_PROBES}", f"-c tcp_user_timeout={self.user_timeout_ms}"]
         return options
+
+    @property
+    def keepalive_interval_s(self) -> int:
+        return max(1, min(10, self.keepalive_idle_s))
+
+    @property
+    def user_timeout_ms(self) -> int:
+        """Unacknowledged data is given up on after as long as keepalives take to give up."""
+        return 1000 * (self.keepalive_idle_s + KEEPALIVE_PROBES * self.keepalive_interval_s)
 
     def client_args(self) -> dict[str, Any]:
         if not self.keepalive_idle_s:
             return {}
-        idle = self.keepalive_idle_s
-        return {"keepalives": 1, "keepalives_idle": idle, "keepalives_interval": 10, "keepalives_count": 3}
+        return {
+            "keepalives": 1,
+            "keepalives_idle": self.keepalive_idle_s,
+            "keepalives_interval": self.keepalive_interval_s,
+            "keepalives_count": KEEPALIVE_PROBES,
+            "tcp_user_timeout": self.user_timeout_ms,
+        }
+
 
 
 CLOCK_WARNING_S = 5.0

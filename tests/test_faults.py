@@ -14,6 +14,7 @@ import base64
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,6 +27,7 @@ from sqlalchemy import text
 
 from stepq.migrations import upgrade
 from stepq.models import Database
+from stepq.models.db import SessionGuards
 from stepq.models.errors import BrokerError
 from tests import hosts
 from tests.helpers import (
@@ -263,6 +265,7 @@ FREEZE_MID_TRANSACTION = """
 import os, signal, sys
 from sqlalchemy import text
 from stepq.models import Database
+from stepq.models.db import SessionGuards
 from stepq.models.errors import BrokerError
 from stepq.settings import Settings
 
@@ -439,6 +442,47 @@ def test_host() -> Iterator[TestHost]:
         host.remove()
 
 
+def test_a_session_gives_up_on_a_silent_peer_with_data_in_flight(pg_url: str) -> None:
+    """Keepalives are not sent while a reply is unacknowledged: a server answering when a host
+    vanished waited out TCP's retransmissions (about 15 minutes) with that session's row locks
+    held, and the fleet waited behind them.  Both ends bound unacknowledged data by the time
+    keepalives take to give up (5 s idle, 3 probes 5 s apart here: 20 s)."""
+    guards = SessionGuards(keepalive_idle_s=5)
+    db = Database(pg_url, pool_size=1, guards=guards)
+    try:
+        with db.engine.connect() as conn:
+            shown = {
+                name: conn.execute(text(f"SHOW {name}")).scalar_one()
+                for name in ("tcp_user_timeout", "tcp_keepalives_idle", "tcp_keepalives_interval")
+            }
+            fd = conn.connection.dbapi_connection.fileno()  # type: ignore[union-attr]
+            client = socket.socket(fileno=os.dup(fd))
+            try:
+                client_ms = client.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)
+            finally:
+                client.close()
+    finally:
+        db.engine.dispose()
+    assert shown == {"tcp_user_timeout": "20000", "tcp_keepalives_idle": "5", "tcp_keepalives_interval": "5"}  # ms, s, s
+    assert client_ms == 20_000
+    assert SessionGuards().user_timeout_ms == 60_000, "the default: a vanished host noticed in about a minute"
+
+
+def _far_sessions(db: Database, address: str) -> str:
+    """What the cut-off host's sessions were doing, and the locks they held: the clue when
+    its items were not taken in time."""
+    with db.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT a.pid, a.state, a.wait_event_type, a.wait_event, now() - a.state_change AS since_change, "
+                "left(a.query, 80) AS query, (SELECT count(*) FROM pg_locks l WHERE l.pid = a.pid) AS locks "
+                "FROM pg_stat_activity a WHERE host(a.client_addr) = :address"
+            ),
+            {"address": address},
+        ).all()
+    return "; ".join(str(tuple(r)) for r in rows) or "none"
+
+
 def test_a_host_cut_off_for_a_minute_loses_nothing_and_stalls_no_one(
     cluster: Cluster, test_host: TestHost, tmp_path: Path
 ) -> None:
@@ -487,7 +531,10 @@ def test_a_host_cut_off_for_a_minute_loses_nothing_and_stalls_no_one(
         wait_for(lambda: far_holds() > 0 and rollout_count(db) > 300, 120, "the far worker to hold work mid-run")
         test_host.cut()
         cut_at = time.monotonic()
-        wait_for(lambda: far_holds() == 0, 45, "the others to take the cut-off worker's items")
+        try:
+            wait_for(lambda: far_holds() == 0, 45, "the others to take the cut-off worker's items")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; its sessions: {_far_sessions(db, test_host.address_there)}") from None
         taken_after = time.monotonic() - cut_at
         wait_for(lambda: all_work_done(db), 55, "the set finished while the host is away")
         assert time.monotonic() - cut_at < 60, "finished inside the minute, without the far worker"
