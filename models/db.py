@@ -97,7 +97,6 @@ class SessionGuards:
         }
 
 
-
 CLOCK_WARNING_S = 5.0
 
 

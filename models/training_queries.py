@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, insert, select, text
+from sqlalchemy import delete, func, insert, select, text, update
 from sqlalchemy.orm import Session
 
 from stepq.models import leases
 from stepq.models.base import epoch
-from stepq.models.errors import NotFoundError
+from stepq.models.errors import ConfigError, NotFoundError
 from stepq.models.problems import Problem, ProblemSet
 from stepq.models.rollouts import ChunkLabel, QValue, Rollout
 from stepq.models.snapshots import Snapshot, SnapshotRow, SnapshotText
@@ -126,6 +126,31 @@ def get_snapshot(session: Session, ref: str | int) -> Snapshot:
     if found is None:
         raise NotFoundError(f"no snapshot {key!r} (see 'stepq snapshot list')")
     return found
+
+
+def delete_snapshot(session: Session, ref: str | int, *, trained: bool = False) -> dict[str, Any]:
+    """Remove a snapshot and its rows and texts.  A snapshot a run trained on is refused unless
+    ``trained``: then the runs keep their rows (metrics, checkpoints, models on disk) and say in
+    ``dataset`` which snapshot they trained on, since they can no longer point at it."""
+    snap = get_snapshot(session, ref)
+    runs = list(session.scalars(select(TrainingRun).where(TrainingRun.snapshot_id == snap.id)))
+    if runs and not trained:
+        listed = ", ".join(str(r.id) for r in runs)
+        raise ConfigError(
+            f"snapshot {snap.id} ({snap.name}) was trained on by training run(s) {listed}: pass --trained to "
+            "delete it anyway (the runs keep their rows and models, and name the deleted snapshot)"
+        )
+    for run in runs:
+        gone = f"snapshot {snap.id} ({snap.name}, deleted)"
+        session.execute(
+            update(TrainingRun)
+            .where(TrainingRun.id == run.id)
+            .values(snapshot_id=None, dataset=f"{run.dataset}; {gone}" if run.dataset else gone)
+        )
+    rows = session.execute(delete(SnapshotRow).where(SnapshotRow.snapshot_id == snap.id)).rowcount  # type: ignore[attr-defined]
+    session.execute(delete(SnapshotText).where(SnapshotText.snapshot_id == snap.id))
+    session.execute(delete(Snapshot).where(Snapshot.id == snap.id))
+    return {"snapshot": snap.id, "name": snap.name, "rows": int(rows or 0), "runs": [r.id for r in runs]}
 
 
 def latest_snapshot(session: Session, lineage: str) -> Snapshot | None:

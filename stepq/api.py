@@ -222,14 +222,11 @@ class Stepq:
         folder; ``recipe_options``
         as ``KEY=VALUE`` (``trainer.max_steps=10``); for prm on a set, ``pass_rate``
         ``"LOW:HIGH"`` (default the paper's 0.2:0.8) or ``"off"``.  Returns the ``TrainResult``."""
-        from stepq.models.errors import ConfigError
         from stepq.trainer import methods
         from stepq.trainer.outcomes.export import OutcomeFilter
         from stepq.trainer.training.runs import TrainOptions
 
         loaded = methods.recipe_for(method, recipe, tuple(recipe_options), model)
-        if (method or loaded.method) == "grpo" and snapshot is None:
-            raise ConfigError("method grpo trains on a snapshot: give one (--snapshot N)")
         data = methods.TrainingData(
             snapshot=None if snapshot is None else str(snapshot),
             until_first_error=until_first_error,

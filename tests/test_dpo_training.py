@@ -11,11 +11,12 @@ import pytest
 
 from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
-from stepq.trainer.preferences.dpo import load_preferences, train_dpo
 from stepq.trainer.preferences.export import export_preferences, preference_records
+from stepq.trainer.preferences.pair_files import load_preferences
 from stepq.trainer.tiny_model import build_tiny_model
 from stepq.trainer.training.recipe import Recipe
 from tests.helpers import annotated_set, clean_env, run_stepq
+from tests.trainer_helpers import train_records
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +41,7 @@ def test_dpo_run_on_q_derived_pairs_is_recorded(pg: Database, tmp_path: Path) ->
     assert len(pairs) >= 4
     model = build_tiny_model(tmp_path / "base", n_positions=1024)
     recipe = Recipe.parse(_recipe_text(model))
-    result = train_dpo(pg, pairs, "preferences:pref:margin=0.3", recipe, tmp_path / "run")
+    result = train_records(pg, "dpo", pairs, "preferences:pref:margin=0.3", recipe, tmp_path / "run")
     assert result.status == "done" and result.global_step == 2
     with pg.session() as s:
         run = queries.get_run(s, result.run_id)
@@ -59,7 +60,7 @@ def test_dpo_run_on_q_derived_pairs_is_recorded(pg: Database, tmp_path: Path) ->
     export_preferences(pg, "pref", tmp_path / "pairs", margin=0.3, fmt="parquet")
     assert load_preferences(tmp_path / "pairs") == [{k: p[k] for k in ("prompt", "chosen", "rejected")} for p in pairs]
     with pytest.raises(ConfigError, match="not 'dpo'"):
-        train_dpo(pg, pairs, "x", Recipe.parse(f"model: {model}\n"), tmp_path / "other")
+        train_records(pg, "dpo", pairs, "x", Recipe.parse(f"model: {model}\n"), tmp_path / "other")
 
 
 def test_train_command_runs_dpo_from_a_set(tmp_path: Path) -> None:
@@ -111,6 +112,6 @@ def test_dpo_raises_the_chosen_steps_margin_over_the_rejected(sqlite: Database, 
     pairs = preference_records(sqlite, "pref", 0.3)[:8]
     model = build_tiny_model(tmp_path / "base", n_positions=1024)
     recipe = Recipe.parse(_recipe_text(model, max_steps=8).replace("save_steps: 1", "save_steps: 8"))
-    result = train_dpo(sqlite, pairs, "preferences:pref", recipe, tmp_path / "run")
+    result = train_records(sqlite, "dpo", pairs, "preferences:pref", recipe, tmp_path / "run")
     before, after = _margin(model, pairs, model), _margin(result.final_model, pairs, model)
     assert after > before + 0.5, (before, after)

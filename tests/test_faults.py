@@ -463,7 +463,11 @@ def test_a_session_gives_up_on_a_silent_peer_with_data_in_flight(pg_url: str) ->
                 client.close()
     finally:
         db.engine.dispose()
-    assert shown == {"tcp_user_timeout": "20000", "tcp_keepalives_idle": "5", "tcp_keepalives_interval": "5"}  # ms, s, s
+    assert shown == {
+        "tcp_user_timeout": "20000",
+        "tcp_keepalives_idle": "5",
+        "tcp_keepalives_interval": "5",
+    }  # ms, s, s
     assert client_ms == 20_000
     assert SessionGuards().user_timeout_ms == 60_000, "the default: a vanished host noticed in about a minute"
 

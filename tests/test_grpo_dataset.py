@@ -11,8 +11,8 @@ import pytest
 from stepq.models import Database, queries
 from stepq.trainer.generative_judge.prompt import JudgePrompt
 from stepq.trainer.generative_judge.rewards import get_rewards
+from stepq.trainer.methods.grpo import judge_dataset
 from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
-from stepq.trainer.training.grpo import judge_dataset
 from stepq.trainer.training.recipe import Recipe
 from tests.helpers import annotated_set
 

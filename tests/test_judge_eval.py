@@ -231,15 +231,17 @@ def test_chunk_reset_retries_five_times_after_the_first_attempt() -> None:
 
 
 def test_shipped_recipe_follows_the_paper(tmp_path: Path) -> None:
+    from trl import GRPOConfig
+
     from stepq.trainer.training.recipe import Recipe
 
     recipe = Recipe.load("stepwiser-judge.yaml")  # by name, from any directory
-    config = recipe.grpo_config(tmp_path, bf16=False, activation_checkpointing=False, use_cpu=True)
+    config = recipe.config(GRPOConfig, tmp_path, bf16=False, activation_checkpointing=False, use_cpu=True)
     assert (config.num_generations, config.learning_rate, config.beta) == (4, 1e-6, 0.0)
     assert (config.epsilon, config.epsilon_high, config.loss_type) == (0.2, 0.28, "grpo")
     assert recipe.rewards == ("verdict-match",)
     with pytest.raises(Exception, match="max_prompt_length"):
-        Recipe.parse("model: m\ntrainer:\n  max_prompt_length: 10\n").grpo_config(tmp_path, use_cpu=True)
+        Recipe.parse("model: m\ntrainer:\n  max_prompt_length: 10\n").config(GRPOConfig, tmp_path, use_cpu=True)
     with pytest.raises(Exception, match="unknown key"):
         Recipe.parse("model: m\nlr: 1\n")
 

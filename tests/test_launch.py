@@ -46,15 +46,17 @@ def test_train_command() -> None:
 
 
 def test_vllm_modes(tmp_path: Path) -> None:
+    from trl import GRPOConfig
+
     shipped = Recipe.load("stepwiser-judge.yaml")
     plain = launch_plan(shipped, 8, ["--snapshot", "1"])
     assert plain.server is None and plain.train_gpus == tuple(range(8)) and "8" in plain.train
     colocate = shipped.with_options(["trainer.use_vllm=true", "trainer.bf16=false"])
-    assert colocate.grpo_config(tmp_path).vllm_mode == "colocate"  # TRL accepts it as shipped
+    assert colocate.config(GRPOConfig, tmp_path).vllm_mode == "colocate"  # TRL accepts it as shipped
     server = shipped.with_options(
         ["trainer.use_vllm=true", "trainer.vllm_mode=server", "trainer.vllm_server_port=8011", "trainer.bf16=false"]
     )
-    config = server.grpo_config(tmp_path)
+    config = server.config(GRPOConfig, tmp_path)
     assert (config.use_vllm, config.vllm_mode, config.vllm_server_port) == (True, "server", 8011)
     plan = launch_plan(server, 8, ["--snapshot", "1"], server_gpus=2)
     assert plan.server == [

@@ -90,7 +90,7 @@ def test_best_of_n_ranks_by_the_aggregate_a_prm_was_trained_with() -> None:
 def test_a_dpo_pair_that_does_not_fit_is_left_out_never_cut() -> None:
     """TRL cuts a long prompt from one end (``keep_end`` lost the problem); a pair that does
     not fit is left out and counted instead, so every pair trains in its own context."""
-    from stepq.trainer.preferences.dpo import pairs_that_fit
+    from stepq.trainer.preferences.pair_files import pairs_that_fit
 
     def chars(text: str) -> int:  # a stand-in tokenizer: a token a character
         return len(text)

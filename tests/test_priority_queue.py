@@ -14,8 +14,8 @@ from stepq.assembly import worker_runtime
 from stepq.models import Database, PriorityRound, PriorityScoring, RolloutWork, jobs, queries
 from stepq.models.errors import ConfigError, NotFoundError
 from stepq.models.work import ROLLOUT_WORK
+from stepq.trainer.methods.prm import set_outcomes
 from stepq.trainer.prm.model import StepScorer
-from stepq.trainer.prm.train import set_outcomes, train_prm
 from stepq.trainer.tiny_model import build_tiny_model
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import run_in_process
@@ -25,7 +25,7 @@ from stepq.workers.kinds import SCORINGS
 from stepq.workers.labelling.annotation_plans import configure_annotation
 from stepq.workers.priority.strategies import convincing_wrong, random_priority, uncertainty
 from tests.helpers import outlets
-from tests.trainer_helpers import prm_recipe
+from tests.trainer_helpers import prm_recipe, train_records
 
 
 def _priorities(db: Database, set_name: str) -> dict[int, tuple[float, int | None]]:
@@ -74,7 +74,9 @@ def test_a_trained_prm_orders_the_waiting_trajectories(pg: Database, tmp_path: P
     configure_annotation(pg, "o", 4)
     run_in_process(pg, _runtime(pg))
     base = build_tiny_model(tmp_path / "base", n_positions=512)
-    result = train_prm(pg, set_outcomes(pg, "o"), "outcomes:o", prm_recipe(base, max_steps=2), tmp_path / "run")
+    result = train_records(
+        pg, "prm", set_outcomes(pg, "o"), "outcomes:o", prm_recipe(base, max_steps=2), tmp_path / "run"
+    )
     synth_set(pg, "w", problems=8, seed=5, error_rate=0.3)
     configure_annotation(pg, "w", 2, priority=f"uncertainty:run={result.run_id},threshold=0.4")
     run_in_process(pg, _runtime(pg), kinds=[SCORINGS])

@@ -14,20 +14,19 @@ import torch
 
 from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
+from stepq.trainer.methods.prm import set_outcomes
 from stepq.trainer.prm.model import StepScorer, encode
 from stepq.trainer.prm.train import (
     BatchOrder,
     OutcomeExample,
     PRMConfig,
     load_outcomes,
-    set_outcomes,
-    train_prm,
 )
 from stepq.trainer.tiny_model import build_tiny_model
 from stepq.trainer.training.recipe import Recipe
 from stepq.trainer.training.runs import TrainOptions
 from tests.helpers import DATA, annotated_set, clean_env, run_stepq
-from tests.trainer_helpers import prm_recipe
+from tests.trainer_helpers import prm_recipe, train_records
 
 SAMPLE = DATA / "processbench_gsm8k_sample.json"
 
@@ -56,7 +55,7 @@ def test_prm_trains_on_a_sets_outcomes_and_is_recorded(pg: Database, tmp_path: P
     examples = set_outcomes(pg, "o")
     assert len(examples) > 12 and {e.outcome for e in examples} == {True, False}
     model = build_tiny_model(tmp_path / "base", n_positions=512)
-    result = train_prm(pg, examples, "outcomes:o", prm_recipe(model), tmp_path / "run")
+    result = train_records(pg, "prm", examples, "outcomes:o", prm_recipe(model), tmp_path / "run")
     assert result.status == "done" and result.global_step == 4 and result.resumed_from is None
     with pg.session() as s:
         run = queries.get_run(s, result.run_id)
@@ -71,10 +70,10 @@ def test_prm_trains_on_a_sets_outcomes_and_is_recorded(pg: Database, tmp_path: P
     scores = scorer.score([(examples[0].problem, examples[0].steps), ("Q?", ["a", "b", "c"])])
     assert [len(r) for r in scores] == [len(examples[0].steps), 3]
     assert all(x is not None and 0.0 < x < 1.0 for row in scores for x in row)
-    again = train_prm(pg, examples, "outcomes:o", prm_recipe(model), tmp_path / "run")
+    again = train_records(pg, "prm", examples, "outcomes:o", prm_recipe(model), tmp_path / "run")
     assert (again.run_id, again.global_step) == (result.run_id, 4), "a finished run is reported, not redone"
     with pytest.raises(ConfigError, match="belongs to training run"):
-        train_prm(pg, examples, "outcomes:other", prm_recipe(model), tmp_path / "run")
+        train_records(pg, "prm", examples, "outcomes:other", prm_recipe(model), tmp_path / "run")
 
 
 class Stop(Exception):
@@ -90,27 +89,33 @@ def test_a_failed_prm_run_resumes_to_the_uninterrupted_result(sqlite: Database, 
     median_length = sorted(len(e.steps) for e in examples)[len(examples) // 2]
     scheduled = "  warmup_steps: 5\n  max_grad_norm: 0.5\n  curriculum_steps: 4\n"
     scheduled += f"  curriculum_max_solution_steps: {median_length}\n"
-    straight = train_prm(
-        sqlite, examples, "outcomes:o", prm_recipe(model, 6, 2, extra=scheduled), tmp_path / "straight"
+    straight = train_records(
+        sqlite, "prm", examples, "outcomes:o", prm_recipe(model, 6, 2, extra=scheduled), tmp_path / "straight"
     )
 
-    def crash(step: int) -> None:
-        if step == 3:
+    steps = []
+
+    def crash() -> None:
+        steps.append(1)
+        if len(steps) == 3:
             raise Stop
 
     with pytest.raises(Stop):
-        train_prm(
+        train_records(
             sqlite,
+            "prm",
             examples,
             "outcomes:o",
             prm_recipe(model, 6, 2, extra=scheduled),
             tmp_path / "crashed",
-            on_step=crash,
+            TrainOptions(on_step=crash),
         )
     with sqlite.session() as s:
         failed = queries.run_by_output(s, str((tmp_path / "crashed").resolve()))
         assert failed is not None and failed.status == "failed" and "Stop" in (failed.error or "")
-    resumed = train_prm(sqlite, examples, "outcomes:o", prm_recipe(model, 6, 2, extra=scheduled), tmp_path / "crashed")
+    resumed = train_records(
+        sqlite, "prm", examples, "outcomes:o", prm_recipe(model, 6, 2, extra=scheduled), tmp_path / "crashed"
+    )
     assert resumed.run_id == failed.id and resumed.global_step == 6
     assert resumed.resumed_from is not None and resumed.resumed_from.endswith("checkpoint-2")
     with sqlite.session() as s:
@@ -194,7 +199,9 @@ def test_gradient_accumulation_takes_the_same_step_as_the_whole_batch(sqlite: Da
     for accumulation in (1, 2):
         recipe = prm_recipe(model, 2, 2, extra=f"  gradient_accumulation_steps: {accumulation}\n")
         finals.append(
-            StepScorer.load(train_prm(sqlite, examples, "toy", recipe, tmp_path / f"a{accumulation}").final_model)
+            StepScorer.load(
+                train_records(sqlite, "prm", examples, "toy", recipe, tmp_path / f"a{accumulation}").final_model
+            )
         )
     for (name, x), (_, y) in zip(
         finals[0].backbone.state_dict().items(), finals[1].backbone.state_dict().items(), strict=True
@@ -252,7 +259,9 @@ def test_eval_commands_use_a_trained_prm(sqlite: Database, tmp_path: Path) -> No
     _set(sqlite)
     examples = [OutcomeExample(e.problem, e.steps, e.outcome) for e in set_outcomes(sqlite, "o")]
     model = build_tiny_model(tmp_path / "base", n_positions=4096)
-    result = train_prm(sqlite, examples, "outcomes:o", prm_recipe(model, 2, 2), tmp_path / "run", TrainOptions())
+    result = train_records(
+        sqlite, "prm", examples, "outcomes:o", prm_recipe(model, 2, 2), tmp_path / "run", TrainOptions()
+    )
     env = clean_env(STEPQ_DATABASE_URL=str(sqlite.engine.url))
 
     def stepq(*args: str) -> subprocess.CompletedProcess[str]:
@@ -338,7 +347,7 @@ def test_prm_finds_the_wrong_step_from_outcome_labels_alone(sqlite: Database, tm
         f"method: prm\nmodel: {model}\ntrainer:\n  aggregate: asymmetric\n  learning_rate: 0.003\n  warmup_steps: 0\n"
         "  batch_size: 16\n  epochs: 20\n  max_steps: 150\n  save_steps: 150\n  logging_steps: 50\n"
     )
-    scorer = StepScorer.load(train_prm(sqlite, examples, "toy", recipe, tmp_path / "run").final_model)
+    scorer = StepScorer.load(train_records(sqlite, "prm", examples, "toy", recipe, tmp_path / "run").final_model)
     test = [solution(1000 + i) for i in range(200)]
     scores = scorer.score([(q, steps) for q, steps, _ in test])
     first_wrong, right_before = [], []

@@ -13,12 +13,13 @@ import torch
 from sqlalchemy import text
 
 from stepq.models import Database
+from stepq.trainer.methods.prm import snapshot_steps
 from stepq.trainer.prm.aggregate import step_loss
 from stepq.trainer.prm.model import StepScorer
-from stepq.trainer.prm.step_labels import StepExample, examples_from_rows, snapshot_steps
-from stepq.trainer.prm.train import train_prm
+from stepq.trainer.prm.step_labels import StepExample, examples_from_rows
 from stepq.trainer.tiny_model import build_tiny_model
 from stepq.trainer.training.recipe import Recipe
+from tests.trainer_helpers import train_records
 
 
 def test_step_loss_is_the_bce_of_the_labelled_steps_only() -> None:
@@ -84,7 +85,7 @@ def test_inverted_step_labels_lower_held_out_step_auc(sqlite: Database, tmp_path
     aucs = {}
     for name, flip in (("right", False), ("inverted", True)):
         examples = [StepExample(q, tuple(steps), tuple(float(ok != flip) for ok in oks)) for q, steps, oks in train]
-        run = train_prm(sqlite, examples, f"toy-{name}", recipe, tmp_path / name)
+        run = train_records(sqlite, "prm", examples, f"toy-{name}", recipe, tmp_path / name)
         scorer = StepScorer.load(run.final_model)
         assert scorer.meta["labels"] == "steps:hard" and scorer.meta["aggregate"] == "min"
         rows = scorer.score([(q, steps) for q, steps, _ in test])

@@ -125,10 +125,10 @@ def test_grpo_warns_about_a_model_whose_positions_left_padding_shifts(
     positions, not for GPT-2's learned ones (the judge benchmark did not learn with GPT-2)."""
     import logging
 
+    from stepq.trainer.methods.grpo import warn_if_positions_shift
     from stepq.trainer.tiny_model import build_tiny_llama, build_tiny_model
-    from stepq.trainer.training.grpo import warn_if_positions_shift
 
-    with caplog.at_level(logging.WARNING, logger="stepq.trainer.training.grpo"):
+    with caplog.at_level(logging.WARNING, logger="stepq.trainer.methods.grpo"):
         warn_if_positions_shift(str(build_tiny_model(tmp_path / "gpt2")))
         assert "absolute position embeddings" in caplog.text
         caplog.clear()

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from stepq.cli import main
-from stepq.models import Database
+from stepq.models import Database, queries
 from stepq.workers.data.synthetic_set import synth_set
 from tests.helpers import annotated_set
 
@@ -38,6 +38,27 @@ def test_snapshot_commands(sqlite: Database, monkeypatch: pytest.MonkeyPatch, tm
     assert again.exit_code == 2 and "immutable" in again.output
     missing = CliRunner().invoke(main, ["snapshot", "show", "99"])
     assert missing.exit_code == 4
+
+    # deleting: confirmed, refused while a run names it unless told, the run's row kept
+    held = CliRunner().invoke(main, ["set", "delete", "s", "--yes"])
+    assert held.exit_code == 2 and "delete those snapshots first" in held.output
+    with sqlite.session() as s:
+        run_id = queries.create_run(
+            s, snapshot_id=1, method="grpo", recipe="x", base_model="m", output_dir=str(tmp_path / "r"), host="h"
+        )
+    unconfirmed = CliRunner().invoke(main, ["snapshot", "delete", "1"])
+    assert unconfirmed.exit_code == 2 and "--yes" in unconfirmed.output
+    refused = CliRunner().invoke(main, ["snapshot", "delete", "1", "--yes"])
+    assert refused.exit_code == 2 and f"training run(s) {run_id}" in refused.output
+    deleted = CliRunner().invoke(main, ["snapshot", "delete", "snapshot-1", "--yes", "--trained"])
+    assert deleted.exit_code == 0, deleted.output
+    assert f"{2 * listed[0]['train_positive'] + listed[0]['validation_positive'] * 2} rows" in deleted.output
+    with sqlite.session() as s:
+        run = queries.get_run(s, run_id)
+        assert run.snapshot_id is None and run.dataset == "snapshot 1 (snapshot-1, deleted)"
+        assert queries.snapshot_summaries(s) == []
+    assert CliRunner().invoke(main, ["snapshot", "show", "1"]).exit_code == 4
+    assert CliRunner().invoke(main, ["set", "delete", "s", "--yes"]).exit_code == 0, "nothing holds the set now"
 
 
 def test_eval_commands_with_the_oracle(sqlite: Database, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,14 +18,14 @@ from stepq.models import Database, queries
 from stepq.trainer.evaluation.judge_spec import JudgeSpec, build_judge
 from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
 from stepq.trainer.tiny_model import build_tiny_model
-from stepq.trainer.training.grpo import TrainOptions, train_judge
 from stepq.trainer.training.recipe import Recipe
+from stepq.trainer.training.runs import TrainOptions
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.labelling.annotation_plans import configure_annotation
 from tests.helpers import DATA, annotated_set, clean_env, run_stepq, wait_for
-from tests.trainer_helpers import tiny_recipe
+from tests.trainer_helpers import tiny_recipe, train_snapshot
 
 SAMPLE = DATA / "processbench_gsm8k_sample.json"
 pytestmark = pytest.mark.integration
@@ -48,7 +48,7 @@ def test_grpo_run_is_recorded_and_its_checkpoint_scores_processbench(pg: Databas
     recipe_file = tiny_recipe(tmp_path / "tiny.yaml", model, max_steps=4, save_steps=2)
     recipe_file.write_text(recipe_file.read_text() + f"judge_template: {template}\n")
     recipe = Recipe.load(recipe_file)
-    result = train_judge(pg, snapshot, recipe, tmp_path / "run")
+    result = train_snapshot(pg, snapshot, recipe, tmp_path / "run")
     assert result.status == "done" and result.global_step == 4 and result.resumed_from is None
     with pg.session() as s:
         run = queries.get_run(s, result.run_id)
@@ -68,7 +68,7 @@ def test_grpo_run_is_recorded_and_its_checkpoint_scores_processbench(pg: Databas
     checkpoint = Path(run.last_checkpoint or "")
     assert (checkpoint / "model.safetensors").exists() and (result.final_model / "config.json").exists()
     # started again, a finished run is reported, not retrained
-    assert train_judge(pg, snapshot, recipe, tmp_path / "run").run_id == result.run_id
+    assert train_snapshot(pg, snapshot, recipe, tmp_path / "run").run_id == result.run_id
 
     # killed after its last checkpoint but before it was marked done: the rerun trains no
     # step past the plan and makes that checkpoint the final model
@@ -81,7 +81,7 @@ def test_grpo_run_is_recorded_and_its_checkpoint_scores_processbench(pg: Databas
     with pg.session() as s:
         s.execute(update(TrainingRun).where(TrainingRun.id == run.id).values(status="running", finished_at=None))
     shutil.rmtree(result.final_model)
-    again = train_judge(pg, snapshot, recipe, tmp_path / "run")
+    again = train_snapshot(pg, snapshot, recipe, tmp_path / "run")
     assert (again.run_id, again.global_step, again.resumed_from) == (run.id, 4, str(checkpoint))
     assert (again.final_model / "model.safetensors").exists() and not (again.final_model / "optimizer.pt").exists()
     with pg.session() as s:
@@ -163,7 +163,7 @@ def test_a_second_trainer_waits_for_the_run_lease(pg: Database, tmp_path: Path) 
         assert queries.claim_run(s, run_id, "other-host:1:abc", 60, "other")
         assert queries.get_run(s, run_id).lease_expires_at > epoch()
     with pytest.raises(TrainingBusy, match="other-host"):
-        train_judge(pg, snapshot, recipe, tmp_path / "run", TrainOptions(wait_s=0.5))
+        train_snapshot(pg, snapshot, recipe, tmp_path / "run", TrainOptions(wait_s=0.5))
 
 
 def test_trainer_service_trains_when_labels_appear_and_resumes_after_sigkill(

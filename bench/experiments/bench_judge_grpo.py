@@ -7,7 +7,7 @@ Per seed and label rule:
 2. the base judge: a tiny character-level Llama (rotary positions: TRL's left-padded GRPO
    batches shift a GPT-2's learned positions) pretrained on synthetic solutions, then taught
    only the verdict format with **random** verdicts (so it knows how to answer, not what);
-3. ``train_judge`` (what ``stepq train`` runs) with the shipped GRPO objective (verdict-match
+3. ``methods.train`` (what ``stepq train`` runs) with the shipped GRPO objective (verdict-match
    reward, clip-higher 0.2/0.28, no KL, loss_type grpo), model size and lengths scaled down;
 4. the base and the trained judge evaluated as ``stepq eval snapshot`` and ``stepq eval
    processbench`` evaluate them: balanced accuracy on the snapshot's validation split, and the
@@ -206,7 +206,7 @@ def supervised_judge(
 
 
 def grpo_recipe(args: argparse.Namespace, run_dir: Path, completion: int, seed: int) -> Any:
-    """The GRPO recipe a kept seed trains with (``train_judge``'s input, as ``stepq train`` reads one)."""
+    """The GRPO recipe a kept seed trains with (as ``stepq train`` reads one)."""
     from stepq.trainer.training.recipe import Recipe
 
     return Recipe.parse(
@@ -242,7 +242,8 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
     from stepq.migrations import upgrade
     from stepq.models import Database
     from stepq.models.snapshots import TRAIN, VALIDATION
-    from stepq.trainer.training.grpo import TrainOptions, train_judge
+    from stepq.trainer import methods
+    from stepq.trainer.training.runs import TrainOptions
 
     started = time.perf_counter()
     run_dir = root / f"seed{seed}-{rule_name}"
@@ -271,7 +272,8 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
     after, grpo_steps, train_s = None, 0, 0.0
     if args.steps:
         trained_at = time.perf_counter()
-        result = train_judge(db, snapshot, recipe, run_dir / grpo_name(args), TrainOptions())
+        data = methods.TrainingData(snapshot=str(snapshot))
+        result = methods.train(db, "grpo", recipe, data, run_dir / grpo_name(args), TrainOptions())
         train_s = time.perf_counter() - trained_at
         after = evaluate_kept(result.final_model, kept_rows, seed)
         grpo_steps = result.global_step

@@ -54,7 +54,7 @@ from stepq.trainer.evaluation.best_of_n import pick
 from stepq.trainer.outcomes.export import PAPER_PASS_RATE, OutcomeFilter
 from stepq.trainer.prm.aggregate import AGGREGATES
 from stepq.trainer.prm.model import StepScorer
-from stepq.trainer.prm.train import OutcomeExample, train_prm
+from stepq.trainer.prm.train import OutcomeExample
 from stepq.trainer.tiny_model import build_tiny_llama, build_tiny_model
 from stepq.trainer.training.recipe import Recipe
 from stepq.workers.backends.synthetic_policy import (
@@ -236,7 +236,11 @@ def train_on_outcomes(base: Path, examples: Sequence[OutcomeExample], root: Path
     )
     upgrade(f"sqlite:///{root / 'runs.db'}")
     db = Database(f"sqlite:///{root / 'runs.db'}")
-    result = train_prm(db, examples, "synthetic-outcomes", recipe, root / "run")
+    from stepq.trainer import methods
+    from stepq.trainer.training.runs import TrainOptions
+
+    data = methods.TrainingData(records=list(examples), name="synthetic-outcomes")
+    result = methods.train(db, "prm", recipe, data, root / "run", TrainOptions())
     with db.session() as session:
         from stepq.models import queries
 

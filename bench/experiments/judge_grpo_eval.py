@@ -130,12 +130,13 @@ def outcome_prm(
     """The discriminative PRM on the same set, from its outcome labels alone (every trajectory
     and rollout with an answer), on the same pretrained backbone, scored on the same held-out
     file with a threshold chosen on the tuning file: the comparison StepWiser draws."""
+    from stepq.trainer import methods
     from stepq.trainer.evaluation import processbench as pb
     from stepq.trainer.evaluation.judge_spec import JudgeSpec, build_judge
-    from stepq.trainer.prm.train import set_outcomes, train_prm
+    from stepq.trainer.methods.prm import set_outcomes
     from stepq.trainer.training.recipe import Recipe
+    from stepq.trainer.training.runs import TrainOptions
 
-    examples = set_outcomes(db, "judge")
     recipe = Recipe.parse(
         f"""method: prm
 model: {run_dir / "backbone"}
@@ -153,7 +154,9 @@ trainer:
 """
     )
     started = time.perf_counter()
-    result = train_prm(db, examples, "outcomes:judge", recipe, run_dir / "prm")
+    examples = set_outcomes(db, "judge")
+    data = methods.TrainingData(records=examples, name="outcomes:judge")
+    result = methods.train(db, "prm", recipe, data, run_dir / "prm", TrainOptions())
     built = build_judge(JudgeSpec(kind="prm", model=str(result.final_model)))
     report = pb.evaluate([files[0]], built.judge, scoring=True, tune_file=files[1])
     pairs = [(s["label"], report["predictions"][s["id"]]) for s in samples]

@@ -53,12 +53,13 @@ def slim(src: Path, dst: Path) -> int:
 
 
 def probe(run_dir: Path, steps: int, device: str, flags: list[str]) -> dict[str, object]:
-    """Seconds a GRPO step takes here, with the benchmark's recipe and ``train_judge``, on a
+    """Seconds a GRPO step takes here, with the benchmark's recipe and ``methods.train``, on a
     scratch copy of the seed (its training run and model are thrown away)."""
     from bench.experiments.bench_judge_grpo import grpo_recipe, parser
     from stepq.migrations import upgrade
     from stepq.models import Database
-    from stepq.trainer.training.grpo import TrainOptions, train_judge
+    from stepq.trainer import methods
+    from stepq.trainer.training.runs import TrainOptions
 
     args = parser().parse_args(["--steps", str(steps), "--device", device, *flags])
     prepared = json.loads((run_dir / "prepared.json").read_text())
@@ -72,7 +73,8 @@ def probe(run_dir: Path, steps: int, device: str, flags: list[str]) -> dict[str,
     recipe = grpo_recipe(args, scratch, prepared["completion"], 0)
     db, out = Database(url), scratch / "grpo"
     snapshot = prepared["snapshot"]
-    train_judge(db, snapshot, recipe, out, TrainOptions(), on_step=lambda: stamps.append(time.perf_counter()))
+    options = TrainOptions(on_step=lambda: stamps.append(time.perf_counter()))
+    methods.train(db, "grpo", recipe, methods.TrainingData(snapshot=str(snapshot)), out, options)
     gaps = [b - a for a, b in itertools.pairwise(stamps[2:])]  # past the first steps' warm-up
     shutil.rmtree(scratch, ignore_errors=True)
     return {

@@ -14,8 +14,7 @@ import click
 
 from stepq.commands.base import client, friendly, load_settings, main, open_db, setup_logging
 from stepq.models.errors import ConfigError
-from stepq.trainer.methods import DEFAULT_RECIPES
-from stepq.trainer.training.recipe import METHODS
+from stepq.trainer import methods
 
 # --- snapshots ----------------------------------------------------------------------
 
@@ -201,6 +200,30 @@ def snapshot_show(ref: str) -> None:
         click.echo(json.dumps({"snapshot": snap.id, "name": snap.name, **snap.manifest}, indent=2, sort_keys=True))
 
 
+@snapshot.command("delete")
+@click.argument("ref")
+@click.option("--yes", is_flag=True, help="Confirm: the snapshot's rows go (its sets and labels stay).")
+@click.option(
+    "--trained",
+    is_flag=True,
+    help="Delete it even though runs trained on it: they keep their rows and models and name it as deleted.",
+)
+@friendly
+def snapshot_delete(ref: str, yes: bool, trained: bool) -> None:
+    """Delete a snapshot (refused while a training run names it, unless --trained)."""
+    from stepq.models import queries
+
+    database = open_db(load_settings())
+    if not yes:
+        with database.session() as session:
+            snap = queries.get_snapshot(session, ref)  # a missing snapshot says so first
+        raise ConfigError(f"deleting snapshot {snap.id} ({snap.name}) removes its rows: pass --yes to confirm")
+    with database.session() as session:
+        gone = queries.delete_snapshot(session, ref, trained=trained)
+    runs = f"; training run(s) {', '.join(map(str, gone['runs']))} keep their rows" if gone["runs"] else ""
+    click.echo(f"snapshot {gone['snapshot']} ({gone['name']}) deleted: {gone['rows']} rows{runs}")
+
+
 @snapshot.command("export")
 @click.argument("ref")
 @click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl"]), default="parquet", show_default=True)
@@ -218,10 +241,9 @@ def snapshot_export(ref: str, fmt: str, out_dir: Path) -> None:
 @main.group(invoke_without_command=True)
 @click.option(
     "--method",
-    type=click.Choice(METHODS),
+    type=click.Choice(methods.names()),
     default=None,
-    help="grpo: the generative judge on a snapshot; dpo: step-wise DPO on step pairs; prm: a discriminative "
-    "PRM on outcome labels.  Default: the recipe's.",
+    help="; ".join(f"{m.name}: {m.summary}" for m in methods.REGISTRY.values()) + ".  Default: the recipe's.",
 )
 @click.option(
     "--snapshot",
@@ -332,7 +354,7 @@ def train(
 
 
 @train.command("plan")
-@click.option("--recipe", default=DEFAULT_RECIPES["grpo"], show_default=True)
+@click.option("--recipe", default=methods.REGISTRY["grpo"].recipe, show_default=True)
 @click.option("--recipe-option", "recipe_options", multiple=True, metavar="KEY=VALUE", help="As for 'stepq train'.")
 @click.option("--gpus", type=click.IntRange(min=1), required=True, help="GPUs of the node.")
 @click.option(
@@ -433,8 +455,8 @@ def trainer_serve(
 ) -> None:
     """Wait for labelled chunks, snapshot them and train, continuing the lineage."""
     from stepq.models import queries
+    from stepq.trainer.service import ServiceOptions, serve
     from stepq.trainer.snapshots.create import parse_sets
-    from stepq.trainer.training.continuous import ServiceOptions, serve
 
     settings = load_settings()
     setup_logging(settings.log_level, settings.log_format)  # STEPQ_LOG_FORMAT=json applies here too

@@ -72,14 +72,12 @@ def settings_for_training(
     template: JudgePrompt,
     conversational: bool,
     max_completion_length: int,
-    run_id: int,
     trained_on: tuple[dict[str, Any], ...] = (),
 ) -> JudgeSettings:
     """What a GRPO run prompts its judge with (the recipe's template, kept as read when the
-    run started: the file may not exist where the judge is evaluated later), and what it learns from."""
-    return JudgeSettings(
-        template.template, conversational, max_completion_length, f"training run {run_id}", tuple(trained_on)
-    )
+    run started: the file may not exist where the judge is evaluated later), and what it
+    learns from.  The run that wrote them stamps its number into ``source``."""
+    return JudgeSettings(template.template, conversational, max_completion_length, "training", tuple(trained_on))
 
 
 def settings_for_model(model: str | Path | None) -> JudgeSettings:

@@ -107,6 +107,16 @@ class StepScorer:
         return cls(backbone, tokenizer, scorer, limit, {"base_model": base_model, "max_length": limit, "head": head})
 
     @classmethod
+    def starting_from(
+        cls, base_model: str, max_length: int | None = None, seed: int = 0, head: str = "mlp"
+    ) -> StepScorer:
+        """What a training starts from: a stepq PRM whole (its backbone and head: the trainer
+        service continues a lineage from its latest judge), any other model with a fresh head."""
+        if (Path(base_model) / META).exists():
+            return cls.load(base_model)
+        return cls.from_base(base_model, max_length, seed, head)
+
+    @classmethod
     def load(cls, path: str | Path) -> StepScorer:
         import torch
         from transformers import AutoModel, AutoTokenizer

@@ -3,9 +3,9 @@
 Most PRMs trained on Monte Carlo step labels (Math-Shepherd, OmegaPRM and the open PRMs since)
 score every step and learn each step's label: hard, the snapshot's rule (Math-Shepherd's hard
 estimate is Abs-Q: right when some rollout from after the step reaches the answer), or soft,
-the chunk's Q-value itself.  The examples read the rows the stepwise-supervision export
-writes (``snapshot_records``, cut at the first dead prefix with ``until_first_error``), so the
-two never disagree.  A trajectory becomes one example: its steps up to the last labelled one,
+the chunk's Q-value itself.  The examples are made from the rows the stepwise-supervision export
+writes (``methods.prm.snapshot_steps`` reads them), so the two never disagree.  A
+trajectory becomes one example: its steps up to the last labelled one,
 read whole as the PRM reads a solution when it scores it, each with its target or None (a step
 the snapshot does not hold, such as one a balanced snapshot left out: context only).
 """
@@ -17,11 +17,7 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Any
 
-from stepq.models import Database
 from stepq.models.errors import ConfigError
-from stepq.models.snapshots import TRAIN
-from stepq.trainer.snapshots.export import snapshot_records
-from stepq.trainer.snapshots.first_error import until_first_dead
 
 TARGETS = ("hard", "soft")
 
@@ -57,13 +53,3 @@ def examples_from_rows(rows: Sequence[dict[str, Any]], targets: str = "hard") ->
                 values.append(1.0 if row["label"] == "Positive" else 0.0)
         out.append(StepExample(last["problem"], steps, tuple(values)))
     return out
-
-
-def snapshot_steps(
-    db: Database, ref: str | int, *, targets: str = "hard", until_first_error: bool = False, split: str = TRAIN
-) -> list[StepExample]:
-    """The examples of one split of a snapshot."""
-    rows = snapshot_records(db, ref)[split]
-    if until_first_error:
-        rows = until_first_dead(rows, lambda r: (r["trajectory_id"], r["chunk_index"], r["q_before"]))
-    return examples_from_rows(rows, targets)

@@ -19,21 +19,16 @@ import logging
 import random
 import shutil
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from stepq.models import Database, queries
-from stepq.models.errors import ConfigError, LeaseLost
-from stepq.trainer.outcomes.export import OutcomeFilter
+from stepq.models.errors import ConfigError
 from stepq.trainer.prm.aggregate import AGGREGATES, outcome_loss, predict_log_prob, step_loss
 from stepq.trainer.prm.model import HEADS, Encoded, StepScorer, collate
 from stepq.trainer.prm.step_labels import TARGETS, StepExample
-from stepq.trainer.training.ranks import current_rank
-from stepq.trainer.training.recipe import Recipe
-from stepq.trainer.training.records import metric_row
-from stepq.trainer.training.runs import FINAL, RunHandle, RunSpec, TrainOptions, TrainResult, recorded_run
 
 log = logging.getLogger(__name__)
 STATE = "trainer_state.pt"
@@ -126,18 +121,6 @@ def load_outcomes(folder: Path) -> list[OutcomeExample]:
     return out
 
 
-def set_outcomes(db: Database, set_name: str, keep: OutcomeFilter | None = None) -> list[OutcomeExample]:
-    """Every graded solution of a set (its trajectories and kept rollouts) that ``keep``
-    keeps (by default: those with a parseable answer), as examples."""
-    from stepq.trainer.outcomes.export import outcome_records
-
-    return [
-        OutcomeExample(r["prompt"], tuple(r["steps"]), bool(r["outcome"]))
-        for r in outcome_records(db, set_name, keep=keep or OutcomeFilter())
-        if r["steps"]
-    ]
-
-
 def batches(n: int, batch_size: int, seed: int, epoch_no: int) -> list[list[int]]:
     """The example order of one epoch: a permutation fixed by (seed, epoch)."""
     order = list(range(n))
@@ -175,83 +158,110 @@ def last_checkpoint(output_dir: Path) -> Path | None:
     return max(found, key=lambda p: int(p.name.split("-")[-1])) if found else None
 
 
-def train_prm(
-    db: Database,
-    examples: Sequence[OutcomeExample] | Sequence[StepExample],
-    dataset: str,
-    recipe: Recipe,
-    output_dir: Path,
-    options: TrainOptions | None = None,
-    on_step: Callable[[int], None] | None = None,
-) -> TrainResult:
-    """Train (or resume, or report as done) the PRM run writing to ``output_dir``."""
-    options = options or TrainOptions()
-    recipe.expect("prm")
-    if current_rank().distributed:
-        raise ConfigError(
-            "the PRM trainer runs in one process (its model is small); start 'stepq train --method prm' "
-            "without torchrun or accelerate launch"
+class PRMTrainer:
+    """stepq's PRM trainer, with the surface the run executor drives a TRL trainer by: built
+    with its callbacks (transformers' ``TrainerCallback`` hooks: ``on_train_begin``,
+    ``on_step_end``, ``on_log``, ``on_save``), ``train(resume_from_checkpoint)``,
+    ``save_model``, ``state.global_step``; and where its own checkpoints are
+    (``last_checkpoint``)."""
+
+    processing_class = None
+
+    def __init__(
+        self,
+        model: str,
+        args: PRMConfig,
+        train_dataset: Sequence[OutcomeExample] | Sequence[StepExample],
+        output_dir: Path,
+        callbacks: Sequence[Any] = (),
+    ) -> None:
+        if not train_dataset:
+            raise ConfigError("the PRM has no labelled solutions to train on")
+        if len({type(e) for e in train_dataset}) > 1:
+            raise ConfigError("outcome and step examples do not train one PRM together")
+        self.base_model, self.config, self.examples = model, args, train_dataset
+        self.output_dir = output_dir
+        self.callbacks = list(callbacks)
+        self.stepwise = isinstance(train_dataset[0], StepExample)
+        self.state = SimpleNamespace(global_step=0, max_steps=0)
+        self.model: StepScorer | None = None
+
+    @staticmethod
+    def last_checkpoint(output_dir: Path) -> Path | None:
+        return last_checkpoint(output_dir)
+
+    def _hook(self, name: str, **kw: Any) -> None:
+        args = SimpleNamespace(output_dir=str(self.output_dir))
+        for callback in self.callbacks:
+            getattr(callback, name)(args, self.state, None, **kw)
+
+    def train(self, resume_from_checkpoint: str | None = None) -> None:
+        import torch
+
+        config, resume = self.config, Path(resume_from_checkpoint) if resume_from_checkpoint else None
+        model = (
+            StepScorer.load(resume)
+            if resume
+            else StepScorer.starting_from(self.base_model, config.max_length, config.seed, config.head)
         )
-    config = recipe.config(PRMConfig, **(options.trainer_overrides or {}))
-    if not examples:
-        raise ConfigError(f"{dataset} has no labelled solutions to train on")
-    if len({type(e) for e in examples}) > 1:
-        raise ConfigError(f"{dataset}: outcome and step examples do not train one PRM together")
-    output_dir = output_dir.resolve()
-    base_model = options.base_model or recipe.model
-    spec = RunSpec("prm", recipe.text, base_model, output_dir, dataset=dataset)
-    return recorded_run(
-        db, spec, options, lambda handle: _train(db, handle, examples, base_model, config, output_dir, on_step)
-    )
+        self.model = model
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model.to(device)
+        encoded, targets = _encode(model, self.examples)
+        per_epoch = -(-len(encoded) // config.batch_size)
+        full = config.curriculum_steps + per_epoch * config.epochs
+        total = min(config.max_steps or full, full)
+        order = BatchOrder([len(e.ends) for e in encoded], config)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+        step = 0
+        if resume:
+            state = torch.load(resume / STATE, map_location=device, weights_only=False)
+            optimizer.load_state_dict(state["optimizer"])
+            step = int(state["step"])
+            log.info("the PRM resumes from %s at step %s", resume, step)
+        self.state.global_step, self.state.max_steps = step, total
+        self._hook("on_train_begin")
+        model.train(True)
+        window: list[tuple[float, list[bool], list[bool]]] = []
+        started = time.monotonic()
+        while step < total:
+            loss, predicted, truth = self._step(model, optimizer, encoded, targets, order.at(step), step, device)
+            step += 1
+            self.state.global_step = step
+            window.append((loss, predicted, truth))
+            self._hook("on_step_end")
+            if step % config.logging_steps == 0 or step == total:
+                logs = _window_logs(window)
+                log.info("PRM step %d/%d: loss %.4f (%.0f s)", step, total, logs["loss"], time.monotonic() - started)
+                self._hook("on_log", logs=logs)
+                window = []
+            if step % config.save_steps == 0 or step == total:
+                self._checkpoint(model, optimizer, step)
+                self._hook("on_save")
 
+    def _step(
+        self,
+        model: StepScorer,
+        optimizer: Any,
+        encoded: Sequence[Encoded],
+        targets: Sequence[Any],
+        index: list[int],
+        step: int,
+        device: Any,
+    ) -> tuple[float, list[bool], list[bool]]:
+        """One optimizer step over the examples ``index``: its loss, and each labelled
+        prediction beside its truth (per-class accuracy)."""
+        import torch
 
-def _train(
-    db: Database,
-    handle: RunHandle,
-    examples: Sequence[OutcomeExample] | Sequence[StepExample],
-    base_model: str,
-    config: PRMConfig,
-    output_dir: Path,
-    on_step: Callable[[int], None] | None,
-) -> tuple[str | None, int]:
-    import torch
-
-    resume = last_checkpoint(output_dir) if output_dir.is_dir() else None
-    model = (
-        StepScorer.load(resume)
-        if resume
-        else StepScorer.from_base(base_model, config.max_length, config.seed, config.head)
-    )
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model.to(device)
-    encoded, targets = _encode(model, examples)
-    stepwise = isinstance(examples[0], StepExample)
-    per_epoch = -(-len(encoded) // config.batch_size)
-    full = config.curriculum_steps + per_epoch * config.epochs
-    total = min(config.max_steps or full, full)
-    order = BatchOrder([len(e.ends) for e in encoded], config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
-    step = 0
-    if resume:
-        state = torch.load(resume / STATE, map_location=device, weights_only=False)
-        optimizer.load_state_dict(state["optimizer"])
-        step = int(state["step"])
-        handle.count_resume(db)
-        log.info("PRM run %s resumes from %s at step %s", handle.run_id, resume, step)
-    handle.renew(db, max_steps=total, global_step=step)
-    model.train(True)
-    window: list[tuple[float, list[bool], list[bool]]] = []
-    while step < total:
-        index = order.at(step)
+        config = self.config
         torch.manual_seed(config.seed * 1_000_003 + step)  # dropout: a resumed run draws what it would have
         optimizer.zero_grad()
-        parts = _micro_batches(len(index), config.gradient_accumulation_steps)
         losses, predicted, truth = [], [], []
-        for part in parts:
+        for part in _micro_batches(len(index), config.gradient_accumulation_steps):
             tensors = collate([encoded[index[i]] for i in part], model.pad_id)
             ids, attention, ends, mask = (t.to(device) for t in tensors)
             logits = model.logits(ids, attention, ends)
-            if stepwise:  # each labelled step against its label
+            if self.stepwise:  # each labelled step against its label
                 y, labelled = _step_targets([targets[index[i]] for i in part], mask.shape[1], device)
                 labelled = labelled & mask
                 loss = step_loss(logits, labelled, y)
@@ -274,19 +284,23 @@ def _train(
         for group in optimizer.param_groups:
             group["lr"] = config.learning_rate_at(step)
         optimizer.step()
-        step += 1
-        window.append((sum(losses), predicted, truth))
-        if step % config.logging_steps == 0 or step == total:
-            _log(db, handle, step, window)
-            window = []
-        elif not handle.renew(db, global_step=step):
-            raise LeaseLost(f"training run {handle.run_id} was taken over by another trainer")
-        if step % config.save_steps == 0 or step == total:
-            _checkpoint(db, handle, model, optimizer, step, output_dir, config, stepwise)
-        if on_step is not None:
-            on_step(step)
-    model.save(output_dir / FINAL, **_meta(config, stepwise))
-    return (str(resume) if resume else None), step
+        return sum(losses), predicted, truth
+
+    def _checkpoint(self, model: StepScorer, optimizer: Any, step: int) -> None:
+        """Written whole, then renamed into place: a killed trainer resumes from a complete one."""
+        import torch
+
+        final = self.output_dir / f"checkpoint-{step}"
+        partial = self.output_dir / f".checkpoint-{step}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        model.save(partial, **_meta(self.config, self.stepwise))
+        torch.save({"optimizer": optimizer.state_dict(), "step": step, "saved_at": time.time()}, partial / STATE)
+        shutil.rmtree(final, ignore_errors=True)
+        partial.rename(final)
+
+    def save_model(self, path: str) -> None:
+        assert self.model is not None, "train first"
+        self.model.save(Path(path), **_meta(self.config, self.stepwise))
 
 
 def _micro_batches(size: int, accumulation: int) -> list[list[int]]:
@@ -348,47 +362,18 @@ def _meta(config: PRMConfig, stepwise: bool = False) -> dict[str, Any]:
     }
 
 
-def _log(db: Database, handle: RunHandle, step: int, window: list[tuple[float, list[bool], list[bool]]]) -> None:
-    """Mean loss and per-class outcome accuracy (the predicted aggregate >= 0.5 against the outcome)."""
+def _window_logs(window: list[tuple[float, list[bool], list[bool]]]) -> dict[str, Any]:
+    """Mean loss and per-class accuracy over the steps since the last log (the predicted
+    aggregate >= 0.5 against the outcome, or each labelled step's prediction against its label)."""
     hits = {True: 0, False: 0}
     seen = {True: 0, False: 0}
     for _, predicted, truth in window:
         for p, t in zip(predicted, truth, strict=True):
             seen[t] += 1
             hits[t] += p == t
-    loss = sum(w[0] for w in window) / len(window)
-    accuracy = {
+    return {
+        "loss": sum(w[0] for w in window) / len(window),
+        "examples": sum(seen.values()),
         "accuracy_positive": hits[True] / seen[True] if seen[True] else None,
         "accuracy_negative": hits[False] / seen[False] if seen[False] else None,
     }
-    assert handle.run_id is not None  # one process: it owns the row
-    row = metric_row(handle.run_id, step, {"loss": loss, "examples": sum(seen.values())}, accuracy)
-    with db.session() as session:
-        queries.upsert_metrics(session, [row])
-    if not handle.renew(db, global_step=step):
-        raise LeaseLost(f"training run {handle.run_id} was taken over by another trainer")
-
-
-def _checkpoint(
-    db: Database,
-    handle: RunHandle,
-    model: StepScorer,
-    optimizer: Any,
-    step: int,
-    output_dir: Path,
-    config: PRMConfig,
-    stepwise: bool = False,
-) -> None:
-    import torch
-
-    final = output_dir / f"checkpoint-{step}"
-    partial = output_dir / f".checkpoint-{step}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save(partial, **_meta(config, stepwise))
-    torch.save({"optimizer": optimizer.state_dict(), "step": step, "saved_at": time.time()}, partial / STATE)
-    shutil.rmtree(final, ignore_errors=True)
-    partial.rename(final)
-    assert handle.run_id is not None
-    with db.session() as session:
-        if not queries.record_checkpoint(session, handle.run_id, handle.owner, handle.ttl, str(final), step):
-            raise LeaseLost(f"training run {handle.run_id} was taken over by another trainer")

@@ -136,8 +136,12 @@ def make_recorder(
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
             if not logs or "train_runtime" in logs:
                 return
+            # a trainer that measures its own per-class accuracy (the PRM's) logs it; GRPO's
+            # is counted by its reward
+            counted = accuracy.take()
+            measured = {k: logs.get(k, v) for k, v in counted.items()}
             with db.session() as session:
-                queries.upsert_metrics(session, [metric_row(rid, int(state.global_step), logs, accuracy.take())])
+                queries.upsert_metrics(session, [metric_row(rid, int(state.global_step), logs, measured)])
 
         def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")

@@ -1,20 +1,26 @@
-"""The life of a recorded training run, the same for every method (GRPO, DPO, PRM).
+"""The one executor of a training run, the same for every method.
+
+A method describes its run (``RunPlan``: what it trains on, the trainer class and its
+arguments, the files it keeps beside the model); ``execute`` carries the plan out, in one
+straight line: the run row, its lease, the checkpoint to resume from, the trainer, training,
+the final model, the side files, the end.  A method is never called back.
 
 A run is identified by its output directory: starting the same training again (after a
 crash, a kill, a pre-empted node) takes over the same run row and resumes from the last
 checkpoint in that directory.  One process at a time holds the run's lease; a second one
-waits up to ``wait_s`` and then fails with ``TrainingBusy``.  Whatever the method, the body
-gets the run's id and lease owner and returns the final global step.
+waits up to ``wait_s`` and then fails with ``TrainingBusy``.  Under a multi-process launch
+rank 0 owns the row; the other ranks train beside it and write nothing (``ranks``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import socket
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +44,8 @@ class TrainOptions:
     base_model: str | None = None
     """Start from this model instead of the recipe's (the service continues its lineage)."""
     trainer_overrides: dict[str, Any] | None = None
+    on_step: Callable[[], None] | None = None
+    """Called after every optimizer step (the service renews its own lease with it)."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,9 @@ class TrainResult:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """What a run trains on and how: exactly one of ``snapshot_id`` and ``dataset``."""
+    """What a run trains on and how: the snapshot (``snapshot_id``), a dataset named by
+    ``dataset`` (a set's pairs or outcomes, an export), or a snapshot's labels in a form the
+    dataset names (the step-label PRM's)."""
 
     method: str
     recipe_text: str
@@ -59,6 +69,29 @@ class RunSpec:
     output_dir: Path
     snapshot_id: int | None = None
     dataset: str | None = None
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A method's description of its run, which ``execute`` carries out.
+
+    ``trainer`` is built as ``trainer(**arguments, callbacks=[recorder])`` and trained with
+    ``train(resume_from_checkpoint=...)``, then ``save_model``: a TRL trainer, or stepq's own
+    with the same surface (the PRM's).  A trainer class that keeps its checkpoints its own
+    way says where the last one is (``last_checkpoint(output_dir)``); otherwise
+    transformers' rule applies.  ``side_files`` are JSON documents kept beside the run and its
+    final model, each stamped with the run that wrote it (``source``)."""
+
+    spec: RunSpec
+    trainer: Callable[..., Any]
+    arguments: Mapping[str, Any]
+    max_steps: int = 0
+    """The config's plan (0: the trainer decides): a run killed after its last checkpoint is done."""
+    side_files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    accuracy: ClassAccuracy | None = None
+    """Per-class accuracy the trainer's reward counts (GRPO), recorded with each log."""
+    one_process: bool = False
+    """The trainer runs in one process only (refused under a multi-process launch)."""
 
 
 @dataclass(frozen=True)
@@ -82,28 +115,22 @@ class RunHandle:
             run = queries.get_run(session, self.run_id)
             queries.renew_run(session, self.run_id, self.owner, self.ttl, resumes=run.resumes + 1)
 
-    def renew(self, db: Database, **values: Any) -> bool:
-        if self.run_id is None:
-            return True
-        with db.session() as session:
-            return queries.renew_run(session, self.run_id, self.owner, self.ttl, **values)
 
-
-Body = Callable[[RunHandle], tuple[str | None, int]]
-"""Trains; returns (the checkpoint it resumed from or None, the final global step)."""
-
-
-def recorded_run(db: Database, spec: RunSpec, options: TrainOptions, body: Body) -> TrainResult:
-    """Create or take over the run writing to ``spec.output_dir``, run ``body`` under its
-    lease, and record how it ended (a failure keeps its error on the row).
-
-    Under a multi-process launch only rank 0 does this; the other ranks run ``body`` as
-    followers (see ``ranks``), after the same "already done" check.
-    """
+def execute(db: Database, plan: RunPlan, options: TrainOptions) -> TrainResult:
+    """Create or take over the run writing to the plan's output folder and carry the plan out
+    under its lease; a failure keeps its error on the row.  A finished run is reported, not
+    trained again."""
+    spec = plan.spec
     output_dir = spec.output_dir.resolve()
+    rank = current_rank()
+    if plan.one_process and rank.distributed:
+        raise ConfigError(
+            f"the {spec.method} trainer runs in one process; start 'stepq train --method {spec.method}' "
+            "without torchrun or accelerate launch"
+        )
     check_base_model(spec.base_model)
-    if not current_rank().is_main:
-        return _follow(db, spec, body)
+    if not rank.is_main:
+        return _follow(db, plan, options)
     with db.session() as session:
         existing = queries.run_by_output(session, str(output_dir))
         if existing is not None and (existing.snapshot_id, existing.dataset) != (spec.snapshot_id, spec.dataset):
@@ -129,92 +156,84 @@ def recorded_run(db: Database, spec: RunSpec, options: TrainOptions, body: Body)
     handle = RunHandle(run_id, process_owner(), options.lease_ttl_s)
     _claim(db, handle, options.wait_s)
     try:
-        resumed, step = body(handle)
+        resumed, step = _train(db, plan, options, handle, output_dir)
     except BaseException as exc:
         if not isinstance(exc, KeyboardInterrupt | SystemExit):
             with db.session() as session:
                 queries.end_run(session, run_id, handle.owner, error=f"{type(exc).__name__}: {exc}"[:2000])
         raise
-    handle.renew(db, global_step=step)
     with db.session() as session:
+        queries.renew_run(session, run_id, handle.owner, handle.ttl, global_step=step)
         queries.end_run(session, run_id, handle.owner)
     return TrainResult(run_id, RUN_DONE, resumed, output_dir / FINAL, step)
 
 
-def _follow(db: Database, spec: RunSpec, body: Body) -> TrainResult:
+def _follow(db: Database, plan: RunPlan, options: TrainOptions) -> TrainResult:
     """A non-main rank: train beside rank 0 and write nothing.  A finished run is done for
     every rank (rank 0 returns without training, so the others must too)."""
-    output_dir = spec.output_dir.resolve()
+    output_dir = plan.spec.output_dir.resolve()
     with db.session() as session:
         existing = queries.run_by_output(session, str(output_dir))
-    if existing is not None and existing.status == RUN_DONE and existing.method == spec.method:
+    if existing is not None and existing.status == RUN_DONE and existing.method == plan.spec.method:
         return TrainResult(existing.id, RUN_DONE, None, output_dir / FINAL, existing.global_step)
-    resumed, step = body(RunHandle(None, process_owner(), 0.0))
+    resumed, step = _train(db, plan, options, RunHandle(None, process_owner(), 0.0), output_dir)
     with db.session() as session:
         row = queries.run_by_output(session, str(output_dir))
     return TrainResult(row.id if row else 0, RUN_DONE, resumed, output_dir / FINAL, step)
 
 
-def recorded_trl_run(
-    db: Database,
-    spec: RunSpec,
-    options: TrainOptions,
-    build: Callable[[Any], Any],
-    *,
-    prepare: Callable[[RunHandle], None] | None = None,
-    accuracy: ClassAccuracy | None = None,
-    on_step: Callable[[], None] | None = None,
-    max_steps: int = 0,
-) -> TrainResult:
-    """A recorded run of a TRL trainer, the whole lifecycle in one call: the run row and its
-    lease (``recorded_run``), then ``prepare(handle)`` (what the method writes beside the
-    model), then the trainer ``build(recorder)`` makes, resumed from the last checkpoint
-    (``run_trl``).  A method describes its run; it is not called back into."""
-
-    def body(handle: RunHandle) -> tuple[str | None, int]:
-        if prepare is not None:
-            prepare(handle)
-        return run_trl(db, handle, spec.output_dir.resolve(), build, accuracy, on_step, max_steps=max_steps)
-
-    return recorded_run(db, spec, options, body)
-
-
-def run_trl(
-    db: Database,
-    handle: RunHandle,
-    output_dir: Path,
-    build: Callable[[Any], Any],
-    accuracy: ClassAccuracy | None = None,
-    on_step: Callable[[], None] | None = None,
-    *,
-    max_steps: int = 0,
+def _train(
+    db: Database, plan: RunPlan, options: TrainOptions, handle: RunHandle, output_dir: Path
 ) -> tuple[str | None, int]:
-    """The body of a TRL run: resume from the last checkpoint in ``output_dir`` if any, train
-    the trainer ``build(recorder)`` makes (its callbacks must include the recorder), save the
-    final model and its tokenizer to ``OUTPUT/final``.  ``max_steps``: the config's plan."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    resume = get_last_checkpoint(str(output_dir)) if output_dir.is_dir() else None
+    """Resume from the last checkpoint in ``output_dir`` if any, write the side files, train
+    the plan's trainer, save the final model (and its tokenizer) and the side files to
+    ``OUTPUT/final``.  Returns (the checkpoint it resumed from or None, the final step)."""
+    resume = _last_checkpoint(plan.trainer, output_dir) if output_dir.is_dir() else None
     if resume:
         handle.count_resume(db)
         log.info("training run %s resumes from %s", handle.run_id, resume)
+    final = output_dir / FINAL
     reached = _checkpoint_step(resume) if resume else 0
-    if resume and max_steps > 0 and reached >= max_steps:
+    if resume and plan.max_steps > 0 and reached >= plan.max_steps:
         # Killed after its last checkpoint: that checkpoint is the final model (transformers,
         # resumed, would train one step past the plan).  No trainer is built, so the ranks of
         # a launch meet in no collective here.
-        log.info("training run %s: %s already holds all %s steps", handle.run_id, resume, max_steps)
+        log.info("training run %s: %s already holds all %s steps", handle.run_id, resume, plan.max_steps)
         if handle.owns_row:
-            _checkpoint_as_final(Path(resume), output_dir / FINAL)
+            _checkpoint_as_final(Path(resume), final)
+            _write_side_files(plan, handle, output_dir, final)
         return resume, reached
-    recorder = make_recorder(db, handle.run_id, handle.owner, handle.ttl, accuracy or ClassAccuracy(), on_step)
-    trainer = build(recorder)
+    if handle.owns_row:
+        _write_side_files(plan, handle, output_dir)
+    recorder = make_recorder(
+        db, handle.run_id, handle.owner, handle.ttl, plan.accuracy or ClassAccuracy(), options.on_step
+    )
+    trainer = plan.trainer(**plan.arguments, callbacks=[recorder])
     trainer.train(resume_from_checkpoint=resume)
-    final = output_dir / FINAL
     trainer.save_model(str(final))  # every rank calls it (ZeRO-3 gathers); the main one writes
-    if trainer.processing_class is not None and handle.owns_row:
-        trainer.processing_class.save_pretrained(str(final))
+    if handle.owns_row:
+        if getattr(trainer, "processing_class", None) is not None:
+            trainer.processing_class.save_pretrained(str(final))
+        _write_side_files(plan, handle, final)
     return resume, int(trainer.state.global_step)
+
+
+def _write_side_files(plan: RunPlan, handle: RunHandle, *folders: Path) -> None:
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, document in plan.side_files.items():
+            stamped = {**document, "source": f"training run {handle.run_id}"}
+            (folder / name).write_text(json.dumps(stamped, indent=2) + "\n", encoding="utf-8")
+
+
+def _last_checkpoint(trainer: Any, output_dir: Path) -> str | None:
+    own = getattr(trainer, "last_checkpoint", None)
+    if own is not None:
+        found = own(output_dir)
+        return str(found) if found else None
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(str(output_dir))
 
 
 _TRAINING_STATE = ("optimizer", "scheduler", "rng_state", "trainer_state", "training_args", "global_step")
@@ -230,13 +249,10 @@ def _checkpoint_as_final(checkpoint: Path, final: Path) -> None:
 
 
 def _checkpoint_step(checkpoint: str) -> int:
-    import json
-
-    try:
-        state = json.loads((Path(checkpoint) / "trainer_state.json").read_text(encoding="utf-8"))
-        return int(state.get("global_step", 0))
-    except (OSError, ValueError):
-        return 0
+    """The step a checkpoint holds: its folder's number (``checkpoint-N``), which every
+    trainer here names it by."""
+    tail = Path(checkpoint).name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
 
 
 def _claim(db: Database, handle: RunHandle, wait_s: float) -> None:

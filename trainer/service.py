@@ -21,12 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stepq.models import Database, queries
+from stepq.models.errors import ConfigError
 from stepq.models.training import RUN_DONE
+from stepq.trainer import methods
 from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
-from stepq.trainer.training.grpo import FINAL, TrainOptions, train_judge
 from stepq.trainer.training.launch import train_command
 from stepq.trainer.training.recipe import Recipe
 from stepq.trainer.training.records import process_owner
+from stepq.trainer.training.runs import FINAL, TrainOptions
 from stepq.workers.labelling.labels import parse_rule
 from stepq.workers.priority.rounds import follow_lineage
 
@@ -61,6 +63,13 @@ class ServiceOptions:
 def serve(db: Database, options: ServiceOptions, say: Callable[[str], None] = log.info) -> int:
     """Run until stopped (or the limits in ``options``); returns how many trainings ran."""
     recipe = Recipe.load(options.recipe)
+    method = methods.method_named(recipe.method)
+    if not method.trains_on_snapshots:
+        trainable = ", ".join(n for n, m in methods.REGISTRY.items() if m.trains_on_snapshots)
+        raise ConfigError(
+            f"the service trains a lineage on its snapshots, and the recipe's method '{method.name}' does not "
+            f"train on a snapshot (one that does: {trainable})"
+        )
     rule = parse_rule(options.rule).key
     owner = process_owner()
     lock = f"trainer:{options.lineage}"
@@ -112,7 +121,7 @@ def _step(
     if unfinished:
         run = unfinished[0]
         say(f"resuming training run {run.id} (snapshot {run.snapshot_id}) from {run.last_checkpoint or 'its start'}")
-        assert run.snapshot_id is not None  # a lineage trains GRPO judges on snapshots
+        assert run.snapshot_id is not None  # a lineage trains on its snapshots
         trained = _train(db, options, recipe, run.snapshot_id, Path(run.output_dir), run.base_model, renew, say)
         return trained and _reprioritise(db, options.lineage, say)
     with db.session() as session:
@@ -177,9 +186,11 @@ def _train(
     wait_s = 2 * options.lease_ttl_s
     if options.processes == 1:
         train_options = TrainOptions(
-            lease_ttl_s=options.lease_ttl_s, wait_s=wait_s, lineage=options.lineage, base_model=base
+            lease_ttl_s=options.lease_ttl_s, wait_s=wait_s, lineage=options.lineage, base_model=base, on_step=renew
         )
-        result = train_judge(db, snapshot, recipe, output_dir, train_options, on_step=renew)
+        result = methods.train(
+            db, recipe.method, recipe, methods.TrainingData(snapshot=str(snapshot)), output_dir, train_options
+        )
         say(f"training run {result.run_id} done at step {result.global_step}: {result.final_model}")
         return True
     args = ["--snapshot", str(snapshot), "--recipe", options.recipe, "--model", base]

@@ -1,9 +1,7 @@
-"""Step-wise DPO on step preference pairs with TRL's ``DPOTrainer``, recorded like GRPO.
+"""Step preference pairs as step-wise DPO trains on them: read from an export, and kept only
+where they fit the model's length.
 
 Each pair is (prompt = the policy prompt + the steps so far, chosen next step, rejected next step).
-The model is passed to TRL by its path, so TRL builds the frozen reference model from the
-same weights (with an in-memory model it would need an explicit ``ref_model``); a resumed
-run reloads the policy from its checkpoint while the reference stays the base model.
 """
 
 from __future__ import annotations
@@ -14,10 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from stepq.models import Database
 from stepq.models.errors import ConfigError
-from stepq.trainer.training.recipe import Recipe
-from stepq.trainer.training.runs import RunSpec, TrainOptions, TrainResult, recorded_trl_run
 
 FIELDS = ("prompt", "chosen", "rejected")
 log = logging.getLogger(__name__)
@@ -65,44 +60,7 @@ def pairs_that_fit(
     return kept, len(pairs) - len(kept)
 
 
-def train_dpo(
-    db: Database,
-    pairs: Sequence[dict[str, str]],
-    dataset: str,
-    recipe: Recipe,
-    output_dir: Path,
-    options: TrainOptions | None = None,
-    on_step: Callable[[], None] | None = None,
-) -> TrainResult:
-    """Train (or resume, or report as done) the DPO run writing to ``output_dir``."""
-    options = options or TrainOptions()
-    recipe.expect("dpo")
-    if not pairs:
-        raise ConfigError(f"{dataset} has no preference pairs to train on")
-    output_dir = output_dir.resolve()
-    base_model = options.base_model or recipe.model
-    spec = RunSpec("dpo", recipe.text, base_model, output_dir, dataset=dataset)
-    from trl import DPOConfig
-
-    # built before the run row: a setting this machine cannot honour leaves no row behind
-    config = recipe.config(DPOConfig, output_dir, **(options.trainer_overrides or {}))
-    pairs = _fitting(pairs, base_model, getattr(config, "max_length", None), dataset)
-
-    from datasets import Dataset
-    from trl import DPOTrainer
-
-    data = Dataset.from_list(pairs)
-    return recorded_trl_run(
-        db,
-        spec,
-        options,
-        lambda recorder: DPOTrainer(model=base_model, args=config, train_dataset=data, callbacks=[recorder]),
-        on_step=on_step,
-        max_steps=int(config.max_steps or 0),
-    )
-
-
-def _fitting(
+def fitting(
     pairs: Sequence[dict[str, str]], base_model: str, max_length: int | None, dataset: str
 ) -> list[dict[str, str]]:
     from transformers import AutoTokenizer
