@@ -102,7 +102,7 @@ def test_dispatch_with_the_broker_down_fails_clearly_and_keeps_work_pending(tmp_
     upgrade(url)
     db = Database(url)
     synth_set(db, "s", problems=2)
-    env = {"STEPQ_DATABASE_URL": url, "STEPQ_BROKER_URL": "redis://127.0.0.1:1/0"}
+    env = {"STEPQ_DATABASE_URL": url, "STEPQ_BROKER_URL": "redis://127.0.0.1:1/0", "STEPQ_BROKER_WAIT_S": "3"}
     assert _run(["annotate", "--set", "s", "--rollouts", "2"], tmp_path, env).returncode == 0
     proc = _run(["dispatch", "--once"], tmp_path, env, timeout=120)
     assert proc.returncode == 6, proc.stderr
