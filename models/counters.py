@@ -16,8 +16,6 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from stepq.models.base import Base
 
-SHARDS = 8
-
 
 class SetCounters(Base):
     """One shard of a set's counts; a set's value is the sum over its shards."""

@@ -119,7 +119,7 @@ class Stepq:
     ) -> Any:
         """Plan M rollouts per prefix of every trajectory of the set (only what is missing);
         returns the ``AnnotationReport``."""
-        from stepq.workers.labelling.annotation_plans import configure_annotation
+        from stepq.workers.annotation_plans import configure_annotation
 
         return configure_annotation(
             self.db,
@@ -305,13 +305,15 @@ def evaluate_processbench(
     subset_tune_files: Mapping[str, str | Path] | None = None,
     oracle_threshold: bool = False,
     on_subset: Callable[[str, int], Callable[[int], None] | None] | None = None,
+    limit: int | None = None,
     **judge_fields: Any,
 ) -> dict[str, Any]:
     """A judge (or given ``predictions``) on ProcessBench files: the official metric per
     subset, what a generative judge wrote, and a scoring judge's threshold and where it was
     chosen.  ``judge``: a ``JudgeSpec``, or its fields as keywords (``kind="prm", model=DIR``;
     ``kind="scores", scores_file=FILE``; ``threshold=0.5``).  The report's ``predictions``
-    hold each sample's predicted first wrong step."""
+    hold each sample's predicted first wrong step; ``limit``: the first so many samples of each
+    file only (a quick look)."""
     from stepq.trainer.evaluation import processbench as pb
 
     spec = None if predictions is not None else _spec(judge, judge_fields)
@@ -327,6 +329,7 @@ def evaluate_processbench(
             subset_tune_files={k: Path(v) for k, v in (subset_tune_files or {}).items()},
             oracle_threshold=oracle_threshold,
             on_subset=on_subset,
+            limit=limit,
         )
     finally:
         if built is not None:

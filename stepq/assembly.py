@@ -8,12 +8,14 @@ the trainer: docs/architecture.md).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from stepq.models import Database
 from stepq.settings import Settings
 from stepq.trainer.evaluation.scoring_judges import ScoringJudges
 from stepq.workers.backends import GenerationBackend
+from stepq.workers.engines import Engines
 from stepq.workers.grading.grader import Grader
 from stepq.workers.jobqueue.dispatcher import Dispatcher
 from stepq.workers.jobqueue.job_kind import JobKind
@@ -31,17 +33,18 @@ def worker_runtime(
     backend: GenerationBackend | None = None,
     owns_backend: bool = False,
     judge_factory: Callable[[int, Any], Any] | None = None,
+    openai_api_key: str = "",
 ) -> WorkerRuntime:
     """A worker runtime: ``backend`` replaces each set's own (a worker's engine, closed with the
     runtime when it ``owns_backend``); the judge factory defaults to the trainer's."""
-    return WorkerRuntime(
-        db,
-        options or WorkerOptions(),
+    engines = Engines(
         Grader() if grade_timeout_s is None else Grader(timeout_s=grade_timeout_s),
-        backend_override=backend,
+        override=backend,
         owns_override=owns_backend,
         judge_factory=judge_factory if judge_factory is not None else ScoringJudges(db),
+        openai_api_key=openai_api_key,
     )
+    return WorkerRuntime(db, options or WorkerOptions(), engines)
 
 
 def configured_runtime(
@@ -60,6 +63,7 @@ def configured_runtime(
         grade_timeout_s=settings.grade_timeout_s,
         backend=backend,
         owns_backend=backend is not None,
+        openai_api_key=settings.openai_api_key,
     )
 
 
@@ -82,6 +86,70 @@ def queue_dispatcher(settings: Settings, db: Database) -> tuple[Dispatcher, Work
         wakeup=listener.wait if listener else None,
     )
     return dispatcher, listener
+
+
+@dataclass(frozen=True)
+class QueueWorkerSpec:
+    """A ``stepq worker`` process as its command's options give it."""
+
+    name: str | None = None
+    pool: str = "solo"
+    concurrency: int = 1
+    loglevel: str | None = None
+    backend: str | None = None
+    """The worker's own engine for every set (None: each set's policy)."""
+    backend_config: dict[str, Any] = field(default_factory=dict)
+    """The engine's config as the options give it (checked before the worker starts)."""
+    engine_defaults: dict[str, Any] = field(default_factory=dict)
+    """Settings the engine is built with unless its config names them (tensor parallelism,
+    GPU memory share)."""
+
+
+def run_queue_worker(settings: Settings, spec: QueueWorkerSpec) -> None:
+    """Check what a worker needs before it takes work (the database, its engine's config and
+    packages, the grader, the broker), then run Celery's worker until it stops.  The runtime
+    is built in the process that runs tasks (each prefork child after its fork), once: the
+    engine stays warm for every task that process runs."""
+    from stepq.workers.backends import check_config, check_installed, make_backend
+    from stepq.workers.celery_app import create_app, run_worker, wait_for_broker
+
+    checked = Database(settings.database_url, guards=settings.session_guards())
+    checked.check()
+    checked.engine.dispose()
+    if spec.backend:
+        check_config(spec.backend, spec.backend_config)
+        check_installed(spec.backend)  # before the broker: a worker that cannot generate takes no work
+    self_tested_grader(settings)
+    wait_for_broker(settings.broker_url, settings.broker_wait_s)
+
+    def runtime() -> WorkerRuntime:
+        # a connection for each thread that runs tasks, the write-behind thread and the heartbeat
+        threads = (spec.concurrency if spec.pool == "threads" else 1) + 2
+        database = Database(
+            settings.database_url,
+            pool_size=threads,
+            synchronous_commit=settings.synchronous_commit,
+            guards=settings.session_guards(),
+        )
+        config = {**spec.engine_defaults, **spec.backend_config}
+        engine = make_backend(spec.backend, config) if spec.backend else None
+        return configured_runtime(settings, database, spec.name, queue_worker=True, backend=engine)
+
+    app = create_app(
+        settings.celery_options(), runtime, forking_pool=spec.pool == "prefork", kinds=settings.job_kinds()
+    )
+    argv = [
+        "worker",
+        f"--pool={spec.pool}",
+        f"--concurrency={spec.concurrency}",
+        f"--queues={settings.queue}",
+        f"--loglevel={(spec.loglevel or settings.log_level).upper()}",
+        "--without-gossip",
+        "--without-mingle",
+    ]
+    if spec.name:
+        argv.append(f"--hostname={spec.name}@%h")
+    run_worker(app, argv)
 
 
 def self_tested_grader(settings: Settings) -> None:

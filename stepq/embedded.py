@@ -17,9 +17,9 @@ from stepq.models.errors import Busy, ConfigError, Interrupted, NotFoundError, W
 from stepq.models.work import ROLLOUT_WORK
 from stepq.settings import Settings
 from stepq.status import collect, render
+from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import EMBEDDED_HOLDER, run_in_process
-from stepq.workers.labelling.annotation_plans import configure_annotation
 from stepq.workers.labelling.rollout_handler import ROLLOUTS
 from stepq.workers.priority.scoring_handler import SCORINGS
 

@@ -44,27 +44,27 @@ class Settings:
     """The Celery broker."""
     queue: str = DEFAULT_QUEUE
     """The broker queue's name."""
-    lease_ttl_s: float = 300.0
+    lease_ttl_s: float = WorkerOptions.lease_ttl_s
     """How long a worker's claim on a work item or a step search lasts without a heartbeat."""
-    heartbeat_s: float = 10.0
+    heartbeat_s: float = WorkerOptions.heartbeat_s
     """Seconds between worker heartbeats (each renews the worker's leases; at most a third
     of the lease is used, whatever is set), so a ``generate`` call or a search turn longer
     than the lease keeps its work."""
-    batch_rollouts: int = 128
+    batch_rollouts: int = WorkerOptions.batch_rollouts
     """Rollouts of one trajectory generated, graded and committed together: the most a crash
     loses per trajectory (an adaptive round is never split when it fits)."""
     items_per_task: int = 4
     """Trajectories per Celery task; their batches go to the engine in one ``generate`` call."""
-    max_attempts: int = 5
+    max_attempts: int = RetryPolicy.max_attempts
     """Attempts before a work item is marked failed (a permanent error, e.g. an HTTP 400 for
     a context over the model's limit, fails it at once)."""
-    retry_backoff_s: float = 5.0
+    retry_backoff_s: float = RetryPolicy.backoff_s
     """A transiently failed item (timeout, 5xx, refused connection) waits this long before its
     next try, doubling each time, at most 10 minutes."""
     messages_per_worker: int = 2
     """Broker messages kept queued per live worker (at least 2): the queue's bound; the
     backlog waits in the database."""
-    split_tail: bool = True
+    split_tail: bool = DispatchOptions.split_tail
     """Near the end of the backlog, publish messages of fewer than ``items_per_task``
     trajectories (down to one), so the last minutes of a set keep every worker busy; off:
     every message is full (the most trajectories per engine call to the end)."""
@@ -73,10 +73,10 @@ class Settings:
     exits with the broker exit code (6); once running, a lost broker is reconnected to."""
     visibility_timeout_s: int = 12 * 3600
     """Redis visibility timeout; must exceed the lease TTL."""
-    requeue_after_s: float = 900.0
+    requeue_after_s: float = DispatchOptions.requeue_after_s
     """Only for a broker whose queue depth cannot be read (not Redis): a queued item or search
     this old is presumed lost."""
-    lost_grace_s: float = 10.0
+    lost_grace_s: float = DispatchOptions.lost_grace_s
     """A queued item is published again when the broker queue is empty and it was queued
     this long ago (its message is surely lost)."""
     dispatch_interval_s: float = 2.0
@@ -88,7 +88,7 @@ class Settings:
     """A queue worker commits a trajectory's last batch on a background thread while its next
     task generates (the engine does not wait on the database); the job stays leased until
     committed."""
-    store_rollout_text: bool = True
+    store_rollout_text: bool = WorkerOptions.store_text
     """Keep rollout texts; at tens of millions of rollouts dropping them saves most of the space."""
     synchronous_commit: bool = False
     """PostgreSQL synchronous_commit for workers; off is safe here (see models.db)."""
@@ -104,14 +104,14 @@ class Settings:
     trainer_lease_ttl_s: float = 120.0
     """A trainer's claim on a training run (and a trainer service's on its lineage) lasts this
     long without a step; a killed trainer's run is taken over after it."""
-    db_idle_transaction_timeout_s: float = 60.0
+    db_idle_transaction_timeout_s: float = SessionGuards.idle_in_transaction_s
     """PostgreSQL ends a session left idle inside a transaction this long (a frozen process),
     so its locks cannot stall the fleet; 0: off (see models.db.SessionGuards)."""
-    db_lock_timeout_s: float = 30.0
+    db_lock_timeout_s: float = SessionGuards.lock_s
     """A PostgreSQL statement waits at most this long for a lock, then fails and is retried; 0: off."""
-    db_statement_timeout_s: float = 600.0
+    db_statement_timeout_s: float = SessionGuards.statement_s
     """No PostgreSQL statement of stepq's runs longer; 0: off."""
-    db_keepalive_idle_s: int = 30
+    db_keepalive_idle_s: int = SessionGuards.keepalive_idle_s
     """TCP keepalives to and from PostgreSQL after this much silence, so a vanished host is
     noticed in about a minute; 0: off."""
     unhealthy_after: int = 10
@@ -217,7 +217,6 @@ class Settings:
             batch_rollouts=self.batch_rollouts,
             name=name,
             heartbeat_s=self.heartbeat_s,
-            openai_api_key=self.openai_api_key,
             generate_timeout_s=self.generate_timeout_s,
             unhealthy_after=self.unhealthy_after if queue_worker else 0,
             hands_back_refused=queue_worker,

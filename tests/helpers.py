@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import text
 
 from stepq.models import Database
+from stepq.models.base import Base
 
 PG_SERVER = os.environ.get("STEPQ_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("STEPQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/9")
@@ -27,31 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # Small slices of public data sets shipped with the tests (provenance in tests/data/README.md):
 # the suite passes from a clone alone, without the full sets.
 DATA = ROOT / "tests" / "data"
-TABLES = [
-    "priority_scorings",
-    "priority_rounds",
-    "search_turns",
-    "step_searches",
-    "event_counts",
-    "training_metrics",
-    "training_runs",
-    "snapshot_texts",
-    "snapshot_rows",
-    "snapshots",
-    "chunk_labels",
-    "q_values",
-    "rollouts",
-    "rollout_work",
-    "chunks",
-    "trajectories",
-    "problems",
-    "problem_sets",
-    "workers",
-    "locks",
-    "set_counters",
-    "label_counters",
-    "progress_samples",
-]
+TABLES = [t.name for t in reversed(Base.metadata.sorted_tables)]
+"""Every table of stepq's, children before parents (what a test database is emptied of)."""
 
 
 def clean_env(**settings: str) -> dict[str, str]:
@@ -210,10 +188,10 @@ def annotated_set(
     """A synthetic set (``synth``: ``synth_set``'s options) annotated to the end in process at
     ``m`` rollouts per prefix: the sequence most tests start from, written once."""
     from stepq.assembly import worker_runtime
+    from stepq.workers.annotation_plans import configure_annotation
     from stepq.workers.data.synthetic_set import synth_set
     from stepq.workers.in_process import run_in_process
     from stepq.workers.jobqueue.runtime import WorkerOptions
-    from stepq.workers.labelling.annotation_plans import configure_annotation
 
     synth_set(db, name, problems=problems, seed=seed, **synth)
     configure_annotation(db, name, m, **({"budget": budget} if budget else {}))

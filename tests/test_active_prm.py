@@ -18,10 +18,10 @@ from bench.experiments import active_prm
 from stepq.assembly import worker_runtime
 from stepq.migrations import upgrade
 from stepq.models import Database
+from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.runtime import WorkerOptions
-from stepq.workers.labelling.annotation_plans import configure_annotation
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import pytest
 
 from stepq.models import Database, queries
 from stepq.models.errors import DatabaseError, cause_of
+from stepq.workers.annotation_plans import PlanReport, configure_annotation
 from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.labelling.annotation_plans import PlanReport, configure_annotation
 from tests.helpers import clean_env, run_stepq
 
 

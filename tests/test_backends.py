@@ -14,6 +14,7 @@ import pytest
 
 from stepq.assembly import worker_runtime
 from stepq.models import Database, queries
+from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.backends import GenerationBackend, GenerationRequest, SamplingParams, make_backend
 from stepq.workers.backends.hf import HFBackend, cut_at_stop
 from stepq.workers.backends.openai_server import OpenAICompletionsBackend, ServerError, build_calls, parse_response
@@ -23,7 +24,6 @@ from stepq.workers.backends.vllm_engine import build_engine_calls, read_engine_o
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.runtime import WorkerOptions
-from stepq.workers.labelling.annotation_plans import configure_annotation
 
 CTX = PROMPT_TEMPLATE.format(question=make_problem(1).question)
 

@@ -292,7 +292,7 @@ def test_retry_counts_every_kind_of_job(tmp_path: Path) -> None:
     """Failed priority scoring jobs come back with the work items, and the command says so."""
     url = f"sqlite:///{tmp_path / 'stepq.db'}"
     from stepq.migrations import upgrade
-    from stepq.workers.labelling.annotation_plans import configure_annotation
+    from stepq.workers.annotation_plans import configure_annotation
 
     upgrade(url)
     synth_set(Database(url), "p", problems=3)

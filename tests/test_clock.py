@@ -11,8 +11,8 @@ from sqlalchemy import select
 from stepq.models import Database, RolloutWork, jobs
 from stepq.models.base import epoch
 from stepq.models.work import ROLLOUT_WORK
+from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.data.synthetic_set import synth_set
-from stepq.workers.labelling.annotation_plans import configure_annotation
 
 
 def test_a_wall_clock_step_after_start_moves_no_lease(

@@ -14,12 +14,12 @@ from sqlalchemy import text
 
 from stepq.assembly import worker_runtime
 from stepq.models import Database, queries
+from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.data.policy_sampling import resegment_set
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.grading.grader import Grader
 from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.runtime import WorkerOptions
-from stepq.workers.labelling.annotation_plans import configure_annotation
 from stepq.workers.labelling.labels import parse_rule
 from stepq.workers.labelling.qvalues import relabel_set
 from stepq.workers.labelling.regrade import regrade_set

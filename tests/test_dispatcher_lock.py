@@ -8,9 +8,9 @@ import time
 
 from stepq.models import Database, queries
 from stepq.settings import Settings
+from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.jobqueue.dispatcher import LOCK_NAME, Dispatcher
-from stepq.workers.labelling.annotation_plans import configure_annotation
 from tests.helpers import Cluster, outlets, start_dispatcher, wait_for
 
 

@@ -74,7 +74,6 @@ def _resolve(argv: list[str]) -> None:
     assert not rest or arguments, f"unexpected argument(s) {rest}"
 
 
-@pytest.mark.unit
 @pytest.mark.parametrize(("doc", "command"), commands(), ids=lambda v: v if isinstance(v, str) else "")
 def test_documented_command_exists(doc: str, command: str) -> None:
     try:
@@ -90,7 +89,6 @@ def test_documented_command_exists(doc: str, command: str) -> None:
 LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
 
 
-@pytest.mark.unit
 def test_relative_links_resolve_inside_the_repository() -> None:
     broken = []
     for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]:
@@ -103,7 +101,6 @@ def test_relative_links_resolve_inside_the_repository() -> None:
     assert not broken, broken
 
 
-@pytest.mark.unit
 def test_anchors_of_links_exist() -> None:
     """A link to a section (``file.md#section``) names a heading that file has."""
 
@@ -125,7 +122,6 @@ def test_anchors_of_links_exist() -> None:
     assert not broken, broken
 
 
-@pytest.mark.unit
 def test_the_readme_is_a_front_door_and_no_path_leads_outside_the_repository() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(readme.splitlines()) <= 250
@@ -143,7 +139,6 @@ def test_the_readme_is_a_front_door_and_no_path_leads_outside_the_repository() -
     assert not outside, outside
 
 
-@pytest.mark.unit
 def test_the_generated_references_match_the_code() -> None:
     """docs/cli-reference.md and docs/configuration.md are generated from the click commands
     and the Settings object: a new option or setting without regenerating
@@ -158,7 +153,6 @@ def test_the_generated_references_match_the_code() -> None:
     assert not stale, f"regenerate with 'python -m stepq.reference': {stale}"
 
 
-@pytest.mark.unit
 def test_every_variable_the_package_reads_is_in_the_configuration_reference() -> None:
     """A ``STEPQ_*`` name anywhere in the package's code is a setting (or one of the few the
     reference lists beside them): none is read that an operator cannot look up."""
@@ -190,7 +184,9 @@ def test_every_fact_in_the_methods_page_names_its_source() -> None:
         cells = [c.strip() for c in row.strip("|").split(" | ")]
         assert len(cells) == 4, row
         _, published, source, ours = cells
-        cited = source.startswith(("SW,", "PSR,", "OPRM,", "ProcessBench", "OmegaPRM and PRM800K", "Math-Shepherd,"))
+        cited = source.startswith(
+            ("SW,", "PSR,", "OPRM,", "ProcessBench", "OmegaPRM and PRM800K", "Math-Shepherd,", "GenPRM and ThinkPRM,")
+        )
         assert cited or (source == "—" and "**stepq**" in ours), f"no source and not marked stepq's: {row}"
         assert source != "—" or published.startswith(("not ", "not in")), f"a published fact with no source: {row}"
 

@@ -11,12 +11,12 @@ from sqlalchemy import func, select, text
 from stepq.assembly import worker_runtime
 from stepq.models import Database, Problem, ProblemSet, Rollout, Trajectory, jobs, queries
 from stepq.models.work import ROLLOUT_WORK
+from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.job_kind import RetryPolicy, with_retry
 from stepq.workers.jobqueue.runtime import WorkerOptions, WorkerRuntime
 from stepq.workers.kinds import KINDS
-from stepq.workers.labelling.annotation_plans import configure_annotation
 from stepq.workers.labelling.labels import parse_rule
 from tests.helpers import table_counts
 from tests.pipeline_checks import assert_exact, label_accuracy

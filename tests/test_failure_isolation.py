@@ -22,12 +22,12 @@ from stepq.models.errors import GenerationError
 from stepq.models.jobs import JobTable
 from stepq.models.search import STEP_SEARCHES
 from stepq.models.work import ROLLOUT_WORK
+from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.backends import Completion, GenerationRequest, SamplingParams
 from stepq.workers.backends.synthetic import SyntheticBackend
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.jobqueue.job_kind import RetryPolicy
 from stepq.workers.jobqueue.runtime import WorkerOptions, WorkerRuntime
-from stepq.workers.labelling.annotation_plans import configure_annotation
 from stepq.workers.labelling.rollout_handler import ROLLOUTS, run_work_item, run_work_items
 from tests.pipeline_checks import assert_exact
 

@@ -336,10 +336,10 @@ def test_a_publish_that_fails_part_way_sends_no_message_twice(pg: Database, priv
     """Redis at its memory limit mid-publish: the messages that reached it stay queued and only
     the rest go back to pending, so once Redis has room every job has exactly one message (853
     messages for 600 jobs before: the sent ones were put back and published again)."""
+    from stepq.workers.annotation_plans import configure_annotation
     from stepq.workers.celery_app import CeleryOptions, create_app, outlets
     from stepq.workers.data.synthetic_set import synth_set
     from stepq.workers.jobqueue.dispatcher import Dispatcher, DispatchOptions
-    from stepq.workers.labelling.annotation_plans import configure_annotation
 
     synth_set(pg, "full", problems=1000, seed=2)
     configure_annotation(pg, "full", 4)

@@ -19,7 +19,6 @@ from stepq.trainer.snapshots.stepwise import stepwise_records
 from tests.helpers import annotated_set
 
 
-@pytest.mark.unit
 def test_a_trajectory_is_kept_until_its_first_dead_prefix() -> None:
     rows = [  # (trajectory, step, q_before), shuffled: the order of steps is the function's to find
         (1, 3, 0.0),

@@ -12,6 +12,7 @@ from sqlalchemy import func, select, text
 from stepq.assembly import worker_runtime
 from stepq.models import Database, Problem, RolloutWork, Trajectory, queries
 from stepq.models.errors import ConfigError
+from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.backends import Completion, GenerationRequest, SamplingParams, make_backend
 from stepq.workers.backends.openai_server import OpenAICompletionsBackend
 from stepq.workers.backends.synthetic_policy import make_problem
@@ -21,7 +22,6 @@ from stepq.workers.data.llm_segment import SEGMENT_PROMPT, boundaries, segment_w
 from stepq.workers.data.policy_sampling import generate_trajectories
 from stepq.workers.data.prompts import TEMPLATES, load_template, render
 from stepq.workers.data.segmentation import split_step_markers
-from stepq.workers.labelling.annotation_plans import configure_annotation
 from tests.helpers import annotated_set
 
 
@@ -232,9 +232,9 @@ def test_resegment_leaves_a_trajectory_annotated_without_rollouts(sqlite: Databa
 def test_a_set_planned_while_the_segmenter_runs_keeps_its_chunks(any_db: Database, tmp_path: Path) -> None:
     """The eligibility check sits in the transaction that replaces the chunks: a set planned
     for annotation while the (slow) segmenting model ran is left as its work was planned."""
+    from stepq.workers.annotation_plans import configure_annotation
     from stepq.workers.data.policy_sampling import resegment_set
     from stepq.workers.data.synthetic_set import synth_set
-    from stepq.workers.labelling.annotation_plans import configure_annotation
 
     synth_set(any_db, "race", problems=4, seed=3)
 

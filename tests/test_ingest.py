@@ -85,7 +85,7 @@ def test_processbench_steps_become_chunks_as_given(any_db: Database) -> None:
     assert [c.ground_truth for c in chunks] == [i < first["label"] or first["label"] == -1 for i in range(len(chunks))]
     assert ingest_file(any_db, PROCESSBENCH, "pb", fields).new_trajectories == 0
     from stepq.models.errors import ConfigError
-    from stepq.workers.labelling.annotation_plans import configure_annotation
+    from stepq.workers.annotation_plans import configure_annotation
 
     with pytest.raises(ConfigError, match="12 problems without a reference answer"):
         configure_annotation(any_db, "pb", 8)

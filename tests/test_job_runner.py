@@ -188,14 +188,14 @@ def test_the_celery_app_registers_a_task_for_the_toy_kind() -> None:
 def test_the_openai_key_comes_from_the_settings_to_the_backend_and_is_never_printed() -> None:
     """``STEPQ_OPENAI_API_KEY`` is read once, into the settings (so the configuration reference
     lists it), and handed down to the worker's backends; no repr shows it."""
+    from stepq.assembly import configured_runtime
     from stepq.settings import Settings
 
     settings = Settings.from_env({"STEPQ_OPENAI_API_KEY": "sk-not-printed"})
-    options = settings.worker_options("w")
-    assert "sk-not-printed" not in repr(settings) and "sk-not-printed" not in repr(options)
-    rt = WorkerRuntime(Database("sqlite://"), options)
-    backend = rt.backend_named("openai", {"base_url": "http://127.0.0.1:9/v1", "model": "m"})
-    own = rt.backend_named("openai", {"base_url": "http://127.0.0.1:9/v1", "model": "m", "api_key": "the-sets"})
+    rt = configured_runtime(settings, Database("sqlite://"), "w")
+    assert "sk-not-printed" not in repr(settings) and "sk-not-printed" not in repr(rt.engines)
+    backend = rt.engines.backend_named("openai", {"base_url": "http://127.0.0.1:9/v1", "model": "m"})
+    own = rt.engines.backend_named("openai", {"base_url": "http://127.0.0.1:9/v1", "model": "m", "api_key": "the-sets"})
     try:
         assert backend.api_key == "sk-not-printed"  # type: ignore[attr-defined]
         assert own.api_key == "the-sets", "a backend config's own key wins"  # type: ignore[attr-defined]

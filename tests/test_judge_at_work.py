@@ -20,7 +20,6 @@ def _sample(steps: list[str], answer: str, correct: bool) -> dict:
     return {"steps": tuple(steps), "answer": answer, "correct": correct}
 
 
-@pytest.mark.unit
 def test_best_of_n_picks_by_the_lowest_step_score_and_votes_by_answer() -> None:
     problems = [("q1", "5"), ("q2", "7")]
     candidates = [
@@ -46,7 +45,6 @@ def test_best_of_n_picks_by_the_lowest_step_score_and_votes_by_answer() -> None:
     assert three["outcomes"]["good"] == [True, True]
 
 
-@pytest.mark.unit
 def test_paired_gain_counts_problems_won_and_lost() -> None:
     plain = [False, False, True, True]
     judged = [True, False, True, False]

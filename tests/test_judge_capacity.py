@@ -33,14 +33,12 @@ RIGHT = "Step 1: 45 - 7 = 38.\n\n"
 WRONG = "Step 1: 45 - 7 = 37.\n\n"  # off by one: the first error
 
 
-@pytest.mark.unit
 def test_recompute_redoes_the_steps_own_arithmetic() -> None:
     assert recomputed_analysis(WRONG) == "45 - 7 = 38"
     assert recomputed_analysis("Step 2: 37 + 3 = 40.") == "37 + 3 = 40"  # after an error: its own operands
     assert recomputed_analysis("no step here") == ""
 
 
-@pytest.mark.unit
 def test_compact_redoes_it_in_a_spelling_the_prompt_never_shows_and_compare_adds_the_claim() -> None:
     import random
 
@@ -57,12 +55,10 @@ def test_compact_redoes_it_in_a_spelling_the_prompt_never_shows_and_compare_adds
         assert int(result) == (int(a) + int(b) if op == "+" else int(a) - int(b))
 
 
-@pytest.mark.unit
 def test_resolve_re_solves_up_to_the_judged_step() -> None:
     assert resolved_analysis(PROBLEM, 2) == "Step 1: 45 - 7 = 38.\nStep 2: 38 + 3 = 41."
 
 
-@pytest.mark.unit
 def test_truth_is_the_prefix_truth() -> None:
     assert step_truth({"problem": PROBLEM, "history": [], "chunk": RIGHT}) is True
     assert step_truth({"problem": PROBLEM, "history": [], "chunk": WRONG}) is False
@@ -70,7 +66,6 @@ def test_truth_is_the_prefix_truth() -> None:
     assert step_truth({"problem": PROBLEM, "history": [WRONG], "chunk": "Step 2: 37 + 3 = 40."}) is False
 
 
-@pytest.mark.unit
 def test_the_local_truth_judges_the_step_alone() -> None:
     after_error = "Step 2: 37 + 3 = 40."  # right from the wrong value 37
     assert step_local_truth({"problem": PROBLEM, "history": [WRONG], "chunk": after_error}) is True
@@ -85,7 +80,6 @@ def test_the_local_truth_judges_the_step_alone() -> None:
         assert step_local_truth({"problem": PROBLEM, "history": [], "chunk": chunk}) is False
 
 
-@pytest.mark.unit
 def test_chain_recomputes_the_running_value_from_the_problem() -> None:
     # after a wrong step the chain carries the true value, so the claim 40 stands beside 41
     assert chained_analysis(PROBLEM, "Step 2: 37 + 3 = 40.") == "45-7=38\n38+3=41 vs 40\n4=4 1#0"
@@ -93,7 +87,6 @@ def test_chain_recomputes_the_running_value_from_the_problem() -> None:
     assert chained_analysis(PROBLEM, "no step") == ""
 
 
-@pytest.mark.unit
 def test_spelled_compares_digit_by_digit_right_aligned() -> None:
     assert spelled_digits("38", "37") == "3=3 8#7"
     assert spelled_digits("100", "99") == "1#_ 0#9 0#9"
@@ -105,7 +98,6 @@ def test_spelled_compares_digit_by_digit_right_aligned() -> None:
         assert ("#" in spelled_analysis(chunk)) is differs
 
 
-@pytest.mark.unit
 def test_the_verdict_is_taught_from_the_target_asked_for() -> None:
     # a wrong step that rollouts still finished: labelled Positive, truly wrong
     row = {"problem": PROBLEM, "history": [], "chunk": WRONG, "label": "Positive", "truth": False}
@@ -123,7 +115,6 @@ def test_the_verdict_is_taught_from_the_target_asked_for() -> None:
         verdict_examples([row], "labels", "none")
 
 
-@pytest.mark.unit
 def test_the_judge_has_room_for_the_whole_answer() -> None:
     """A verdict cut short is no verdict: the first GPU run asked for 16 tokens and every
     17-character \\boxed{...} answer came back without one."""
@@ -133,7 +124,6 @@ def test_the_judge_has_room_for_the_whole_answer() -> None:
         assert answer_room([row], analysis) > longest  # the end of text too
 
 
-@pytest.mark.unit
 def test_cells_parse_and_refuse_garbage() -> None:
     assert Cell.parse("recompute/first-dead/4/600/16") == Cell("recompute", "first-dead", 4, 600, 16)
     ratio = Cell.parse("chain/first-dead/2/600/8/rel-ratio")
@@ -178,7 +168,6 @@ def test_the_gpu_script_runs_at_tiny_size_on_cpu(tmp_path: Path) -> None:
     assert (tmp_path / "d" / "seed0" / "p40-m4-first-dead" / "train.json.gz").stat().st_mtime == first_dead
 
 
-@pytest.mark.unit
 def test_the_gpu_script_says_when_there_is_no_gpu() -> None:
     import torch
 

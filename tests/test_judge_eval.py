@@ -46,7 +46,6 @@ SAMPLE = DATA / "processbench_gsm8k_sample.json"
         ("", None),
     ],
 )
-@pytest.mark.unit
 def test_verdict_parser(text: str, verdict: bool | None) -> None:
     assert parse_verdict(text) is verdict
 

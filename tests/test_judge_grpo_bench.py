@@ -63,7 +63,6 @@ def test_a_second_grpo_setting_reuses_the_kept_data_and_base(tmp_path: Path) -> 
     assert without_reuse.returncode != 0 and "--reuse starts from it" in without_reuse.stderr
 
 
-@pytest.mark.unit
 def test_the_grpo_recipe_trains_where_asked_with_the_benchmark_settings() -> None:
     from bench.experiments.bench_judge_grpo import grpo_recipe, parser
 

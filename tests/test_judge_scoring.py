@@ -56,7 +56,6 @@ def _judge(votes: int) -> ModelJudge:
     return ModelJudge(ScriptedJudgeBackend(), SamplingParams(max_tokens=7), TEMPLATE, votes=votes)
 
 
-@pytest.mark.unit
 def test_votes_score_and_counts() -> None:
     items = [StepItem("q", (), c) for c in ("++++", "+++", "+", "", "?")]
     scorer = GenerativeScorer(_judge(votes=4), "votes")
@@ -71,7 +70,6 @@ def test_votes_score_and_counts() -> None:
     assert judge.stats.undecided == 2 and judge.stats.no_verdict == 4
 
 
-@pytest.mark.unit
 def test_a_generative_scorer_takes_a_tuned_threshold() -> None:
     """Greedy verdicts reject the 1-in-4 steps; P(Positive) with a threshold tuned on other
     samples finds the first step below it."""
@@ -143,6 +141,15 @@ def test_processbench_takes_several_files_and_checks_predictions(tmp_path: Path)
     partial.write_text("".join(json.dumps({"id": s["id"], "prediction": s["label"]}) + "\n" for s in samples))
     whole = runner.invoke(main, ["eval", "processbench", "--data", str(SAMPLE), "--predictions", str(partial)])
     assert whole.exit_code == 0 and "100.0" in whole.output
+    # a quick look: the first samples of each file, said so; predictions past them are not asked for
+    partial.write_text("".join(json.dumps({"id": s["id"], "prediction": s["label"]}) + "\n" for s in samples[:3]))
+    quick = ["eval", "processbench", "--data", str(SAMPLE), str(second), "--predictions", str(partial), "--limit", "3"]
+    looked = runner.invoke(main, [*quick[:5], "--judge", "label-oracle", "--limit", "3", "--json"])
+    assert looked.exit_code == 0, looked.output
+    report = json.loads(looked.output)
+    assert report["limit"] == 3 and [s["samples"] for s in report["subsets"]] == [3, 3]
+    shown = runner.invoke(main, quick[:4] + quick[5:])
+    assert shown.exit_code == 0 and "the first 3 samples of each file only" in shown.output, shown.output
 
 
 @dataclass
@@ -176,7 +183,6 @@ class RecordingJudge:
         return [True for _ in items]
 
 
-@pytest.mark.unit
 def test_chunk_reset_cuts_candidates_with_the_sets_segmentation() -> None:
     from stepq.trainer.evaluation.chunk_reset import PolicyProblem, chunk_reset
     from stepq.workers.data.segmentation import segment

@@ -5,18 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import pytest
-
 from stepq.models import Database, jobs, queries
 from stepq.models.work import ROLLOUT_WORK
+from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.jobqueue.dispatcher import Dispatcher, DispatchOptions
 from stepq.workers.jobqueue.message_split import SmallMessages, split_messages, tail_threshold
-from stepq.workers.labelling.annotation_plans import configure_annotation
 from tests.helpers import outlets
 
 
-@pytest.mark.unit
 def test_a_long_backlog_goes_out_in_full_messages() -> None:
     ids = list(range(40))
     assert split_messages(ids, 4, 2, complete=False) == [ids[i : i + 4] for i in range(0, 40, 4)]
@@ -24,7 +21,6 @@ def test_a_long_backlog_goes_out_in_full_messages() -> None:
     assert [len(m) for m in split_messages(ids[:16], 4, 2, complete=True)] == [4, 4, 4, 4]
 
 
-@pytest.mark.unit
 def test_the_tail_shrinks_by_guided_self_scheduling() -> None:
     # 15 left, 2 workers, share 2: ceil(15/4)=4, ceil(11/4)=3, ceil(8/4)=2, ceil(6/4)=2,
     # ceil(4/4)=1, then 1, 1, 1
@@ -35,14 +31,12 @@ def test_the_tail_shrinks_by_guided_self_scheduling() -> None:
     assert [len(m) for m in split_messages(list(range(11)), 4, 3, complete=True)] == [2, 2, 2, 1, 1, 1, 1, 1]
 
 
-@pytest.mark.unit
 def test_nothing_to_balance_with_one_worker_or_single_job_messages() -> None:
     assert tail_threshold(4, 1) == 0 and tail_threshold(1, 8) == 0 and tail_threshold(4, 2) == 16
     assert [len(m) for m in split_messages(list(range(7)), 4, 1, complete=True)] == [4, 3]
     assert [len(m) for m in split_messages(list(range(3)), 1, 5, complete=True)] == [1, 1, 1]
 
 
-@pytest.mark.unit
 def test_small_messages_count_as_messages_until_their_jobs_are_taken() -> None:
     small = SmallMessages()
     small.add("t", [[1, 2, 3, 4], [5, 6], [7], [8]], per_message=4)  # the full one is not tracked

@@ -24,13 +24,13 @@ from stepq.models import Database, jobs, queries
 from stepq.models.errors import GenerationError
 from stepq.models.work import ROLLOUT_WORK
 from stepq.status import watch
+from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.backends import Completion, GenerationRequest, SamplingParams
 from stepq.workers.backends.synthetic import SyntheticBackend
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.dispatcher import Dispatcher
 from stepq.workers.jobqueue.runtime import WorkerOptions
-from stepq.workers.labelling.annotation_plans import configure_annotation
 from stepq.workers.labelling.rollout_handler import run_work_items
 from tests.helpers import clean_env, outlets
 

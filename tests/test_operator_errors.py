@@ -12,9 +12,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from stepq.models import Database, RolloutWork, queries
+from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.jobqueue.dispatcher import Dispatcher
-from stepq.workers.labelling.annotation_plans import configure_annotation
 from tests.helpers import DATA, PG_SERVER, clean_env, outlets, run_stepq, table_counts
 
 

@@ -103,7 +103,6 @@ def test_installed_wheel_imports_and_migrates_beside_a_users_models_package(whee
     assert revision.strip(), "no revision after upgrade"
 
 
-@pytest.mark.unit
 def test_no_test_module_imports_another() -> None:
     """Shared helpers live in tests' helper modules: a test module importing another drags its
     dependencies (torch into a queue test) and couples tests that should fail alone."""

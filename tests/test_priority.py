@@ -17,8 +17,6 @@ from stepq.workers.priority.strategies import (
     uncertainty,
 )
 
-pytestmark = pytest.mark.unit
-
 
 def test_uncertainty_is_the_chunk_nearest_the_threshold() -> None:
     assert uncertainty([0.9, 0.6]) == pytest.approx(0.8)  # 0.6 is 0.1 from 0.5: 1 - 0.1 / 0.5

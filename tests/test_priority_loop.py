@@ -14,11 +14,11 @@ from stepq.assembly import worker_runtime
 from stepq.models import Database, PriorityRound, RolloutWork, queries
 from stepq.trainer.service import ServiceOptions, serve
 from stepq.trainer.tiny_model import build_tiny_model
+from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.kinds import SCORINGS
-from stepq.workers.labelling.annotation_plans import configure_annotation
 from tests.helpers import annotated_set
 from tests.trainer_helpers import prm_recipe, tiny_recipe
 

@@ -17,12 +17,12 @@ from stepq.models.work import ROLLOUT_WORK
 from stepq.trainer.methods.prm import set_outcomes
 from stepq.trainer.prm.model import StepScorer
 from stepq.trainer.tiny_model import build_tiny_model
+from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.dispatcher import Dispatcher, DispatchOptions
 from stepq.workers.jobqueue.runtime import WorkerOptions, WorkerRuntime
 from stepq.workers.kinds import SCORINGS
-from stepq.workers.labelling.annotation_plans import configure_annotation
 from stepq.workers.priority.strategies import convincing_wrong, random_priority, uncertainty
 from tests.helpers import outlets
 from tests.trainer_helpers import prm_recipe, train_records

@@ -17,10 +17,10 @@ from stepq.models.trajectories import Trajectory
 from stepq.trainer.snapshots.balance import LabelledChunk, balance, plan_snapshot, validation_problems
 from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
 from stepq.trainer.snapshots.export import export_snapshot
+from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.runtime import WorkerOptions
-from stepq.workers.labelling.annotation_plans import configure_annotation
 from stepq.workers.labelling.labels import parse_rule
 from tests.helpers import annotated_set
 

@@ -8,10 +8,10 @@ from stepq.assembly import worker_runtime
 from stepq.models import Database, jobs, queries
 from stepq.models.work import ROLLOUT_WORK
 from stepq.status import collect, render
+from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.runtime import WorkerOptions
-from stepq.workers.labelling.annotation_plans import configure_annotation
 from stepq.workers.labelling.rollout_handler import ROLLOUTS
 from tests.helpers import annotated_set
 

@@ -438,7 +438,7 @@ def test_searches_share_the_brokers_bound_with_rollout_work(sqlite: Database) ->
     depth[0] = 0  # the broker lost them
     dispatcher.cycle()
     assert len(searches) == 4 and sorted(searches[2:]) == sorted(searches[:2]), "republished, once"
-    from stepq.workers.labelling.annotation_plans import configure_annotation
+    from stepq.workers.annotation_plans import configure_annotation
 
     configure_annotation(sqlite, "b", 2)  # 300 rollout items pending now, the bound already full
     dispatcher.cycle()

@@ -211,10 +211,10 @@ def test_a_synthetic_set_of_small_numbers_is_annotated_from_its_own_problems(tmp
     from stepq.migrations import upgrade
     from stepq.models import Database
     from stepq.models.errors import ConfigError
+    from stepq.workers.annotation_plans import configure_annotation
     from stepq.workers.data.synthetic_set import synth_set
     from stepq.workers.in_process import run_in_process
     from stepq.workers.jobqueue.runtime import WorkerOptions
-    from stepq.workers.labelling.annotation_plans import configure_annotation
 
     url = f"sqlite:///{tmp_path / 's.db'}"
     upgrade(url)

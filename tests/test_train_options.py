@@ -39,7 +39,6 @@ def _opts(*options: str) -> list[str]:
     return [a for o in options for a in ("--recipe-option", o)]
 
 
-@pytest.mark.unit
 def test_recipe_options_override_and_validate() -> None:
     base = Recipe.load("stepwiser-judge.yaml")
     changed = base.with_options(["trainer.bf16=false", "trainer.learning_rate=5e-5", "conversational=false"], "m/x")

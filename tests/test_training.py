@@ -20,10 +20,10 @@ from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
 from stepq.trainer.tiny_model import build_tiny_model
 from stepq.trainer.training.recipe import Recipe
 from stepq.trainer.training.runs import TrainOptions
+from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.runtime import WorkerOptions
-from stepq.workers.labelling.annotation_plans import configure_annotation
 from tests.helpers import DATA, annotated_set, clean_env, run_stepq, wait_for
 from tests.trainer_helpers import tiny_recipe, train_snapshot
 

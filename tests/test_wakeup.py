@@ -10,9 +10,9 @@ from sqlalchemy import text
 
 from stepq.models import Database, queries
 from stepq.models.wakeup import WorkListener, announce
+from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.jobqueue.dispatcher import Dispatcher, DispatchOptions
-from stepq.workers.labelling.annotation_plans import configure_annotation
 from tests.helpers import outlets, wait_for
 
 

@@ -6,23 +6,21 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import pytest
 from sqlalchemy import select
 
 from stepq.assembly import worker_runtime
 from stepq.migrations import upgrade
 from stepq.models import Database, Rollout, jobs
 from stepq.models.work import ROLLOUT_WORK
+from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.jobqueue.held_jobs import HeldJobs
 from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.jobqueue.write_behind import WriteBehind
-from stepq.workers.labelling.annotation_plans import configure_annotation
 from stepq.workers.labelling.rollout_handler import ROLLOUTS, run_work_items
 from tests.pipeline_checks import assert_exact
 
 
-@pytest.mark.unit
 def test_a_job_is_held_until_its_commit_ran_and_close_drains() -> None:
     held = HeldJobs()
     writer = WriteBehind(held)
@@ -39,7 +37,6 @@ def test_a_job_is_held_until_its_commit_ran_and_close_drains() -> None:
     assert held.now() == {}
 
 
-@pytest.mark.unit
 def test_a_commit_that_raises_releases_its_job_and_the_thread_goes_on() -> None:
     held = HeldJobs()
     writer = WriteBehind(held)

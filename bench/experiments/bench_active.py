@@ -48,11 +48,11 @@ from bench.experiments.stats import mean_ci, processbench_f1, rank_auc
 from stepq.assembly import worker_runtime
 from stepq.migrations import upgrade
 from stepq.models import Database, Rollout
+from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.backends.synthetic_policy import SyntheticPolicy
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.runtime import WorkerOptions
-from stepq.workers.labelling.annotation_plans import configure_annotation
 
 STRATEGIES = ("random", "uncertainty", "convincing-wrong")
 OP_ERROR_RATES = {"Add": 0.05, "Subtract": 0.1, "Multiply by": 0.3}

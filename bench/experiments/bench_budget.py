@@ -31,11 +31,11 @@ from bench.experiments.budget_replay import dead_stays_dead, load_pools
 from stepq.assembly import worker_runtime
 from stepq.migrations import upgrade
 from stepq.models import Database
+from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.backends.synthetic_policy import SyntheticPolicy, parse_problem, trajectory_q
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.runtime import WorkerOptions
-from stepq.workers.labelling.annotation_plans import configure_annotation
 from stepq.workers.labelling.budget import Adaptive, parse_budget
 from stepq.workers.labelling.labels import LabelRule, label_chunks, parse_rule
 from stepq.workers.labelling.posterior import Prefix, p_positive

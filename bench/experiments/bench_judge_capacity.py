@@ -136,10 +136,10 @@ def prepare_labels(out: Path, seed: int, cell: Cell, recovery_rate: float) -> di
     from stepq.models.snapshots import TRAIN, VALIDATION
     from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
     from stepq.trainer.snapshots.export import snapshot_records
+    from stepq.workers.annotation_plans import configure_annotation
     from stepq.workers.data.synthetic_set import synth_set
     from stepq.workers.in_process import run_in_process
     from stepq.workers.jobqueue.runtime import WorkerOptions
-    from stepq.workers.labelling.annotation_plans import configure_annotation
 
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)

@@ -112,11 +112,11 @@ def prepare(seed: int, rule_name: str, args: argparse.Namespace, run_dir: Path) 
     from stepq.trainer.generative_judge.prompt import JudgePrompt
     from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
     from stepq.trainer.snapshots.export import snapshot_records
+    from stepq.workers.annotation_plans import configure_annotation
     from stepq.workers.backends.synthetic_policy import SyntheticPolicy
     from stepq.workers.data.synthetic_set import synth_set
     from stepq.workers.in_process import run_in_process
     from stepq.workers.jobqueue.runtime import WorkerOptions
-    from stepq.workers.labelling.annotation_plans import configure_annotation
 
     started = time.perf_counter()
     run_dir.mkdir(parents=True)

@@ -43,13 +43,13 @@ from bench.experiments.neural_policy import DEFAULT_CACHE, MAX_TOKENS, PROMPT, S
 from stepq.assembly import worker_runtime
 from stepq.migrations import upgrade
 from stepq.models import Database
+from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.backends import SamplingParams
 from stepq.workers.backends.synthetic_policy import step_is_right
 from stepq.workers.data.policy_sampling import generate_trajectories
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.runtime import WorkerOptions
-from stepq.workers.labelling.annotation_plans import configure_annotation
 from stepq.workers.labelling.budget import parse_budget
 from stepq.workers.labelling.labels import LabelRule, parse_rule
 from stepq.workers.labelling.qvalues import relabel_set

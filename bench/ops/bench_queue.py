@@ -30,12 +30,12 @@ from sqlalchemy import text
 from bench.common import REDIS_URL, emit, scratch_pg
 from stepq.assembly import worker_runtime
 from stepq.models import Database, queries
+from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.backends import GenerationRequest, SamplingParams, make_backend
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.grading.grader import Grader
 from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.runtime import WorkerOptions
-from stepq.workers.labelling.annotation_plans import configure_annotation
 from stepq.workers.seeds import derive_seed
 
 

@@ -22,8 +22,6 @@ from stepq.workers.backends import BACKENDS as BACKEND_NAMES
 if TYPE_CHECKING:
     from stepq.trainer.evaluation.judge_spec import BuiltJudge, JudgeSpec
 
-JUDGES = ("model", "prm", "oracle", "label-oracle", "accept-all", "scores")
-
 
 @contextmanager
 def progress_bars() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
@@ -44,10 +42,10 @@ def progress_bars() -> Iterator[Callable[[str, int], Callable[[int], None]]]:
 def judge_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The options that pick and configure a judge, shared by every eval command; the command
     receives them as one ``spec: JudgeSpec``."""
-    from stepq.trainer.evaluation.judge_spec import KINDS, SCORE_BY
+    from stepq.trainer.evaluation.judge_spec import JUDGE_KINDS, SCORE_BY
 
     options = [
-        click.option("--judge", type=click.Choice(KINDS), default="model", show_default=True),
+        click.option("--judge", type=click.Choice(JUDGE_KINDS), default="model", show_default=True),
         click.option("--backend", type=click.Choice(BACKEND_NAMES), default="hf", show_default=True),
         click.option("--model", default=None, help="The judge model (a directory for hf/vllm)."),
         click.option("--base-url", default=None),
@@ -200,6 +198,12 @@ def eval_group() -> None:
     help="Scoring judges: score each subset at the best of 10,000 thresholds on that subset itself (the "
     "outcome-supervised PRM paper's appendix protocol; labelled oracle: it flatters the judge).",
 )
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Only the first N samples of each file: a quick look (not ProcessBench's figures).",
+)
 @click.option("--json", "as_json", is_flag=True)
 @judge_options
 @friendly
@@ -211,6 +215,7 @@ def eval_processbench(
     tune_file: Path | None,
     subset_tunes: tuple[str, ...],
     oracle_threshold: bool,
+    limit: int | None,
     as_json: bool,
     spec: JudgeSpec,
 ) -> None:
@@ -237,6 +242,7 @@ def eval_processbench(
             subset_tune_files=per_subset,
             oracle_threshold=oracle_threshold,
             on_subset=bar,
+            limit=limit,
         )
     all_predictions = report.pop("predictions")
     if out_dir is not None:
@@ -253,6 +259,8 @@ def eval_processbench(
                 tuned = f"chosen on {r['threshold_tuned_on']}" if r["threshold_tuned_on"] else "given"
             where = f" for {r['subset']}" if each else ""
             click.echo(f"threshold{where} {r['threshold']:.4f} ({tuned})")
+    if limit is not None:
+        click.echo(f"the first {limit} samples of each file only: a quick look, not ProcessBench's figures")
     writes = "judge_settings" in report
     extra = f" {'outputs':>8} {'no verdict':>10} {'cut':>5}" if writes else ""
     click.echo(f"{'subset':<12} {'samples':>7} {'acc_error':>9} {'acc_correct':>11} {'F1':>6}{extra}")

@@ -18,7 +18,6 @@ from stepq.commands.base import (
     open_db,
     setup_logging,
 )
-from stepq.models import Database
 from stepq.models.errors import DatabaseError
 from stepq.settings import require_named_database
 from stepq.workers.backends import BACKENDS as BACKEND_NAMES
@@ -93,55 +92,15 @@ def worker(
     backend_options: tuple[str, ...],
 ) -> None:
     """Run a Celery worker that pulls rollout work (one per GPU, concurrency 1)."""
-    from stepq.assembly import configured_runtime, self_tested_grader
-    from stepq.workers.backends import check_config, check_installed, make_backend
-    from stepq.workers.celery_app import create_app, run_worker, wait_for_broker
-    from stepq.workers.jobqueue.runtime import WorkerRuntime
+    from stepq.assembly import QueueWorkerSpec, run_queue_worker
 
     settings = load_settings()
-    require_named_database()  # before open_db, which would make the stray file
+    require_named_database()  # before anything opens the database, which would make the stray file
     setup_logging(loglevel or settings.log_level, settings.log_format)
-    open_db(settings).dispose()
-    if backend:
-        check_config(backend, backend_config(model, base_url, backend_options))
-        check_installed(backend)  # before the broker: a worker that cannot generate takes no work
-    self_tested_grader(settings)
-    wait_for_broker(settings.broker_url, settings.broker_wait_s)
-    config = backend_config(
-        model,
-        base_url,
-        backend_options,
-        tensor_parallel_size=tensor_parallel_size,
-        gpu_memory_utilization=gpu_memory_utilization,
-    )
-
-    def runtime() -> WorkerRuntime:
-        # Built in the process that runs tasks (each prefork child after its fork), once:
-        # the engine stays warm for every task that process runs.
-        # A connection for each thread that runs tasks, the write-behind thread and the heartbeat.
-        threads = (concurrency if pool == "threads" else 1) + 2
-        database = Database(
-            settings.database_url,
-            pool_size=threads,
-            synchronous_commit=settings.synchronous_commit,
-            guards=settings.session_guards(),
-        )
-        engine = make_backend(backend, config) if backend else None
-        return configured_runtime(settings, database, name, queue_worker=True, backend=engine)
-
-    app = create_app(settings.celery_options(), runtime, forking_pool=pool == "prefork", kinds=settings.job_kinds())
-    argv = [
-        "worker",
-        f"--pool={pool}",
-        f"--concurrency={concurrency}",
-        f"--queues={settings.queue}",
-        f"--loglevel={(loglevel or settings.log_level).upper()}",
-        "--without-gossip",
-        "--without-mingle",
-    ]
-    if name:
-        argv.append(f"--hostname={name}@%h")
-    run_worker(app, argv)
+    engine_defaults = {"tensor_parallel_size": tensor_parallel_size, "gpu_memory_utilization": gpu_memory_utilization}
+    config = backend_config(model, base_url, backend_options)
+    spec = QueueWorkerSpec(name, pool, concurrency, loglevel, backend, config, engine_defaults)
+    run_queue_worker(settings, spec)
 
 
 @main.command()

@@ -12,9 +12,10 @@ from typing import Any
 
 import click
 
-from stepq.commands.base import client, friendly, load_settings, main, open_db, setup_logging
+from stepq.commands.base import backend_from_options, client, friendly, load_settings, main, open_db, setup_logging
 from stepq.models.errors import ConfigError
 from stepq.trainer import methods
+from stepq.workers.backends import BACKENDS as BACKEND_NAMES
 
 # --- snapshots ----------------------------------------------------------------------
 
@@ -165,6 +166,73 @@ def export_stepwise_command(ref: str, out: Path, until_first_error: bool) -> Non
 
     counts = export_stepwise(open_db(load_settings()), ref, out, until_first_error=until_first_error)
     click.echo(f"snapshot {ref}: " + ", ".join(f"{k} {v} records" for k, v in counts.items()) + f" written to {out}")
+
+
+@export_group.command("rationales")
+@click.option("--snapshot", "ref", required=True, help="Snapshot number or name: its training chunks are asked.")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Output folder (train.jsonl, manifest).")
+@click.option("--teacher-backend", type=click.Choice(BACKEND_NAMES), required=True, help="The teacher's backend.")
+@click.option("--teacher-model", default=None, help="The teacher model (a folder, hub id or served name).")
+@click.option("--teacher-base-url", default=None, help="openai backend: the server's URL.")
+@click.option("--backend-option", "backend_options", multiple=True, metavar="KEY=VALUE", help="More teacher config.")
+@click.option(
+    "--samples",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Answers asked per chunk; the first whose verdict agrees with the label is kept.",
+)
+@click.option("--temperature", type=click.FloatRange(min=0), default=1.0, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(min=1), default=2048, show_default=True)
+@click.option("--judge-template", type=click.Path(exists=True, path_type=Path), default=None)
+@click.option("--chat-template/--no-chat-template", default=True, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@friendly
+def export_rationales_command(
+    ref: str,
+    out: Path,
+    teacher_backend: str,
+    teacher_model: str | None,
+    teacher_base_url: str | None,
+    backend_options: tuple[str, ...],
+    samples: int,
+    temperature: float,
+    max_tokens: int,
+    judge_template: Path | None,
+    chat_template: bool,
+    seed: int,
+) -> None:
+    """A teacher's rationales for a snapshot's training chunks, each kept only where its
+    verdict agrees with the chunk's Monte Carlo label (rejection sampling), for 'stepq train
+    --method sft --data OUT'."""
+    from stepq.trainer.generative_judge.prompt import JudgePrompt
+    from stepq.trainer.snapshots.rationales import teacher_rationales, write_rationales
+    from stepq.workers.backends import SamplingParams
+
+    template = JudgePrompt.load(judge_template) if judge_template else JudgePrompt.load()
+    teacher = backend_from_options(teacher_backend, teacher_model, teacher_base_url, backend_options)
+    try:
+        params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
+        records, report = teacher_rationales(
+            open_db(load_settings()),
+            ref,
+            teacher,
+            params,
+            template=template,
+            chat_template=chat_template,
+            samples=samples,
+            seed=seed,
+        )
+    finally:
+        teacher.close()
+    write_rationales(out, records, report, template, snapshot=ref, teacher=teacher.generator, samples=samples)
+    per_label = ", ".join(f"{label} {report.kept[label]}/{report.asked[label]}" for label in sorted(report.asked))
+    click.echo(
+        f"snapshot {ref}: {len(records)} rationales kept of {sum(report.asked.values())} chunks ({per_label}); "
+        f"{report.no_verdict} of {report.answers} answers had no verdict; written to {out}"
+    )
+    if not records:
+        raise ConfigError("no answer of the teacher agreed with its chunk's label: nothing to train on")
 
 
 @snapshot.command("list")
@@ -327,6 +395,8 @@ def train(
     from stepq.trainer.training.ranks import current_rank, die_with_launcher
 
     die_with_launcher()
+    settings = load_settings()
+    setup_logging(settings.log_level, settings.log_format)  # progress, resumes: the trainers' log lines
     result = client().train(
         method=method,
         recipe=recipe,

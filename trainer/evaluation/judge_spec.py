@@ -20,7 +20,7 @@ from stepq.trainer.evaluation import judges
 from stepq.trainer.generative_judge.judge_prompting import JudgeSettings, settings_for_model
 from stepq.trainer.generative_judge.training_range import range_note
 
-KINDS = ("model", "prm", "oracle", "label-oracle", "accept-all", "scores")
+JUDGE_KINDS = ("model", "prm", "oracle", "label-oracle", "accept-all", "scores")
 SCORE_BY = ("verdict", *judges.SCORE_BY)
 
 
@@ -68,8 +68,8 @@ class BuiltJudge:
 
 
 def build_judge(spec: JudgeSpec) -> BuiltJudge:
-    if spec.kind not in KINDS:
-        raise ConfigError(f"unknown judge '{spec.kind}' (one of: {', '.join(KINDS)})")
+    if spec.kind not in JUDGE_KINDS:
+        raise ConfigError(f"unknown judge '{spec.kind}' (one of: {', '.join(JUDGE_KINDS)})")
     if spec.score_by != "verdict" and spec.kind != "model":
         raise ConfigError("--score-by applies to --judge model only (a PRM scores already)")
     if spec.kind == "oracle":

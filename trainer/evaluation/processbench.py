@@ -196,7 +196,6 @@ def sample_scores(judge: Any, samples: Sequence[dict[str, Any]]) -> dict[str, li
 
 # --- the whole evaluation, as ``stepq eval processbench`` runs it --------------------------
 
-NO_VERDICT_RULE = "a rejection: that step is predicted as the first error"
 ORACLE = "oracle"
 """A threshold chosen on the very subset it scores: the best F1 the judge's scores allow."""
 ORACLE_CANDIDATES = 10_000
@@ -214,6 +213,7 @@ def evaluate(
     subset_tune_files: Mapping[str, Path] | None = None,
     oracle_threshold: bool = False,
     on_subset: Callable[[str, int], Callable[[int], None] | None] | None = None,
+    limit: int | None = None,
 ) -> dict[str, Any]:
     """Score ``judge`` (or given ``predictions``) on each ProcessBench file.
 
@@ -225,7 +225,8 @@ def evaluate(
     (or the one chosen on ``tune_file``: ProcessBench's main results use one for all).
     ``oracle_threshold``: every subset is scored at the best of up to ``ORACLE_CANDIDATES``
     thresholds on its own samples (the outcome-supervised PRM paper's appendix protocol); the
-    report names it ``oracle``, since the scored data chose it.
+    report names it ``oracle``, since the scored data chose it.  ``limit``: only the first so
+    many samples of each scored file (a quick look; a threshold is still chosen on a whole file).
     """
     if (judge is None) == (predictions is None):
         raise ValueError("give a judge or predictions")
@@ -245,7 +246,7 @@ def evaluate(
     default = (threshold, subset_name(tune_file) if tune_file else None)
     subsets, all_predictions = [], {}
     for path in files:
-        samples = load_samples(path)
+        samples = load_samples(path)[:limit]
         labels = {s["id"]: s["label"] for s in samples}
         before = judge_stats(judge)
         if predictions is not None:
@@ -290,6 +291,8 @@ def evaluate(
             if per_subset
             else ("one threshold, tuned" if tune_file else "one threshold, given")
         )
+    if limit is not None:
+        report["limit"] = limit
     if len(subsets) > 1:
         report["average_f1"] = sum(s["f1"] for s in subsets) / len(subsets)
     report["predictions"] = all_predictions

@@ -17,12 +17,13 @@ from stepq.trainer.methods.base import Method, TrainingData
 from stepq.trainer.methods.dpo import DPO
 from stepq.trainer.methods.grpo import GRPO
 from stepq.trainer.methods.prm import PRM
+from stepq.trainer.methods.sft import SFT
 from stepq.trainer.training.recipe import Recipe
 from stepq.trainer.training.runs import TrainOptions, TrainResult, execute
 
 __all__ = ["REGISTRY", "Method", "TrainingData", "method_named", "names", "recipe_for", "train"]
 
-REGISTRY: dict[str, Method] = {m.name: m for m in (GRPO(), DPO(), PRM())}
+REGISTRY: dict[str, Method] = {m.name: m for m in (GRPO(), DPO(), PRM(), SFT())}
 """The built-in methods, by the name recipes and ``stepq train --method`` use."""
 ENTRY_POINTS = "stepq.methods"
 

@@ -6,8 +6,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from stepq.models import queries
+from stepq.models.errors import ConfigError
 from stepq.workers.backends.base import Completion, GenerationRequest, SamplingParams
-from stepq.workers.backends.synthetic_policy import SyntheticPolicy
+from stepq.workers.backends.synthetic_policy import SyntheticPolicy, is_synthetic_question
 
 
 class SyntheticBackend:
@@ -68,3 +70,16 @@ class SyntheticBackend:
 
     def close(self) -> None:
         return None
+
+
+def require_synthetic_problems(session: Any, set_id: int, backend: str, set_name: str) -> None:
+    """The synthetic backend continues only synthetic arithmetic problems: say so before
+    anything is stored or sampled, not as a worker's ValueError."""
+    if backend != "synthetic":
+        return
+    first = queries.set_problems(session, set_id, limit=1)
+    if first and not is_synthetic_question(first[0].question):
+        raise ConfigError(
+            f"set '{set_name}' holds problems the synthetic backend cannot continue (it knows only 'stepq synth' "
+            "problems): choose --backend vllm, openai or hf with --model"
+        )

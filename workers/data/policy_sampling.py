@@ -16,11 +16,11 @@ from pathlib import Path
 from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
 from stepq.workers.backends import GenerationBackend, GenerationRequest, SamplingParams, generator_id
+from stepq.workers.backends.synthetic import require_synthetic_problems
 from stepq.workers.data.llm_segment import segment_with_model
 from stepq.workers.data.prompts import render
 from stepq.workers.data.segmentation import Segmentation, segment
 from stepq.workers.grading.grader import Grader, extract_boxed
-from stepq.workers.labelling.annotation_plans import require_synthetic_problems
 from stepq.workers.seeds import derive_seed
 
 

@@ -16,6 +16,8 @@ import socket
 import threading
 from collections.abc import Callable
 
+from sqlalchemy.orm import Session
+
 from stepq.models import Database, queries
 from stepq.workers.jobqueue.held_jobs import HeldJobs
 from stepq.workers.jobqueue.logcontext import bind
@@ -55,24 +57,32 @@ class Heartbeat:
         """One beat; returns how many leases it renewed.  Releases a task could not write (the
         database was restarting) are written first."""
         self.held.settle_owed()
-        engine_s, grades = self.totals()
         with self.db.session() as s:
             renewed = self.held.renew(s, self.name, self.lease_ttl_s)
-            queries.heartbeat(
-                s,
-                self.name,
-                hostname=socket.gethostname(),
-                pid=os.getpid(),
-                backend=self.backend(),
-                busy_items=self.busy(),
-                label=self.label,
-                engine_s=engine_s,
-                grades=grades,
-                unhealthy=self.unhealthy(),
-                refused=self.refused(),
-            )
+            self.write(s)
         self.beats += 1
         return renewed
+
+    def write(self, session: Session, *, rollouts: int = 0, tokens: int = 0) -> None:
+        """The worker's row, in ``session``: alive now, and ``rollouts`` and ``tokens`` more
+        done (a handler writes it in the transaction that stores them, so the counts and the
+        rows commit together).  The one writer of the row."""
+        engine_s, grades = self.totals()
+        queries.heartbeat(
+            session,
+            self.name,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            backend=self.backend(),
+            rollouts=rollouts,
+            tokens=tokens,
+            busy_items=self.busy(),
+            label=self.label,
+            engine_s=engine_s,
+            grades=grades,
+            unhealthy=self.unhealthy(),
+            refused=self.refused(),
+        )
 
     def start(self) -> Heartbeat:
         if self._thread is None:

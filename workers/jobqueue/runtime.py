@@ -1,32 +1,32 @@
-"""What a worker process keeps between tasks: its database, grader and warm backends, the
-jobs it holds (renewed by its heartbeat), its write-behind thread, and the deadline that
-bounds a call that may hang.  The same object in a Celery worker and in the embedded runner;
+"""What a worker process keeps between tasks: its database, the jobs it holds (renewed by its
+heartbeat), its write-behind thread, the deadline that bounds a call that may hang, and the
+engines its handlers work with (``workers.engines``: grader, warm backends, judge factory;
+the queue only closes them).  The same object in a Celery worker and in the embedded runner;
 ``stepq.assembly`` builds it the one way every front end uses."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
 import socket
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from stepq.models import Database
 from stepq.models.errors import GenerationError
-from stepq.models.problems import ProblemSet
-from stepq.workers.backends import GenerationBackend, make_backend
-from stepq.workers.grading.grader import Grader
 from stepq.workers.jobqueue.health import Health
 from stepq.workers.jobqueue.heartbeat import Heartbeat
 from stepq.workers.jobqueue.held_jobs import HeldJobs
 from stepq.workers.jobqueue.runner import fail
 from stepq.workers.jobqueue.write_behind import WriteBehind
+
+if TYPE_CHECKING:
+    from stepq.workers.engines import Engines
 
 log = logging.getLogger("stepq.worker")
 GENERATE_TIMEOUT_EXIT = 69
@@ -49,8 +49,6 @@ class WorkerOptions:
     """A generate call (or a search turn) still running after this long is presumed hung: its
     work is handed back and the process exits (``GENERATE_TIMEOUT_EXIT``) for its supervisor to
     restart it.  0: no deadline."""
-    openai_api_key: str = field(default="", repr=False)
-    """The openai backend's key (``STEPQ_OPENAI_API_KEY``), unless a set's config names one."""
     unhealthy_after: int = 0
     """Failed jobs in a row (transient errors) after which the process stops taking work and
     reports itself unhealthy (``jobqueue.health``); 0: never (a queue worker's setting:
@@ -70,19 +68,11 @@ class WorkerOptions:
 
 @dataclass
 class WorkerRuntime:
-    """What a worker process keeps between tasks: database, grader, warm backends."""
+    """What a worker process keeps between tasks: its database, held jobs and engines."""
 
     db: Database
-    options: WorkerOptions = field(default_factory=WorkerOptions)
-    grader: Grader = field(default_factory=Grader)
-    backend_override: GenerationBackend | None = None
-    owns_override: bool = False
-    """Close the override with the runtime (a worker's engine: its processes must stop too)."""
-    judge_factory: Callable[[int, Any], Any] | None = None
-    """Priority scoring's judge for a training run id and a round's strategy: the trainer's
-    (``stepq.trainer.evaluation.scoring_judges``, handed down by whoever assembles the process,
-    so the workers never import the trainer), or a stand-in (tests, benchmarks)."""
-    _backends: dict[str, GenerationBackend] = field(default_factory=dict)
+    options: WorkerOptions
+    engines: Engines
 
     def __post_init__(self) -> None:
         self.label = self.options.name or "worker"
@@ -103,7 +93,6 @@ class WorkerRuntime:
         self.stopping = threading.Event()
         """Set when the process is asked to stop: tasks hand their items back after the batch
         in flight instead of finishing them."""
-        self._generator = self.backend_override.generator if self.backend_override else "per-set"
         self.heartbeat = Heartbeat(
             self.db,
             self.name,
@@ -111,7 +100,7 @@ class WorkerRuntime:
             interval_s=self.options.heartbeat_interval_s,
             lease_ttl_s=self.options.lease_ttl_s,
             busy=lambda: len(self.held),
-            backend=lambda: self._generator,
+            backend=lambda: self.engines.generator,
             totals=lambda: (self.engine_s, dict(self.grades)),
             held=self.held,
             unhealthy=lambda: self.health.reason,
@@ -168,28 +157,8 @@ class WorkerRuntime:
         logging.shutdown()
         os._exit(GENERATE_TIMEOUT_EXIT)
 
-    def backend_for(self, pset: ProblemSet) -> GenerationBackend:
-        """The set's policy (or the worker's own engine), kept warm across tasks."""
-        if self.backend_override is not None:
-            return self.backend_override
-        backend = self.backend_named(pset.backend, pset.backend_config)
-        self._generator = backend.generator
-        return backend
-
-    def backend_named(self, name: str, config: dict[str, Any]) -> GenerationBackend:
-        """A backend by name and config, built once per process (a judge's, a set's)."""
-        key = name + json.dumps(config, sort_keys=True)
-        if key not in self._backends:
-            self._backends[key] = make_backend(name, config, api_key=self.options.openai_api_key or None)
-        return self._backends[key]
-
     def close(self) -> None:
         if self.writer is not None:  # while the heartbeat still renews what it holds
             self.writer.close()
         self.heartbeat.stop()
-        for backend in self._backends.values():
-            backend.close()
-        self._backends.clear()
-        if self.owns_override and self.backend_override is not None:
-            self.backend_override.close()
-        self.grader.close()
+        self.engines.close()

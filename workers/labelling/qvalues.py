@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,14 +134,37 @@ def relabel_set(db: Database, set_name: str, rule: LabelRule, *, make_default: b
         policy = parse_budget(pset.budget_policy)
         m = pset.rollouts_per_prefix
         tids = queries.set_trajectory_ids(s, pset.id)
+    return relabel_trajectories(db, tids, m, policy, [rule])
+
+
+def relabel_trajectories(
+    db: Database,
+    trajectory_ids: Sequence[int],
+    m: int,
+    policy: BudgetPolicy,
+    rules: Sequence[LabelRule],
+    *,
+    reopen: bool = False,
+) -> RelabelReport:
+    """The one relabel loop (a new rule, re-graded rollouts): each trajectory's Q-values and
+    its labels under each rule recomputed from its stored rollouts, a few hundred trajectories
+    a transaction; ``reopen``: their work items reopen too, so an adaptive budget can sample
+    what the changed evidence now asks for."""
     labelled = undecided = 0
-    for start in range(0, len(tids), 200):
+    for start in range(0, len(trajectory_ids), RELABEL_BATCH):
+        part = list(trajectory_ids[start : start + RELABEL_BATCH])
         with db.session() as s:
-            for tid in tids[start : start + 200]:
+            for tid in part:
                 ctx = queries.load_work_context(s, tid)
                 is_sample = queries.trajectory_counted(s, tid)
-                labeller = TrajectoryLabeller(ctx.trajectory, ctx.chunks, m, policy, rule, is_sample, ctx.siblings)
-                decision = labeller.store(s, ctx.rewards)
-                labelled += sum(label is not None for label in decision.labels)
-                undecided += sum(label is None for label in decision.labels)
+                for rule in rules:
+                    labeller = TrajectoryLabeller(ctx.trajectory, ctx.chunks, m, policy, rule, is_sample, ctx.siblings)
+                    decision = labeller.store(s, ctx.rewards)
+                    labelled += sum(label is not None for label in decision.labels)
+                    undecided += sum(label is None for label in decision.labels)
+            if reopen:
+                queries.reopen_trajectories(s, part)
     return RelabelReport(labelled, undecided)
+
+
+RELABEL_BATCH = 200

@@ -15,7 +15,7 @@ from stepq.models import Database, queries
 from stepq.workers.grading.grader import Grader
 from stepq.workers.labelling.budget import parse_budget
 from stepq.workers.labelling.labels import parse_rule
-from stepq.workers.labelling.qvalues import TrajectoryLabeller
+from stepq.workers.labelling.qvalues import relabel_trajectories
 
 ONLY = {"timeouts": ("timeout",), "errors": ("timeout", "error"), "all": None}
 
@@ -98,14 +98,4 @@ def _relabel(db: Database, set_name: str, trajectory_ids: list[int]) -> None:
         rules = {pset.label_rule, *queries.label_rules_of(s, trajectory_ids)}
     if m == 0:  # the set is not configured for annotation: nothing to label
         return
-    for start in range(0, len(trajectory_ids), 200):
-        with db.session() as s:
-            part = trajectory_ids[start : start + 200]
-            for tid in part:
-                ctx = queries.load_work_context(s, tid)
-                counted = queries.trajectory_counted(s, tid)
-                for rule in sorted(rules):
-                    TrajectoryLabeller(
-                        ctx.trajectory, ctx.chunks, m, policy, parse_rule(rule), counted, ctx.siblings
-                    ).store(s, ctx.rewards)
-            queries.reopen_trajectories(s, part)
+    relabel_trajectories(db, trajectory_ids, m, policy, [parse_rule(r) for r in sorted(rules)], reopen=True)

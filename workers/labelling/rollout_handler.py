@@ -8,15 +8,11 @@ does the work.  The same code runs in a Celery worker and in the embedded runner
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
 from dataclasses import dataclass
 from functools import partial
 from itertools import accumulate
 from typing import Any
-
-from sqlalchemy.orm import Session
 
 from stepq.models import queries
 from stepq.models.errors import ConfigError, GenerationError, LeaseLost, Superseded, WrongGenerator
@@ -37,7 +33,6 @@ from stepq.workers.jobqueue.runtime import WorkerRuntime
 from stepq.workers.labelling.budget import parse_budget
 from stepq.workers.labelling.labels import parse_rule
 from stepq.workers.labelling.qvalues import TrajectoryLabeller
-from stepq.workers.priority.rounds import SCORING_BATCH
 from stepq.workers.seeds import derive_seed
 
 log = logging.getLogger("stepq.worker")
@@ -76,7 +71,7 @@ class TrajectoryJob:
             raise ConfigError(f"problem {problem.external_id} has no reference answer to grade against")
         self.policy = parse_budget(pset.budget_policy)
         self.params = SamplingParams.from_config(pset.sampling)
-        self.backend = self.rt.backend_for(pset)
+        self.backend = self.rt.engines.backend_for(pset)
         self.generator = generator_id(self.backend, self.params)
         named = expected_generator(pset.backend, pset.backend_config or {}, self.backend.name)
         if named is not None and not serves_model(self.backend, named):
@@ -141,7 +136,7 @@ class TrajectoryJob:
         tokens = 0
         for (k, js), req, completions in zip(self.batch, requests, results, strict=True):
             for j, seed, comp in zip(js, req.seeds, completions, strict=True):
-                grade = rt.grader.grade(comp.text, self.ctx.problem.reference_answer)
+                grade = rt.engines.grader.grade(comp.text, self.ctx.problem.reference_answer)
                 rt.grades[grade.method] += 1
                 tokens += comp.tokens
                 rows.append(
@@ -170,21 +165,7 @@ class TrajectoryJob:
                 queries.mark_trajectory_counted(s, traj.id, self.labeller.trajectory_is_sample)
                 self.first = False
             self.decision = self.labeller.refresh(s)
-            queries.heartbeat(
-                s,
-                rt.name,
-                hostname=socket.gethostname(),
-                pid=os.getpid(),
-                backend=self.backend.generator,
-                rollouts=len(rows),
-                tokens=tokens,
-                busy_items=rt.busy_items,
-                label=rt.label,
-                engine_s=rt.engine_s,
-                grades=dict(rt.grades),
-                unhealthy=rt.health.reason,
-                refused=rt.refused,
-            )
+            rt.heartbeat.write(s, rollouts=len(rows), tokens=tokens)
             # ...and again last where the first read held no lock (SQLite)
             queries.fence_write(s, self.ctx.problem_set.id, self.generation, self.generator, recheck=True)
             if self.decision.done:  # the last batch commits together with "done"
@@ -310,19 +291,11 @@ def _commit_last_batch(job: TrajectoryJob, requests: list[GenerationRequest], re
         _settle_failed_write(job, exc)
 
 
-def plan_rollouts(session: Session) -> int:
-    """The dispatcher's hook: work for new trajectories and raised budgets (returns how many
-    items), and for a prioritised set's new work, the scoring jobs that order it."""
-    planned = queries.plan_work(session)
-    queries.cover_new_work(session, SCORING_BATCH)
-    return planned
-
-
 ROLLOUTS = JobKind(
     ROLLOUT_WORK,
     "stepq.annotate_trajectory",
     handle_rollouts,
-    plan=plan_rollouts,
+    plan=queries.plan_work,  # work for new trajectories and raised budgets
     held_back=queries.sets_being_scored,
 )
 """A trajectory's missing rollouts; several to a message (one engine call serves them, the

@@ -12,25 +12,27 @@ share of Positive verdicts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
+
+from sqlalchemy.orm import Session
 
 from stepq.models import PriorityRound, PriorityScoring, ProblemSet, queries
 from stepq.models.errors import ConfigError
 from stepq.models.prioritization import PRIORITY_SCORINGS
 from stepq.workers.jobqueue.job_kind import JobKind
-from stepq.workers.jobqueue.runner import Claimed, run_jobs
+from stepq.workers.jobqueue.runner import Claimed
 from stepq.workers.jobqueue.runtime import WorkerRuntime
+from stepq.workers.priority.rounds import SCORING_BATCH
 from stepq.workers.priority.strategies import Strategy, dispatch_key, parse_strategy, priority
 
 
 def judge_of(rt: WorkerRuntime, run_id: int, strategy: Strategy) -> Any:
     """The round's judge, from the factory the process was assembled with."""
-    if rt.judge_factory is None:
+    if rt.engines.judge_factory is None:
         raise ConfigError(
             "this worker was started without a judge factory: it cannot score for a prioritised set's round"
         )
-    return rt.judge_factory(run_id, strategy)
+    return rt.engines.judge_factory(run_id, strategy)
 
 
 def handle_scorings(rt: WorkerRuntime, claimed: Claimed) -> None:
@@ -63,11 +65,13 @@ def _score(rt: WorkerRuntime, claimed: Claimed, job_id: int) -> bool:
     return True
 
 
-SCORINGS = JobKind(PRIORITY_SCORINGS, "stepq.priority_scoring", handle_scorings)
+def plan_scorings(session: Session) -> int:
+    """The dispatcher's hook, after the rollouts kind planned its work in the same transaction:
+    scoring jobs for a prioritised set's work planned since its round began (new problems, new
+    trajectories), so none of it is published unordered."""
+    return queries.cover_new_work(session, SCORING_BATCH)
+
+
+SCORINGS = JobKind(PRIORITY_SCORINGS, "stepq.priority_scoring", handle_scorings, plan=plan_scorings)
 """A range of a set's waiting trajectories scored by a priority round's judge; made when a
-round starts, and for work planned later (the rollouts kind's planning hook)."""
-
-
-def run_scorings(rt: WorkerRuntime, ids: Sequence[int], kind: JobKind = SCORINGS) -> dict[int, str]:
-    """Run scoring jobs here (the runner and this handler)."""
-    return run_jobs(rt, kind, ids)
+round starts, and for work planned later (its own planning hook)."""

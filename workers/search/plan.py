@@ -12,9 +12,9 @@ from typing import Any
 from stepq.models import Database, queries
 from stepq.models.errors import ConfigError
 from stepq.workers.backends import check_storable
+from stepq.workers.backends.synthetic import require_synthetic_problems
 from stepq.workers.data.prompts import load_template, render
 from stepq.workers.data.segmentation import set_cutting_method
-from stepq.workers.labelling.annotation_plans import require_synthetic_problems
 from stepq.workers.search.pairwise import EACH_VERDICT, SCORINGS
 from stepq.workers.search.search_handler import ORACLE
 

@@ -4,7 +4,7 @@ search's next holder redoes it with the same seeds.  Thin: the logic is ``step_s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from stepq.models import queries
@@ -61,11 +61,11 @@ def _run_search(rt: WorkerRuntime, claimed: Claimed, search_id: int) -> bool:
         policy_model, sampling = search.policy_model, search.sampling
         turns = [(t.action, list(t.candidates), t.chosen) for t in queries.search_turns(s, search_id)]
     if policy_model is None:
-        policy = rt.backend_for(pset)
+        policy = rt.engines.backend_for(pset)
     else:  # a later round's policy: the trained model, on the set's backend
-        policy = rt.backend_named(pset.backend, {**(pset.backend_config or {}), "model": policy_model})
+        policy = rt.engines.backend_named(pset.backend, {**(pset.backend_config or {}), "model": policy_model})
     params = candidate_params(pset.sampling, sampling)
-    judge = judge_for(rt.backend_named, judge_backend, judge_config)
+    judge = judge_for(rt.engines.backend_named, judge_backend, judge_config)
     prefix, finished = replay(turns)
     turn_no = len(turns)
     while not finished and turn_no < spec.max_turns:
@@ -94,11 +94,6 @@ def _run_search(rt: WorkerRuntime, claimed: Claimed, search_id: int) -> bool:
 SEARCHES = JobKind(STEP_SEARCHES, "stepq.step_search", handle_searches)
 """One problem's step search, one to a message (a search is a long task); made by ``stepq
 search start``, not planned by the dispatcher."""
-
-
-def run_searches(rt: WorkerRuntime, ids: Sequence[int], kind: JobKind = SEARCHES) -> dict[int, str]:
-    """Run step searches here (the runner and this handler)."""
-    return run_jobs(rt, kind, ids)
 
 
 def run_search(rt: WorkerRuntime, search_id: int, kind: JobKind = SEARCHES) -> str:

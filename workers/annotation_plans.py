@@ -8,7 +8,7 @@ from typing import Any
 from stepq.models import Database, queries
 from stepq.models.errors import ConfigError, NotFoundError
 from stepq.workers.backends import SamplingParams, check_config, check_storable
-from stepq.workers.backends.synthetic_policy import is_synthetic_question
+from stepq.workers.backends.synthetic import require_synthetic_problems
 from stepq.workers.labelling.budget import parse_budget
 from stepq.workers.labelling.labels import parse_rule
 from stepq.workers.priority.rounds import RoundReport, set_priority
@@ -25,19 +25,6 @@ class PlanReport:
     overridden: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     """The settings this call changed, each as (before, after): another command's M, rule or
     budget replaced is said, not silent."""
-
-
-def require_synthetic_problems(session: Any, set_id: int, backend: str, set_name: str) -> None:
-    """The synthetic backend continues only synthetic arithmetic problems: say so before
-    anything is stored or sampled, not as a worker's ValueError."""
-    if backend != "synthetic":
-        return
-    first = queries.set_problems(session, set_id, limit=1)
-    if first and not is_synthetic_question(first[0].question):
-        raise ConfigError(
-            f"set '{set_name}' holds problems the synthetic backend cannot continue (it knows only 'stepq synth' "
-            "problems): choose --backend vllm, openai or hf with --model"
-        )
 
 
 def generation_changes(

@@ -1,0 +1,102 @@
+"""The generative judge's supervised start: TRL's ``SFTTrainer`` on (judge prompt, analysis
+and verdict) records.
+
+Where the records come from is data, not the trainer: a teacher's rationales kept where they
+agree with the Monte Carlo label (``stepq export rationales``), a programmatic analysis (the
+benchmarks' spelled check), or any folder of ``prompt``/``completion`` lines.  The judge keeps
+``stepq-judge.json`` beside its weights like a GRPO judge, so ``stepq eval`` asks it as it was
+taught, and a GRPO recipe can start from it (``--model RUN/final``: the run row records it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from stepq.models import Database
+from stepq.models.errors import ConfigError
+from stepq.trainer.generative_judge.judge_prompting import FILE as JUDGE_SETTINGS
+from stepq.trainer.generative_judge.judge_prompting import JudgeSettings
+from stepq.trainer.generative_judge.prompt import JudgePrompt
+from stepq.trainer.methods.base import Method, TrainingData, base_model
+from stepq.trainer.snapshots.rationales import MANIFEST
+from stepq.trainer.training.recipe import Recipe
+from stepq.trainer.training.runs import RunPlan, RunSpec, TrainOptions
+
+FIELDS = ("prompt", "completion")
+
+
+def load_judge_records(folder: Path) -> tuple[list[dict[str, str]], str | None]:
+    """A folder's ``train.jsonl`` records and the template its prompts were rendered with
+    (its manifest's, if it has one)."""
+    path = folder / "train.jsonl"
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror} (write one with 'stepq export rationales')") from None
+    records = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{n}: not JSON ({exc.msg})") from None
+        if not all(isinstance(row.get(k), str) for k in FIELDS):
+            raise ConfigError(f"{path}:{n}: a record needs text 'prompt' and 'completion'")
+        records.append({k: row[k] for k in FIELDS})
+    manifest = folder / MANIFEST
+    template = json.loads(manifest.read_text(encoding="utf-8")).get("template") if manifest.is_file() else None
+    return records, template
+
+
+class SFT(Method):
+    name = "sft"
+    recipe = "judge-sft.yaml"
+    summary = "a generative judge's supervised start on prompt/completion records (--data)"
+
+    def plan(
+        self, db: Database, recipe: Recipe, data: TrainingData, output_dir: Path, options: TrainOptions
+    ) -> RunPlan:
+        source = data.only(self.name, "--data", "records")
+        template: str | None = None
+        if source == "--data":
+            assert data.data_dir is not None
+            records, template = load_judge_records(data.data_dir)
+            dataset = f"judge-records:{data.data_dir.resolve()}"
+        else:
+            records, dataset = [{k: r[k] for k in FIELDS} for r in data.records or ()], data.source()
+        if not records:
+            raise ConfigError(f"{dataset} has no records to train on")
+        from datasets import Dataset
+        from trl import SFTConfig, SFTTrainer
+
+        model = base_model(recipe, options)
+        config = recipe.config(SFTConfig, output_dir, **(options.trainer_overrides or {}))
+        if recipe.judge_template:
+            template = JudgePrompt.load(recipe.judge_template).template
+        prompting = JudgeSettings(
+            template or JudgePrompt.load().template,
+            recipe.conversational,
+            int(config.max_length or 0) or JudgeSettings.defaults().max_tokens,
+        )
+        rows = [_record(r, recipe.conversational) for r in records]
+        return RunPlan(
+            RunSpec(self.name, recipe.text, model, output_dir, dataset=dataset),
+            SFTTrainer,
+            {"model": model, "args": config, "train_dataset": Dataset.from_list(rows)},
+            max_steps=max(0, int(config.max_steps or 0)),
+            side_files={JUDGE_SETTINGS: prompting.as_dict()},
+        )
+
+
+def _record(record: dict[str, str], conversational: bool) -> dict[str, Any]:
+    """A prompt-completion record, as chat messages when the judge is asked through its chat
+    template (TRL applies it, and takes the loss on the completion only either way)."""
+    if not conversational:
+        return {"prompt": record["prompt"], "completion": record["completion"]}
+    return {
+        "prompt": [{"role": "user", "content": record["prompt"]}],
+        "completion": [{"role": "assistant", "content": record["completion"]}],
+    }
