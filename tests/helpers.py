@@ -116,16 +116,21 @@ def outlets(
     searches: Callable[..., None] | None = None,
     per_message: int = 1,
     retry: Any = None,
+    scorings: Callable[..., None] | None = None,
 ) -> list:
     """A dispatcher's outlets publishing into test callables: rollout work ``per_message`` ids
-    to a message, and (when given) step searches; ``retry``: the kinds' retry policy."""
+    to a message, and (when given) step searches and priority scorings (whose kind plans the
+    scoring of a prioritised set's new work); ``retry``: the kinds' retry policy."""
     from stepq.workers.jobqueue.job_kind import Outlet, with_retry
-    from stepq.workers.kinds import ROLLOUTS, SEARCHES
+    from stepq.workers.kinds import ROLLOUTS, SCORINGS, SEARCHES
 
-    rollout_kind, search_kind = with_retry([ROLLOUTS, SEARCHES], retry) if retry is not None else (ROLLOUTS, SEARCHES)
+    kinds = (ROLLOUTS, SEARCHES, SCORINGS)
+    rollout_kind, search_kind, scoring_kind = with_retry(kinds, retry) if retry is not None else kinds
     out = [Outlet(rollout_kind, rollouts, per_message)]
     if searches is not None:
         out.append(Outlet(search_kind, searches, 1))
+    if scorings is not None:
+        out.append(Outlet(scoring_kind, scorings, 1))
     return out
 
 

@@ -105,7 +105,7 @@ def test_a_failing_backend_marks_work_failed_after_max_attempts(sqlite: Database
     synth_set(sqlite, "f", problems=2, seed=1)
     _annotate(sqlite, "f", 2)
 
-    policy = _runtime(sqlite).backend_for(queries_set(sqlite, "f"))
+    policy = _runtime(sqlite).engines.backend_for(queries_set(sqlite, "f"))
 
     class Broken:  # the set's own policy, as far as any check can tell, until it generates
         name = "broken"
@@ -235,7 +235,7 @@ def test_interrupted_adaptive_work_resumes_to_the_same_result(sqlite: Database, 
 
     calls = {"n": 0}
     real = _runtime(sqlite)
-    backend = real.backend_for(queries_set(sqlite, "r"))
+    backend = real.engines.backend_for(queries_set(sqlite, "r"))
 
     class Flaky:
         name = backend.name
@@ -285,7 +285,7 @@ def test_several_items_per_task_share_engine_calls(sqlite: Database) -> None:
     synth_set(sqlite, "g", problems=8, seed=2)
     _annotate(sqlite, "g", 4, budget="adaptive", rule="rel-ratio")
     real = _runtime(sqlite)
-    backend = real.backend_for(queries_set(sqlite, "g"))
+    backend = real.engines.backend_for(queries_set(sqlite, "g"))
     calls: list[int] = []
 
     class Counting:

@@ -3,6 +3,7 @@ users' own repositories very often have.  Checked on a wheel built from this che
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -54,11 +55,17 @@ def test_checkout_symlinks_point_at_the_top_level_folders() -> None:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
-        check=True,
-        capture_output=True,
-    )
+    # setuptools copies into build/lib and never removes what is there: a module deleted or
+    # moved since an earlier build would ride along in this wheel (the build is this test's own)
+    shutil.rmtree(ROOT / "build", ignore_errors=True)
+    try:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
+            check=True,
+            capture_output=True,
+        )
+    finally:
+        shutil.rmtree(ROOT / "build", ignore_errors=True)
     (whl,) = out.glob("stepq-*.whl")
     return whl
 

@@ -39,11 +39,10 @@ def _label(db: Database, problems: int) -> None:
     )
 
 
-def test_each_new_judge_of_the_lineage_reorders_the_sets_that_follow_it(pg: Database, tmp_path: Path) -> None:
-    model = build_tiny_model(tmp_path / "model")
-    recipe = tiny_recipe(tmp_path / "tiny.yaml", model, max_steps=2, save_steps=2)
-    options = ServiceOptions(
-        lineage="judge",
+def _one_training(lineage: str, recipe: Path, tmp_path: Path) -> ServiceOptions:
+    """The service for one training of ``lineage`` once 10 chunks are labelled, then it returns."""
+    return ServiceOptions(
+        lineage=lineage,
         recipe=str(recipe),
         output_root=tmp_path / "runs",
         sets=("s",),
@@ -53,6 +52,11 @@ def test_each_new_judge_of_the_lineage_reorders_the_sets_that_follow_it(pg: Data
         max_trainings=1,
         max_idle_s=5,
     )
+
+
+def test_each_new_judge_of_the_lineage_reorders_the_sets_that_follow_it(pg: Database, tmp_path: Path) -> None:
+    model = build_tiny_model(tmp_path / "model")
+    options = _one_training("judge", tiny_recipe(tmp_path / "tiny.yaml", model, max_steps=2, save_steps=2), tmp_path)
     said: list[str] = []
     _label(pg, 12)
     assert serve(pg, options, said.append) == 1
@@ -100,17 +104,7 @@ def test_a_step_label_prm_lineage_trains_through_the_service_and_orders_a_set(pg
     model = build_tiny_model(tmp_path / "model", n_positions=512)
     recipe = tmp_path / "prm.yaml"
     recipe.write_text(prm_recipe(model, max_steps=2, save_steps=2).text)
-    options = ServiceOptions(
-        lineage="steps",
-        recipe=str(recipe),
-        output_root=tmp_path / "runs",
-        sets=("s",),
-        min_new_chunks=10,
-        val_fraction=0.2,
-        poll_s=0.1,
-        max_trainings=1,
-        max_idle_s=5,
-    )
+    options = _one_training("steps", recipe, tmp_path)
     said: list[str] = []
     _label(pg, 12)
     assert serve(pg, options, said.append) == 1

@@ -21,6 +21,7 @@ from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.dispatcher import Dispatcher, DispatchOptions
+from stepq.workers.jobqueue.runner import run_jobs
 from stepq.workers.jobqueue.runtime import WorkerOptions, WorkerRuntime
 from stepq.workers.kinds import SCORINGS
 from stepq.workers.priority.strategies import convincing_wrong, random_priority, uncertainty
@@ -149,13 +150,20 @@ def test_new_work_is_scored_by_the_rounds_judge_and_later_rounds_win(sqlite: Dat
     first = configure_annotation(sqlite, "g", 2, priority="random:seed=1").ordered
     assert first is not None
     synth_set(sqlite, "g", problems=9, seed=3)  # four problems more, after the round began
-    dispatcher = Dispatcher(sqlite, outlets(lambda ids: None), options=DispatchOptions(messages_per_worker=None))
-    dispatcher.cycle()  # plans the new work and gives it a scoring job of the same round
+    messages: list[list[int]] = []
+    published = outlets(lambda ids: None, scorings=lambda ids: messages.append(list(ids)))
+    dispatcher = Dispatcher(sqlite, published, options=DispatchOptions(messages_per_worker=None))
+    dispatcher.cycle()  # plans the new work, and the scorings kind gives it a job of the same round
     with sqlite.session() as s:
         scorings = list(s.scalars(select(PriorityScoring).order_by(PriorityScoring.id)))
         assert [j.round_id for j in scorings] == [first.round_id, first.round_id]
         assert scorings[1].work_from_id == scorings[0].work_to_id
-    run_in_process(sqlite, _runtime(sqlite), kinds=[SCORINGS])
+    rt = _runtime(sqlite)
+    try:  # each published message run as a worker's task runs one
+        for ids in messages:
+            run_jobs(rt, SCORINGS, ids)
+    finally:
+        rt.close()
     placed = _priorities(sqlite, "g")
     assert len(placed) == 9 and {r for _, r in placed.values()} == {first.round_id}
 
