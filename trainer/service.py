@@ -70,6 +70,8 @@ def serve(db: Database, options: ServiceOptions, say: Callable[[str], None] = lo
             f"the service trains a lineage on its snapshots, and the recipe's method '{method.name}' does not "
             f"train on a snapshot (one that does: {trainable})"
         )
+    if options.processes > 1 and method.one_process:
+        raise ConfigError(f"method '{method.name}' trains in one process: run the service without --processes")
     rule = parse_rule(options.rule).key
     owner = process_owner()
     lock = f"trainer:{options.lineage}"

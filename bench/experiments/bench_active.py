@@ -112,7 +112,7 @@ class DigitJudge:
         return out
 
 
-def train_judge(examples: Sequence[tuple[list[float], bool]], seed: int, epochs: int) -> DigitJudge:
+def fit_digit_judge(examples: Sequence[tuple[list[float], bool]], seed: int, epochs: int) -> DigitJudge:
     import torch
 
     torch.manual_seed(seed)
@@ -211,7 +211,7 @@ def run_arm(
                 steps = sum(len(labels) for _, _, labels in solutions)
             else:
                 examples = labelled_steps(db)
-                judge = train_judge(examples, seed, args.epochs)
+                judge = fit_digit_judge(examples, seed, args.epochs)
                 run_id = active_prm.record_run(
                     db, root / f"{strategy}-r{k}", "digit-mlp", recipe="bench_active stand-in (digit MLP)"
                 )

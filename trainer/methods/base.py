@@ -89,6 +89,8 @@ class Method:
     """One line for ``stepq train --help``."""
     trains_on_snapshots: bool = False
     """It can train on a snapshot, so the trainer service can train a lineage with it."""
+    one_process: bool = False
+    """Its trainer runs in one process (not under torchrun or accelerate launch)."""
     judge_runs_folder: bool = False
     """Its runs write to ``runs/<data>`` (the judge's ``runs/snapshot-N``), not ``runs/<method>-<data>``."""
 

@@ -24,6 +24,7 @@ class PRM(Method):
     recipe = "outcome-prm.yaml"
     summary = "a discriminative PRM on a snapshot's step labels (--snapshot) or on outcomes (--set, --data)"
     trains_on_snapshots = True
+    one_process = True  # its model is small: stepq's trainer has no multi-process path
 
     def plan(
         self, db: Database, recipe: Recipe, data: TrainingData, output_dir: Path, options: TrainOptions
@@ -62,7 +63,7 @@ class PRM(Method):
             RunSpec(self.name, recipe.text, model, output_dir, snapshot_id=snapshot_id, dataset=dataset),
             PRMTrainer,
             {"model": model, "args": config, "train_dataset": examples, "output_dir": output_dir},
-            one_process=True,
+            one_process=self.one_process,
         )
 
 
