@@ -53,6 +53,24 @@ def count_labelled(session: Session, set_ids: Sequence[int], rule: str) -> int:
     return int(session.scalar(select(func.count()).select_from(_labelled(set_ids, rule).subquery())) or 0)
 
 
+def rules_labelled(session: Session, set_ids: Sequence[int]) -> dict[str, list[str]]:
+    """The label rules these sets hold labels under, each with the sets' names."""
+    rows = session.execute(
+        select(ChunkLabel.rule, ProblemSet.name)
+        .join(Chunk, Chunk.id == ChunkLabel.chunk_id)
+        .join(Trajectory, Trajectory.id == Chunk.trajectory_id)
+        .join(Problem, Problem.id == Trajectory.problem_id)
+        .join(ProblemSet, ProblemSet.id == Problem.problem_set_id)
+        .where(Problem.problem_set_id.in_(list(set_ids)), Problem.excluded.is_(False))
+        .distinct()
+        .order_by(ChunkLabel.rule, ProblemSet.name)
+    ).all()
+    out: dict[str, list[str]] = {}
+    for rule, name in rows:
+        out.setdefault(rule, []).append(name)
+    return out
+
+
 def rollouts_behind(session: Session, trajectory_ids: Sequence[int]) -> int:
     """Rollouts drawn for these trajectories: what the snapshot's labels cost."""
     total = 0

@@ -189,19 +189,3 @@ def test_an_unknown_method_is_refused_by_name() -> None:
         methods.method_named("nope")
     with pytest.raises(ConfigError, match="unknown training method 'nope'"):
         methods.recipe_for(None, None, ("method=nope",))
-
-
-def test_the_service_refuses_what_a_method_cannot_train(sqlite: Database, tmp_path: Path) -> None:
-    """Said at the start, not by a launch that fails every cycle: a method that does not train
-    on snapshots has no lineage, and the PRM's trainer runs in one process."""
-    from stepq.trainer.service import ServiceOptions, serve
-
-    def options(recipe: str, processes: int = 1) -> ServiceOptions:
-        return ServiceOptions("l", recipe, tmp_path, ("s",), processes=processes, max_trainings=1, max_idle_s=0)
-
-    with pytest.raises(ConfigError, match="'dpo' does not train on a snapshot"):
-        serve(sqlite, options("step-dpo.yaml"))
-    with pytest.raises(ConfigError, match="'prm' trains in one process"):
-        serve(sqlite, options("outcome-prm.yaml", processes=2))
-    with sqlite.session() as s:
-        assert queries.lock_holder(s, "trainer:l") is None, "refused before taking the lineage's lease"

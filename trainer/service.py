@@ -91,13 +91,19 @@ def serve(db: Database, options: ServiceOptions, say: Callable[[str], None] = lo
 
     trainings = 0
     idle_since = time.monotonic()
+    waiting: str | None = None
     try:
         while options.max_trainings is None or trainings < options.max_trainings:
             renew()
-            if _step(db, options, recipe, rule, renew, say):
+            why = _step(db, options, recipe, rule, renew, say)
+            if why is None:
                 trainings += 1
                 idle_since = time.monotonic()
+                waiting = None
                 continue
+            if why != waiting:  # once per change, not every poll
+                say(why)
+                waiting = why
             if options.max_idle_s is not None and time.monotonic() - idle_since > options.max_idle_s:
                 say("nothing to train; exiting (idle limit)")
                 break
@@ -115,8 +121,8 @@ def _step(
     rule: str,
     renew: Callable[[], None],
     say: Callable[[str], None],
-) -> bool:
-    """Resume or start one training; False when there is nothing to do yet."""
+) -> str | None:
+    """Resume or start one training; None when one ran, else why there was nothing to do."""
     with db.session() as session:
         runs = queries.lineage_runs(session, options.lineage)
     unfinished = [r for r in runs if r.status != RUN_DONE]
@@ -124,19 +130,22 @@ def _step(
         run = unfinished[0]
         say(f"resuming training run {run.id} (snapshot {run.snapshot_id}) from {run.last_checkpoint or 'its start'}")
         assert run.snapshot_id is not None  # a lineage trains on its snapshots
-        trained = _train(db, options, recipe, run.snapshot_id, Path(run.output_dir), run.base_model, renew, say)
-        return trained and _reprioritise(db, options.lineage, say)
+        if _train(db, options, recipe, run.snapshot_id, Path(run.output_dir), run.base_model, renew, say):
+            _reprioritise(db, options.lineage, say)
+            return None
+        return f"training run {run.id} did not finish; the next cycle resumes it"
     with db.session() as session:
         set_ids = queries.set_ids_by_name(session, list(options.sets))
         labelled = queries.count_labelled(session, set_ids, rule)
         latest = queries.latest_snapshot(session, options.lineage)
         number = queries.next_snapshot_number(session)
+        by_rule = queries.rules_labelled(session, set_ids) if labelled == 0 else {}
     seen = int(latest.manifest.get("labelled_chunks_seen", 0)) if latest else 0
     # a lineage keeps the split key it began with, so no problem changes sides between its
     # snapshots (those made before external ids keyed the split have none in their manifest)
     split_by = str(latest.manifest.get("split_by", "row-id")) if latest else "external-id"
     if labelled - seen < options.min_new_chunks:
-        return False
+        return _waiting_for(options, rule, latest.name if latest else None, by_rule)
     name = f"{options.lineage}-{number}"
     snapshot = create_snapshot(
         db,
@@ -156,11 +165,24 @@ def _step(
     done = [r for r in runs if r.status == RUN_DONE]
     base = str(Path(done[-1].output_dir) / FINAL) if done else recipe.model
     say(f"snapshot {snapshot} ({labelled - seen} new labelled chunks); training from {base}")
-    trained = _train(db, options, recipe, snapshot, options.output_root / name, base, renew, say)
-    return trained and _reprioritise(db, options.lineage, say)
+    if _train(db, options, recipe, snapshot, options.output_root / name, base, renew, say):
+        _reprioritise(db, options.lineage, say)
+        return None
+    return f"the training on snapshot {snapshot} did not finish; the next cycle resumes it"
 
 
-def _reprioritise(db: Database, lineage: str, say: Callable[[str], None]) -> bool:
+def _waiting_for(options: ServiceOptions, rule: str, latest: str | None, by_rule: dict[str, list[str]]) -> str:
+    """Why the lineage trains nothing yet, in words an operator can act on: above all a rule
+    its sets hold no labels under while they hold labels under another."""
+    lineage = f"lineage '{options.lineage}' (rule {rule})"
+    if by_rule:
+        others = "; ".join(f"{other}: {', '.join(names)}" for other, names in by_rule.items())
+        return f"{lineage}: no chunk of its sets is labelled under this rule; sets labelled {others}"
+    since = f"since snapshot {latest}" if latest else "for its first snapshot"
+    return f"{lineage}: waiting for {options.min_new_chunks} new labelled chunks {since}"
+
+
+def _reprioritise(db: Database, lineage: str, say: Callable[[str], None]) -> None:
     """The lineage has a new judge: every set ordered by it gets a new priority round (its
     waiting trajectories re-scored by queue work), recorded with the run that ordered it."""
     with db.session() as session:
@@ -169,7 +191,6 @@ def _reprioritise(db: Database, lineage: str, say: Callable[[str], None]) -> boo
                 f"priority round {report.round_id} ({report.strategy}): {report.scoring_jobs} scoring jobs "
                 f"for the judge of training run {report.judge_run_id}"
             )
-    return True
 
 
 def _train(

@@ -19,8 +19,9 @@ from stepq.workers.priority.strategies import FIFO, Strategy, parse_strategy
 
 SCORING_BATCH = 256
 """Waiting trajectories per scoring job: one judge call's worth, a lease's worth of work."""
-JUDGE_METHODS = ("prm", "grpo")
-"""Training methods whose output scores steps: a discriminative PRM, a generative judge."""
+JUDGE_METHODS = ("prm", "grpo", "sft")
+"""Training methods whose output scores steps: a discriminative PRM, a generative judge (by
+GRPO, or its supervised start)."""
 
 
 @dataclass(frozen=True)
