@@ -6,6 +6,7 @@ and the generative judge scores the waiting trajectories by its verdicts' split 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -54,6 +55,16 @@ def _one_training(lineage: str, recipe: Path, tmp_path: Path) -> ServiceOptions:
     )
 
 
+def _scored(pg: Database, pool_id: int) -> list[Any]:
+    """The pool released and its scoring jobs run by a worker: each item's (priority, round)."""
+    with pg.session() as s:
+        queries.pause_set(s, "pool", False)
+    run_in_process(pg, worker_runtime(pg, WorkerOptions(name="scorer")), kinds=[SCORINGS])
+    with pg.session() as s:
+        query = select(RolloutWork.priority, RolloutWork.priority_round_id)
+        return list(s.execute(query.where(RolloutWork.problem_set_id == pool_id)).all())
+
+
 def test_each_new_judge_of_the_lineage_reorders_the_sets_that_follow_it(pg: Database, tmp_path: Path) -> None:
     model = build_tiny_model(tmp_path / "model")
     options = _one_training("judge", tiny_recipe(tmp_path / "tiny.yaml", model, max_steps=2, save_steps=2), tmp_path)
@@ -85,13 +96,7 @@ def test_each_new_judge_of_the_lineage_reorders_the_sets_that_follow_it(pg: Data
     assert rounds[1].labelled_before == labelled and rounds[1].details["judge_method"] == "grpo"
     assert any(f"priority round {rounds[1].id}" in line for line in said)
 
-    with pg.session() as s:
-        queries.pause_set(s, "pool", False)
-    run_in_process(pg, worker_runtime(pg, WorkerOptions(name="scorer")), kinds=[SCORINGS])
-    with pg.session() as s:
-        placed = s.execute(
-            select(RolloutWork.priority, RolloutWork.priority_round_id).where(RolloutWork.problem_set_id == pool_id)
-        ).all()
+    placed = _scored(pg, pool_id)
     assert len(placed) == 6 and {r for _, r in placed} == {rounds[1].id}, "the newer judge placed every item"
     # two votes per chunk: P(Positive) is 0, 0.5 or 1, so a trajectory's uncertainty is 0 or 1
     assert {p for p, _ in placed} <= {0.0, 1.0}
@@ -121,12 +126,6 @@ def test_a_step_label_prm_lineage_trains_through_the_service_and_orders_a_set(pg
     assert (first.method, second.method) == ("prm", "prm") and second.snapshot_id != first.snapshot_id
     assert second.base_model == str(Path(first.output_dir) / "final"), "the lineage continues its judge"
     assert rounds[-1].judge_run_id == second.id and rounds[-1].details["judge_method"] == "prm"
-    with pg.session() as s:
-        queries.pause_set(s, "pool", False)
-    run_in_process(pg, worker_runtime(pg, WorkerOptions(name="scorer")), kinds=[SCORINGS])
-    with pg.session() as s:
-        placed = s.execute(
-            select(RolloutWork.priority, RolloutWork.priority_round_id).where(RolloutWork.problem_set_id == pool_id)
-        ).all()
+    placed = _scored(pg, pool_id)
     assert len(placed) == 6 and {r for _, r in placed} == {rounds[-1].id}, "the PRM placed every item"
     assert all(p is not None and 0.0 <= p <= 1.0 for p, _ in placed)
