@@ -66,8 +66,9 @@ class TrainingData:
         """The one source given, which must be among ``allowed``."""
         given = self.given()
         if len(given) != 1 or not given <= set(allowed):
-            named = " or ".join(a for a in allowed if a != "records")
-            raise ConfigError(f"--method {method} trains on exactly one of {named}")
+            options = [a for a in allowed if a != "records"]
+            named = options[0] if len(options) == 1 else "exactly one of " + " or ".join(options)
+            raise ConfigError(f"--method {method} trains on {named}")
         return next(iter(given))
 
     def snapshot_id(self, db: Database) -> int:

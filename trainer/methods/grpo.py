@@ -84,8 +84,7 @@ class GRPO(Method):
     def plan(
         self, db: Database, recipe: Recipe, data: TrainingData, output_dir: Path, options: TrainOptions
     ) -> RunPlan:
-        if data.snapshot is None or data.given() != {"--snapshot"}:
-            raise ConfigError("--method grpo trains on a snapshot: give --snapshot N (and no other data)")
+        data.only(self.name, "--snapshot")
         if data.until_first_error:
             raise ConfigError("--until-first-error is a snapshot's choice for a judge: make the snapshot with it")
         from trl import GRPOConfig, GRPOTrainer

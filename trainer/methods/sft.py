@@ -2,10 +2,11 @@
 and verdict) records.
 
 Where the records come from is data, not the trainer: a teacher's rationales kept where they
-agree with the Monte Carlo label (``stepq export rationales``), a programmatic analysis (the
-benchmarks' spelled check), or any folder of ``prompt``/``completion`` lines.  The judge keeps
-``stepq-judge.json`` beside its weights like a GRPO judge, so ``stepq eval`` asks it as it was
-taught, and a GRPO recipe can start from it (``--model RUN/final``: the run row records it).
+agree with the Monte Carlo label (``stepq export rationales``), a programmatic analysis (such
+as the benchmarks' spelled check, which they still teach with their own loop), or any folder
+of ``prompt``/``completion`` lines.  The judge keeps ``stepq-judge.json`` beside its weights
+like a GRPO judge, so ``stepq eval`` asks it as it was taught, and a GRPO recipe can start
+from it (``--model RUN/final``: the run row records it).
 """
 
 from __future__ import annotations
@@ -74,10 +75,14 @@ class SFT(Method):
 
         model = base_model(recipe, options)
         config = recipe.config(SFTConfig, output_dir, **(options.trainer_overrides or {}))
-        if recipe.judge_template:
-            template = JudgePrompt.load(recipe.judge_template).template
+        named = JudgePrompt.load(recipe.judge_template).template if recipe.judge_template else None
+        if template is not None and named is not None and named != template:
+            raise ConfigError(
+                f"{dataset}: its prompts were rendered with another template than the recipe's judge_template "
+                "(the judge is asked as its records were written: drop judge_template)"
+            )
         prompting = JudgeSettings(
-            template or JudgePrompt.load().template,
+            template or named or JudgePrompt.load().template,
             recipe.conversational,
             int(config.max_length or 0) or JudgeSettings.defaults().max_tokens,
         )

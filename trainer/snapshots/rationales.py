@@ -1,8 +1,7 @@
 """A generative judge's supervised start: a teacher's rationales for a snapshot's chunks, kept
 where the teacher's verdict agrees with the chunk's Monte Carlo label.
 
-Generative PRMs are usually fine-tuned on verification rationales before (or instead of) RL:
-GenPRM and ThinkPRM sample rationales from a stronger model and keep those whose verdict
+GenPRM and ThinkPRM fine-tune their verifiers on synthesized rationales kept where the verdict
 agrees with the step's label (rejection sampling).  Here the teacher is any generation
 backend (the OpenAI-compatible one for a hosted model), asked the snapshot's training chunks
 with the judge template the student will be asked with; each chunk keeps at most one

@@ -118,6 +118,10 @@ class TrajectoryLabeller:
         return decision
 
 
+RELABEL_BATCH = 200
+"""Trajectories relabelled a transaction."""
+
+
 @dataclass(frozen=True)
 class RelabelReport:
     labelled: int
@@ -165,6 +169,3 @@ def relabel_trajectories(
             if reopen:
                 queries.reopen_trajectories(s, part)
     return RelabelReport(labelled, undecided)
-
-
-RELABEL_BATCH = 200
