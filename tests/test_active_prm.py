@@ -17,7 +17,7 @@ from sqlalchemy import text
 from bench.experiments import active_prm
 from stepq.assembly import worker_runtime
 from stepq.migrations import upgrade
-from stepq.models import Database
+from stepq.models import Database, queries
 from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import run_in_process
@@ -62,23 +62,33 @@ def test_the_round_scores_with_the_model_the_benchmark_trained(labelled: Databas
     settings = active_prm.PRMSettings(width=32, layers=1, steps=5, batch_size=4)
     base = active_prm.build_backbone(tmp_path, settings, seed=0)
     solutions = active_prm.labelled_solutions(labelled)
-    active_prm.train_round(base, None, solutions, tmp_path / "r1", settings, seed=0)
-    run_id = active_prm.record_run(labelled, tmp_path / "r1", str(base))
+    run_id = active_prm.train_round(labelled, base, None, solutions, tmp_path / "r1", settings, seed=0)
     judge = active_prm.load_judge(labelled, run_id)
 
     from stepq.trainer.prm.model import StepScorer
 
-    trained = StepScorer.load(tmp_path / "r1" / "final")
+    with labelled.session() as session:  # the round is a training run the executor recorded
+        run = queries.get_run(session, run_id)
+        assert (run.method, run.status) == ("prm", "done")
+        assert run.dataset.startswith("bench-active:step-labels:")
+    trained = StepScorer.load(active_prm.final_model(labelled, run_id))
     asked = [(q, steps) for q, steps, _ in solutions[:5]]
     expected = _flat(trained.score(asked))
     assert _flat(judge.score_solutions(asked)) == pytest.approx(expected)
     fresh = StepScorer.from_base(str(base), max_length=512, seed=0)
     assert _flat(fresh.score(asked)) != pytest.approx(expected)  # it trained: the weights moved
 
-    # The same labels trained fresh again (another arm's first round) give the same model, copied.
-    active_prm.train_round(base, None, solutions, tmp_path / "r1-again", settings, seed=0)
-    again = StepScorer.load(tmp_path / "r1-again" / "final")
+    # The same labels trained fresh again (another arm's first round, in its own database) are
+    # the same run's folder: its complete checkpoint is taken, not trained again.
+    other = tmp_path / "other-arm.db"
+    upgrade(f"sqlite:///{other}")
+    arm = Database(f"sqlite:///{other}")
+    again_id = active_prm.train_round(arm, base, None, solutions, tmp_path / "r1-again", settings, seed=0)
+    again = StepScorer.load(active_prm.final_model(arm, again_id))
     assert _flat(again.score(asked)) == pytest.approx(expected)
+    with arm.session() as session:
+        assert queries.get_run(session, again_id).resumes == 1  # taken from the checkpoint
+    arm.dispose()
 
 
 def _flat(rows: list[list[float | None]]) -> list[float]:

@@ -182,27 +182,3 @@ def test_the_gpu_script_says_when_there_is_no_gpu() -> None:
         text=True,
     )
     assert done.returncode != 0 and "--device cpu" in done.stderr
-
-
-@pytest.mark.unit
-def test_the_verdict_weight_counts_the_verdicts_token_and_nothing_else(tmp_path: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from bench.experiments.lm_training import _weighted_loss
-    from stepq.trainer.tiny_model import build_tiny_llama
-
-    model = AutoModelForCausalLM.from_pretrained(build_tiny_llama(tmp_path / "m", hidden_size=64))
-    ids = torch.randint(3, 90, (2, 12))
-    labels = ids.clone()
-    labels[:, :4] = -100  # the prompt
-    with torch.no_grad():
-        out = model(input_ids=ids, labels=labels)
-        ones = torch.ones(ids.shape)
-        assert torch.allclose(_weighted_loss(out.logits, labels, ones, "cpu"), out.loss, atol=1e-6)
-        per_token = torch.nn.functional.cross_entropy(out.logits[0, 7], ids[0, 8])  # token 8, predicted at 7
-        focus = ones.clone()
-        focus[0, 8] = 5.0
-        n = 2 * 8  # predicted tokens: positions 4..11 of each row
-        expected = (out.loss * n + 4 * per_token) / (n + 4)
-        assert torch.allclose(_weighted_loss(out.logits, labels, focus, "cpu"), expected, atol=1e-5)

@@ -1,12 +1,11 @@
 """stepq's own discriminative PRM as ``bench_active``'s judge (``--judge prm``).
 
-Each round trains ``stepq.trainer.prm``'s ``StepScorer`` (a tiny character-level GPT-2 with
-the PRM's step head) on the Monte Carlo labels the set holds so far, one binary
-cross-entropy per step on the hard label (the training Math-Shepherd gives Monte Carlo step
-labels), and saves it as a training run of method ``prm``.  The priority round then loads it
-through the worker's own judge factory (``ScoringJudges``: ``final/`` of the run's output
-folder, wrapped as ``PRMJudge``), as a fleet's workers build any round's judge.  (The trainer
-service cannot train this judge yet: it trains generative judges on snapshots.)
+Each round trains the step-label PRM (``stepq train --method prm`` on records: a tiny
+character-level GPT-2 with the PRM's step head) on the Monte Carlo labels the set holds so far,
+one binary cross-entropy per step on the hard label (Math-Shepherd's training), through the
+method registry, so the round is a training run like any other.  The priority round then loads
+it through the worker's own judge factory (``ScoringJudges``: ``final/`` of the run's output
+folder, wrapped as ``PRMJudge``), as a fleet's workers build any round's judge.
 
 Every labelled step trains, after a wrong one too (Math-Shepherd's data): the PRM's score of a
 step is then the chance that the solution is still right there, the quantity the held-out truth
@@ -20,8 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +26,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bench.experiments.bench_prm import fit_step_labels
-from stepq.models import Database, TrainingRun, epoch
-from stepq.trainer.training.runs import FINAL
+from stepq.models import Database
 
 
 @dataclass(frozen=True)
@@ -75,62 +70,62 @@ def build_backbone(root: Path, settings: PRMSettings, seed: int) -> Path:
     return base
 
 
+def round_recipe(base: Path, settings: PRMSettings, seed: int) -> Any:
+    """The round's PRM recipe: AdamW at a constant rate (no warm-up), the gradient clipped at 1,
+    the paper's MLP head, one checkpoint at the end."""
+    from stepq.trainer.training.recipe import Recipe
+
+    return Recipe.parse(
+        f"""method: prm
+model: {base}
+trainer:
+  head: mlp
+  learning_rate: {settings.lr}
+  weight_decay: 0.01
+  warmup_steps: 0
+  max_grad_norm: 1.0
+  batch_size: {settings.batch_size}
+  epochs: 100000
+  max_steps: {settings.steps}
+  max_length: 512
+  save_steps: {settings.steps}
+  logging_steps: {max(1, settings.steps // 4)}
+  seed: {seed}
+"""
+    )
+
+
 def train_round(
+    db: Database,
     base: Path,
     previous: Path | None,
     solutions: Sequence[tuple[str, list[str], list[bool]]],
     out: Path,
     settings: PRMSettings,
     seed: int,
-) -> float:
-    """Train one round's PRM and save it to ``out/final``; returns the seconds it took.
+) -> int:
+    """Train one round's PRM as a training run of ``db`` (``methods.train``, what ``stepq
+    train --method prm`` runs); returns the run's id, its model in ``final/`` of its folder.
 
     A fresh start on labels trained on before (every arm's first round: random order for all)
-    copies that model instead of training it again: same inputs, same seed, same weights."""
-    import torch
+    is the same run (same data, recipe and seed), kept in one folder named by its inputs: the
+    executor finds its last checkpoint complete and takes it as the model instead of training
+    again, whichever arm's database records it."""
+    from stepq.trainer import methods
+    from stepq.trainer.prm.step_labels import StepExample
+    from stepq.trainer.training.runs import TrainOptions
 
-    from stepq.trainer.prm.model import StepScorer
-
-    started = time.perf_counter()
     fresh = not (settings.warm_start and previous is not None)
-    key = hashlib.sha256(json.dumps([str(base), repr(settings), seed, solutions]).encode()).hexdigest()[:16]
-    trained_before = base.parent / "prm-rounds" / key
-    if fresh and trained_before.is_dir():
-        shutil.copytree(trained_before, out / FINAL)
-        return time.perf_counter() - started
-    torch.manual_seed(seed)
-    if fresh:
-        scorer = StepScorer.from_base(str(base), max_length=512, seed=seed)
-    else:
-        assert previous is not None
-        scorer = StepScorer.load(previous)
-    encoded = [(scorer.encode(q, steps), labels) for q, steps, labels in solutions]
-    fit_step_labels(scorer, encoded, settings.steps, settings.batch_size, settings.lr, seed)
-    scorer.save(out / FINAL, trained_on="monte-carlo step labels", steps=settings.steps)
-    if fresh:
-        shutil.copytree(out / FINAL, trained_before)
-    return time.perf_counter() - started
-
-
-def record_run(
-    db: Database, out: Path, base_model: str, recipe: str = "bench_active: PRM on Monte Carlo step labels"
-) -> int:
-    """A round's judge as a training run, so its priority round is recorded like any other (and
-    ``ScoringJudges`` builds a PRM's from ``out/final``)."""
-    with db.session() as s:
-        run = TrainingRun(
-            method="prm",
-            recipe=recipe,
-            base_model=base_model,
-            output_dir=str(out),
-            status="done",
-            host="bench",
-            updated_at=epoch(),
-            dataset="bench",
-        )
-        s.add(run)
-        s.flush()
-        return run.id
+    start = base if fresh else previous
+    assert start is not None
+    key = hashlib.sha256(json.dumps([str(start), repr(settings), seed, solutions]).encode()).hexdigest()[:16]
+    folder = base.parent / "prm-rounds" / key if fresh else out
+    examples = [
+        StepExample(q, tuple(steps), tuple(1.0 if label else 0.0 for label in labels)) for q, steps, labels in solutions
+    ]
+    data = methods.TrainingData(records=examples, name=f"bench-active:step-labels:{key}")
+    result = methods.train(db, "prm", round_recipe(start, settings, seed), data, folder, TrainOptions())
+    return result.run_id
 
 
 def load_judge(db: Database, run_id: int) -> Any:
@@ -139,3 +134,12 @@ def load_judge(db: Database, run_id: int) -> Any:
     from stepq.workers.priority.strategies import parse_strategy
 
     return ScoringJudges(db)(run_id, parse_strategy(f"uncertainty:run={run_id}"))
+
+
+def final_model(db: Database, run_id: int) -> Path:
+    """Where a round's run keeps its model (the next round's start, warm-started)."""
+    from stepq.models import queries
+    from stepq.trainer.training.runs import FINAL
+
+    with db.session() as session:
+        return Path(queries.get_run(session, run_id).output_dir) / FINAL

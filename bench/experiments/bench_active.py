@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import tempfile
 import time
@@ -42,7 +41,8 @@ from typing import Any
 from sqlalchemy import func, select, text
 
 from bench.common import emit
-from bench.experiments import active_prm
+from bench.experiments import active_prm, active_standin
+from bench.experiments.active_standin import DigitJudge
 from bench.experiments.judge_heldout import write_processbench
 from bench.experiments.stats import mean_ci, processbench_f1, rank_auc
 from stepq.assembly import worker_runtime
@@ -57,101 +57,6 @@ from stepq.workers.jobqueue.runtime import WorkerOptions
 STRATEGIES = ("random", "uncertainty", "convincing-wrong")
 OP_ERROR_RATES = {"Add": 0.05, "Subtract": 0.1, "Multiply by": 0.3}
 POLICY = {"error_rate": 0.1, "recovery_rate": 0.05, "op_error_rates": OP_ERROR_RATES}
-_STEP = re.compile(r"(-?\d+) ([+*-]) (-?\d+) = (-?\d+)")
-_OPS = "+-*"
-
-
-# --- the stand-in judge ------------------------------------------------------------------
-
-
-def step_features(step: str) -> list[float] | None:
-    """The step's equation as the operator and each number's sign and last digit, one-hot:
-    where the synthetic policy's errors always show (``synthetic_policy.Numbers``), so a
-    small MLP learns the check from thousands of labels rather than millions.  None: no
-    equation in the text."""
-    m = _STEP.search(step)
-    if not m:
-        return None
-    out: list[float] = []
-    for number in (m.group(1), m.group(3), m.group(4)):
-        one_hot = [0.0] * 10
-        one_hot[int(number[-1])] = 1.0
-        out.append(1.0 if number.startswith("-") else 0.0)
-        out.extend(one_hot)
-    out.extend(1.0 if m.group(2) == op else 0.0 for op in _OPS)
-    return out
-
-
-class DigitJudge:
-    """A stand-in step judge: P(step right) from an MLP over ``step_features``; a chunk's
-    score is the lowest of its steps' so far (a chunk is right only if every step is)."""
-
-    name = "digit-mlp"
-    threshold = 0.5
-
-    def __init__(self, model: Any) -> None:
-        self.model = model
-
-    def score_solutions(self, solutions: Sequence[tuple[str, Sequence[str]]]) -> list[list[float | None]]:
-        import torch
-
-        feats = [[step_features(s) for s in steps] for _, steps in solutions]
-        flat = [f for row in feats for f in row if f is not None]
-        probs = iter([])
-        if flat:
-            with torch.no_grad():
-                probs = iter(torch.sigmoid(self.model(torch.tensor(flat))).squeeze(-1).tolist())
-        out: list[list[float | None]] = []
-        for row in feats:
-            running, scores = 1.0, []
-            for f in row:
-                if f is not None:
-                    running = min(running, next(probs))
-                scores.append(running)
-            out.append(scores)
-        return out
-
-
-def fit_digit_judge(examples: Sequence[tuple[list[float], bool]], seed: int, epochs: int) -> DigitJudge:
-    import torch
-
-    torch.manual_seed(seed)
-    width = len(examples[0][0])
-    model = torch.nn.Sequential(torch.nn.Linear(width, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
-    x = torch.tensor([f for f, _ in examples])
-    y = torch.tensor([[1.0 if label else 0.0] for _, label in examples])
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, weight_decay=1e-4)
-    loss_fn = torch.nn.BCEWithLogitsLoss()
-    for _ in range(epochs):
-        optimizer.zero_grad()
-        loss_fn(model(x), y).backward()
-        optimizer.step()
-    model.eval()
-    return DigitJudge(model)
-
-
-def labelled_steps(db: Database) -> list[tuple[list[float], bool]]:
-    """Every labelled trajectory's steps up to its first negative label, with their Monte
-    Carlo labels (after a wrong step every label is negative, whatever that step computes)."""
-    with db.engine.connect() as conn:
-        rows = conn.execute(
-            text(
-                "SELECT c.trajectory_id, c.idx, c.text, l.positive FROM chunk_labels l "
-                "JOIN chunks c ON c.id = l.chunk_id ORDER BY c.trajectory_id, c.idx"
-            )
-        ).all()
-    out: list[tuple[list[float], bool]] = []
-    stopped: set[int] = set()
-    for tid, _, chunk, positive in rows:
-        f = step_features(chunk)
-        if tid in stopped or f is None:
-            continue
-        out.append((f, bool(positive)))
-        if not positive:
-            stopped.add(tid)
-    return out
-
-
 # --- evaluation --------------------------------------------------------------------------
 
 
@@ -201,22 +106,16 @@ def run_arm(
             run_in_process(db, runtime, stop=lambda t=target: rollouts_spent(db) >= t)  # type: ignore[misc]
             annotate_s = time.perf_counter() - started
             started = time.perf_counter()
+            out = root / f"{strategy}-r{k}"
             if base is not None:
                 solutions = active_prm.labelled_solutions(db)
-                out = root / f"{strategy}-r{k}"
-                active_prm.train_round(base, previous, solutions, out, prm, seed)
-                previous = out / "final"
-                run_id = active_prm.record_run(db, out, str(base))
+                run_id = active_prm.train_round(db, base, previous, solutions, out, prm, seed)
                 judge: Any = active_prm.load_judge(db, run_id)
+                previous = active_prm.final_model(db, run_id)
                 steps = sum(len(labels) for _, _, labels in solutions)
             else:
-                examples = labelled_steps(db)
-                judge = fit_digit_judge(examples, seed, args.epochs)
-                run_id = active_prm.record_run(
-                    db, root / f"{strategy}-r{k}", "digit-mlp", recipe="bench_active stand-in (digit MLP)"
-                )
-                judges[run_id] = judge
-                steps = len(examples)
+                run_id, judges[run_id], steps = active_standin.train_round(db, root, out, seed, args.epochs)
+                judge = judges[run_id]
             point = {
                 "round": k,
                 "rollouts": rollouts_spent(db),

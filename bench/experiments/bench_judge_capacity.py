@@ -233,10 +233,9 @@ def run_cell(
     }  # fmt: skip
     for target in args.targets.split(","):
         started = time.perf_counter()
-        judge = models / f"seed{seed}-{cell.name.replace('/', '_')}-{target}"
-        loss = teach_verdict(
-            backbone, judge, train, target=target, analysis=cell.analysis, steps=args.steps,
-            batch=args.batch, lr=args.lr, seed=seed, device=device,
+        judge, loss = teach_verdict(
+            backbone, models / f"seed{seed}-{cell.name.replace('/', '_')}-{target}", train, target=target,
+            analysis=cell.analysis, steps=args.steps, batch=args.batch, lr=args.lr, seed=seed, device=device,
         )  # fmt: skip
         train_s = time.perf_counter() - started
         figures = evaluate_capacity(

@@ -192,17 +192,22 @@ def grpo_name(args: argparse.Namespace) -> str:
 def supervised_judge(
     run_dir: Path, train_rows: Sequence[dict[str, Any]], args: argparse.Namespace, seed: int
 ) -> dict[str, Any]:
-    """The same labels taught by cross-entropy (the capacity check's ``teach_verdict``) from the
-    same pretrained backbone, for the same analysis: what GRPO's judge is measured against."""
+    """The same labels taught by cross-entropy (``stepq train --method sft``, as the capacity
+    check's ``teach_verdict`` teaches) from the same pretrained backbone, for the same analysis:
+    what GRPO's judge is measured against."""
     from bench.experiments.judge_capacity import teach_verdict
 
-    out = run_dir / f"supervised-steps{args.supervised_steps}"
     started = time.perf_counter()
-    loss = teach_verdict(
-        run_dir / "backbone", out, train_rows, target="label", analysis=args.analysis,
-        steps=args.supervised_steps, batch=16, lr=1e-3, seed=seed,
+    model, loss = teach_verdict(
+        run_dir / "backbone", run_dir / f"supervised-steps{args.supervised_steps}", train_rows, target="label",
+        analysis=args.analysis, steps=args.supervised_steps, batch=16, lr=1e-3, seed=seed,
     )  # fmt: skip
-    return {"model": out, "loss": loss, "steps": args.supervised_steps, "train_s": round(time.perf_counter() - started)}
+    return {
+        "model": model,
+        "loss": loss,
+        "steps": args.supervised_steps,
+        "train_s": round(time.perf_counter() - started),
+    }
 
 
 def grpo_recipe(args: argparse.Namespace, run_dir: Path, completion: int, seed: int) -> Any:

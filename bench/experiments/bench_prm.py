@@ -43,7 +43,6 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from bench.common import emit
 from bench.experiments.lm_training import train_causal_lm
@@ -54,6 +53,7 @@ from stepq.trainer.evaluation.best_of_n import pick
 from stepq.trainer.outcomes.export import PAPER_PASS_RATE, OutcomeFilter
 from stepq.trainer.prm.aggregate import AGGREGATES
 from stepq.trainer.prm.model import StepScorer
+from stepq.trainer.prm.step_labels import StepExample
 from stepq.trainer.prm.train import OutcomeExample
 from stepq.trainer.tiny_model import build_tiny_llama, build_tiny_model
 from stepq.trainer.training.recipe import Recipe
@@ -222,8 +222,16 @@ def backbone(
     return base, pretrain_loss
 
 
-def train_on_outcomes(base: Path, examples: Sequence[OutcomeExample], root: Path, args: argparse.Namespace) -> tuple:
-    """stepq's PRM trainer, run recorded in a throwaway SQLite database: what is benchmarked."""
+def prm_run(
+    base: Path, examples: Sequence[OutcomeExample] | Sequence[StepExample], root: Path, args: argparse.Namespace
+) -> tuple:
+    """stepq's PRM trainer (``methods.train``, what ``stepq train --method prm`` runs) on
+    outcome or step examples, its run recorded in a throwaway SQLite database: what is
+    benchmarked.  Returns the trained scorer and its step count."""
+    from stepq.models import queries
+    from stepq.trainer import methods
+    from stepq.trainer.training.runs import TrainOptions
+
     recipe = Recipe.parse(
         f"method: prm\nmodel: {base}\ntrainer:\n  aggregate: {args.aggregate}\n  head: {args.head}\n"
         f"  learning_rate: {args.learning_rate}\n"
@@ -236,72 +244,18 @@ def train_on_outcomes(base: Path, examples: Sequence[OutcomeExample], root: Path
     )
     upgrade(f"sqlite:///{root / 'runs.db'}")
     db = Database(f"sqlite:///{root / 'runs.db'}")
-    from stepq.trainer import methods
-    from stepq.trainer.training.runs import TrainOptions
-
-    data = methods.TrainingData(records=list(examples), name="synthetic-outcomes")
-    result = methods.train(db, "prm", recipe, data, root / "run", TrainOptions())
+    name = f"synthetic-{args.supervision}"
+    result = methods.train(
+        db, "prm", recipe, methods.TrainingData(records=list(examples), name=name), root / "run", TrainOptions()
+    )
     with db.session() as session:
-        from stepq.models import queries
-
         logged = [
             (m.step, m.loss, m.accuracy_positive, m.accuracy_negative)
             for m in queries.run_metrics(session, result.run_id)
         ]
     for step, loss, acc_pos, acc_neg in logged[:: max(1, len(logged) // 8)] + logged[-1:]:
-        print(f"  step {step:>5}  loss {loss:.4f}  outcome accuracy +{acc_pos or 0:.2f} -{acc_neg or 0:.2f}")
+        print(f"  step {step:>5}  loss {loss:.4f}  accuracy +{acc_pos or 0:.2f} -{acc_neg or 0:.2f}")
     return StepScorer.load(result.final_model), result.global_step
-
-
-def train_on_step_labels(base: Path, train: Sequence[tuple], args: argparse.Namespace) -> tuple:
-    """The upper bound outcome supervision aims at: the same backbone and head trained on every
-    step's true label (BCE per step).  When even this stays at chance, the backbone cannot
-    check the arithmetic, and outcome labels cannot teach it either."""
-    import torch
-
-    torch.manual_seed(args.seed)
-    scorer = StepScorer.from_base(str(base), seed=args.seed, head=args.head).to(
-        "cuda" if torch.cuda.is_available() else "cpu"
-    )
-    encoded = [(scorer.encode(q, steps), truth) for q, steps, truth, _ in train]
-    fit_step_labels(scorer, encoded, args.steps, args.batch_size, args.learning_rate, args.seed, log_every=250)
-    return scorer, args.steps
-
-
-def fit_step_labels(
-    scorer: StepScorer,
-    encoded: Sequence[tuple[Any, Sequence[bool]]],
-    steps: int,
-    batch_size: int,
-    lr: float,
-    seed: int,
-    log_every: int = 0,
-) -> None:
-    """Train ``scorer`` on per-step labels: one BCE per labelled step, batches drawn with
-    replacement (seeded), AdamW, gradients clipped at 1 (``bench_active --judge prm`` too)."""
-    import torch
-
-    from stepq.trainer.prm.model import collate
-
-    optimizer = torch.optim.AdamW(scorer.parameters(), lr=lr)
-    rng = random.Random(seed)
-    scorer.train(True)
-    for step in range(1, steps + 1):
-        batch = [encoded[rng.randrange(len(encoded))] for _ in range(batch_size)]
-        ids, attention, ends, mask = (t.to(scorer.device) for t in collate([e for e, _ in batch], scorer.pad_id))
-        labels = torch.zeros(mask.shape)
-        for i, (e, truth) in enumerate(batch):
-            labels[i, : len(e.ends)] = torch.tensor(list(truth[: len(e.ends)]), dtype=torch.float)
-        labels = labels.to(scorer.device)
-        logits = scorer.logits(ids, attention, ends)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits[mask], labels[mask])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(scorer.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad()
-        if log_every and (step % log_every == 0 or step == steps):
-            print(f"  step {step:>5}  step-label loss {loss.item():.4f}", flush=True)
-    scorer.train(False)
 
 
 def main() -> None:
@@ -416,9 +370,13 @@ def main() -> None:
         base, pretrain_loss = backbone(args, root, lengths, numbers, held_out)
         started = time.perf_counter()
         if args.supervision == "steps":
-            scorer, global_step = train_on_step_labels(base, train, args)
+            # The upper bound outcome supervision aims at: the same backbone and head trained on
+            # every step's true label (the step-label PRM on the truth).  When even this stays at
+            # chance, the backbone cannot check the arithmetic, and outcomes cannot teach it.
+            truths = [StepExample(q, tuple(steps), tuple(map(float, truth))) for q, steps, truth, _ in train]
+            scorer, global_step = prm_run(base, truths, root, args)
         else:
-            scorer, global_step = train_on_outcomes(base, examples, root, args)
+            scorer, global_step = prm_run(base, examples, root, args)
         train_s = time.perf_counter() - started
         flat = [c for group in test for c in group]
         scores = scorer.score([(q, steps) for q, steps, _, _ in flat])

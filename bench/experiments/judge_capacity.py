@@ -3,7 +3,8 @@ PyTorch and transformers alone (no TRL, vLLM or database), so it runs the same o
 and on one GPU in bf16 (``bench/experiments/judge_gpu.py``).
 
 - ``pretrain_backbone``: a character-level Llama pretrained on correct synthetic solutions;
-- ``teach_verdict``: the verdict (after its analysis, if any) taught by cross-entropy on the
+- ``teach_verdict``: the verdict (after its analysis, if any) taught by cross-entropy (stepq's
+  ``sft`` method) on the
   answer tokens, the target either the Monte Carlo label or the synthetic step truth (the
   ceiling: what the backbone can learn from noise-free, unlimited labels);
 - ``evaluate_capacity``: greedy verdicts and P(Positive) scores on a held-out ProcessBench
@@ -36,25 +37,19 @@ def lm_train(
     group: int = 1,
     device: Device = CPU,
     log_every: int = 0,
-    verdict_weight: float = 1.0,
 ) -> float:
     """Next-token training on (context, target) pairs, the loss on the target (and the end of
     text after it) only; the rate decaying linearly to 0, AdamW's default weight decay.  With
-    ``group`` > 1 a batch is made of whole runs of ``group`` consecutive examples.  With
-    ``verdict_weight`` the verdict's first token (after ``\\boxed{``) counts that many times
-    in the loss.  Saves the model in place; returns the last loss."""
+    ``group`` > 1 a batch is made of whole runs of ``group`` consecutive examples.  Saves the
+    model in place; returns the last loss.  (The backbone's pretraining and the GRPO judge's
+    format stage; a judge taught its verdicts trains through ``teach_verdict``.)"""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    encoded: list[tuple[list[int], int] | tuple[list[int], int, int]] = []
+    encoded: list[tuple[list[int], int]] = []
     for context, target in examples:
         c = tokenizer.encode(context, add_special_tokens=False)
-        ids = [*c, *tokenizer.encode(target, add_special_tokens=False), 0]
-        if verdict_weight != 1.0 and VERDICT_OPEN in target:
-            head = target[: target.index(VERDICT_OPEN) + len(VERDICT_OPEN)]
-            encoded.append((ids, len(c), len(c) + len(tokenizer.encode(head, add_special_tokens=False))))
-        else:
-            encoded.append((ids, len(c)))
+        encoded.append(([*c, *tokenizer.encode(target, add_special_tokens=False), 0], len(c)))
     return train_causal_lm(
         model_dir,
         encoded,
@@ -68,11 +63,7 @@ def lm_train(
         device=device,
         pad_id=0,
         log_every=log_every,
-        focus_weight=verdict_weight,
     )
-
-
-VERDICT_OPEN = "\\boxed{"
 
 
 def pretrain_backbone(
@@ -130,15 +121,63 @@ def teach_verdict(
     lr: float,
     seed: int,
     device: Device = CPU,
-    verdict_weight: float = 1.0,
-) -> float:
-    """The verdict taught by cross-entropy: ``target`` one of ``TARGETS``; ``verdict_weight``:
-    how many times the verdict's token counts beside each analysis token."""
-    examples = verdict_examples(rows, target, analysis)
+) -> tuple[Path, float]:
+    """The verdict (after its analysis) taught by cross-entropy through stepq's supervised
+    method (``stepq train --method sft``: TRL's SFT trainer, the loss on the answer only), as a
+    training run recorded in ``out/runs.db``; ``target`` one of ``TARGETS``.  Returns the
+    judge's model folder and its last logged loss."""
+    from stepq.migrations import upgrade
+    from stepq.models import Database, queries
+    from stepq.trainer import methods
+    from stepq.trainer.training.runs import TrainOptions
+
     if out.exists():
         shutil.rmtree(out)
-    shutil.copytree(backbone, out)
-    return lm_train(out, examples, steps, batch, lr, seed, device=device, log_every=1000, verdict_weight=verdict_weight)
+    out.mkdir(parents=True)
+    records = [{"prompt": p, "completion": a} for p, a in verdict_examples(rows, target, analysis)]
+    url = f"sqlite:///{out / 'runs.db'}"
+    upgrade(url)
+    db = Database(url)
+    try:
+        data = methods.TrainingData(records=records, name=f"verdicts:{target}:{analysis}")
+        result = methods.train(
+            db, "sft", sft_recipe(backbone, steps, batch, lr, seed, device), data, out / "sft", TrainOptions()
+        )
+        with db.session() as session:
+            logged = queries.run_metrics(session, result.run_id)
+        loss = next((m.loss for m in reversed(logged) if m.loss is not None), float("nan"))
+    finally:
+        db.dispose()
+    return result.final_model, float(loss)
+
+
+def sft_recipe(backbone: Path, steps: int, batch: int, lr: float, seed: int, device: Device = CPU) -> Any:
+    """The supervised judge's recipe: ``steps`` batches of ``batch`` records, the rate decaying
+    linearly to 0 from the first step, AdamW's usual weight decay, prompts as plain text."""
+    from stepq.trainer.training.recipe import Recipe
+
+    return Recipe.parse(
+        f"""method: sft
+model: {backbone}
+conversational: false
+trainer:
+  max_steps: {steps}
+  per_device_train_batch_size: {batch}
+  learning_rate: {lr}
+  lr_scheduler_type: linear
+  warmup_steps: 0
+  weight_decay: 0.01
+  max_length: 1024
+  logging_steps: {max(1, min(1000, steps // 4))}
+  save_steps: {steps}
+  save_only_model: true
+  report_to: none
+  disable_tqdm: true
+  bf16: {str(device.bf16).lower()}
+  use_cpu: {str(device.name == "cpu").lower()}
+  seed: {seed}
+"""
+    )
 
 
 TARGETS = ("label", "truth", "local")

@@ -119,6 +119,29 @@ def evaluate(
     }
 
 
+def prm_recipe(backbone: Path, steps: int, lr: float, seed: int) -> Any:
+    """The discriminative PRM recipe the judge benchmarks train with, whatever its data (a set's
+    outcomes, a snapshot's step labels): the paper's head and aggregate, a CPU-sized rate."""
+    from stepq.trainer.training.recipe import Recipe
+
+    return Recipe.parse(
+        f"""method: prm
+model: {backbone}
+trainer:
+  aggregate: asymmetric
+  head: mlp
+  learning_rate: {lr}
+  warmup_steps: {steps // 10}
+  batch_size: 32
+  epochs: 1000
+  max_steps: {steps}
+  save_steps: {steps}
+  logging_steps: 100
+  seed: {seed}
+"""
+    )
+
+
 def outcome_prm(
     db: Any,
     run_dir: Path,
@@ -134,25 +157,9 @@ def outcome_prm(
     from stepq.trainer.evaluation import processbench as pb
     from stepq.trainer.evaluation.judge_spec import JudgeSpec, build_judge
     from stepq.trainer.methods.prm import set_outcomes
-    from stepq.trainer.training.recipe import Recipe
     from stepq.trainer.training.runs import TrainOptions
 
-    recipe = Recipe.parse(
-        f"""method: prm
-model: {run_dir / "backbone"}
-trainer:
-  aggregate: asymmetric
-  head: mlp
-  learning_rate: {args.prm_lr}
-  warmup_steps: {args.prm_steps // 10}
-  batch_size: 32
-  epochs: 1000
-  max_steps: {args.prm_steps}
-  save_steps: {args.prm_steps}
-  logging_steps: 100
-  seed: {seed}
-"""
-    )
+    recipe = prm_recipe(run_dir / "backbone", args.prm_steps, args.prm_lr, seed)
     started = time.perf_counter()
     examples = set_outcomes(db, "judge")
     data = methods.TrainingData(records=examples, name="outcomes:judge")

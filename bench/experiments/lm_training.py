@@ -35,7 +35,7 @@ rate down to 0 at the last step."""
 
 def train_causal_lm(
     model_dir: Path | str,
-    encoded: Sequence[tuple[list[int], int] | tuple[list[int], int, int]],
+    encoded: Sequence[tuple[list[int], int]],
     steps: int,
     batch_size: int,
     seed: int,
@@ -50,7 +50,6 @@ def train_causal_lm(
     check_every: int = 0,
     on_check: Callable[[int, Any, Any], bool] | None = None,
     log_every: int = 250,
-    focus_weight: float = 1.0,
 ) -> float:
     """Next-token training of the model saved in ``model_dir`` (saved back there) on token ids,
     the loss from each example's ``start`` on (a prompt's tokens are not predicted); AdamW,
@@ -64,11 +63,7 @@ def train_causal_lm(
     ``on_check`` is called every ``check_every`` steps with the step count, the model (in eval
     mode: no dropout) and the tokenizer; it returns True to end the run there.  It must not draw
     from torch's random generator (greedy decoding does not), so checking leaves the run's
-    weights as they would be without it.
-
-    An example ``(ids, start, focus)`` names one position whose token's loss counts
-    ``focus_weight`` times (a verdict among the analysis tokens before it); the loss is the
-    weighted mean over the predicted tokens."""
+    weights as they would be without it."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -88,7 +83,6 @@ def train_causal_lm(
         rate = lambda i: 1.0 - i / steps  # noqa: E731
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, rate)
     model.train()
-    focused = any(len(example) == 3 for example in encoded)
     loss_value = float("nan")
     for step in range(steps):
         starts = [group * rng.randrange(len(encoded) // group) for _ in range(batch_size // group)]
@@ -97,21 +91,15 @@ def train_causal_lm(
         ids = torch.full((len(batch), width), pad, dtype=torch.long)
         labels = torch.full((len(batch), width), -100, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
-        weights = torch.ones((len(batch), width))
-        for i, example in enumerate(batch):
-            row, start = example[0], example[1]
+        for i, (row, start) in enumerate(batch):
             ids[i, : len(row)] = torch.tensor(row)
             labels[i, start : len(row)] = torch.tensor(row[start:])
             mask[i, : len(row)] = 1
-            if len(example) == 3:
-                weights[i, example[2]] = focus_weight
         with device.autocast():
             out = model(
-                input_ids=ids.to(device.name),
-                attention_mask=mask.to(device.name),
-                labels=None if focused else labels.to(device.name),
+                input_ids=ids.to(device.name), attention_mask=mask.to(device.name), labels=labels.to(device.name)
             )
-        loss = _weighted_loss(out.logits, labels, weights, device.name) if focused else out.loss
+        loss = out.loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -130,16 +118,3 @@ def train_causal_lm(
                 break
     model.to("cpu").save_pretrained(model_dir)
     return loss_value
-
-
-def _weighted_loss(logits: Any, labels: Any, weights: Any, device: str) -> Any:
-    """The weighted mean of the next-token losses (position t predicts token t + 1, the shift
-    transformers' own loss makes); with every weight 1 it is that loss."""
-    import torch
-
-    target, w = labels[:, 1:].to(device), weights[:, 1:].to(device)
-    w = w * (target != -100)
-    token_loss = torch.nn.functional.cross_entropy(
-        logits[:, :-1].float().reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100, reduction="none"
-    )
-    return (token_loss * w.reshape(-1)).sum() / w.sum()

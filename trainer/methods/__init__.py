@@ -63,11 +63,12 @@ def recipe_for(
 
 
 def train(
-    db: Database, method: str, recipe: Recipe, data: TrainingData, output: Path | None, options: TrainOptions
+    db: Database, method: str | Method, recipe: Recipe, data: TrainingData, output: Path | None, options: TrainOptions
 ) -> TrainResult:
     """Train (or resume, or report a finished) run of ``method`` on ``data``: the method
-    describes the run, ``runs.execute`` carries it out."""
-    chosen = method_named(method)
+    describes the run, ``runs.execute`` carries it out.  ``method``: a registered name, or a
+    script's own ``Method`` (trained and recorded the same way, never registered)."""
+    chosen = method if isinstance(method, Method) else method_named(method)
     recipe.expect(chosen.name)
     if not data.given():
         raise ConfigError(f"no training data given to --method {chosen.name} ({chosen.summary})")

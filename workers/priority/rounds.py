@@ -22,6 +22,18 @@ SCORING_BATCH = 256
 JUDGE_METHODS = ("prm", "grpo", "sft")
 """Training methods whose output scores steps: a discriminative PRM, a generative judge (by
 GRPO, or its supervised start)."""
+_OWN_JUDGE_METHODS: set[str] = set()
+
+
+def accept_judge_method(name: str) -> None:
+    """Let this process order work by the runs of another method: one whose judges this
+    process's workers build with a judge factory of their own (``worker_runtime(...,
+    judge_factory=...)``), such as a benchmark's stand-in."""
+    _OWN_JUDGE_METHODS.add(name)
+
+
+def judge_methods() -> tuple[str, ...]:
+    return (*JUDGE_METHODS, *sorted(_OWN_JUDGE_METHODS))
 
 
 @dataclass(frozen=True)
@@ -50,9 +62,9 @@ def judge_run(session: Session, strategy: Strategy) -> TrainingRun:
         run = done[-1]
     if run.status != RUN_DONE:
         raise ConfigError(f"training run {run.id} is {run.status}, not done: its judge cannot order work yet")
-    if run.method not in JUDGE_METHODS:
+    if run.method not in judge_methods():
         raise ConfigError(
-            f"training run {run.id} trained a {run.method} model, not a judge (one of: {', '.join(JUDGE_METHODS)})"
+            f"training run {run.id} trained a {run.method} model, not a judge (one of: {', '.join(judge_methods())})"
         )
     return run
 

@@ -1,0 +1,219 @@
+"""Step labels or outcomes?  The discriminative PRM trained both ways on one annotation.
+
+Per seed:
+1. a synthetic set (small numbers, recovery, steps of different difficulty) annotated by
+   stepq in process (Abs-Q, M rollouts a prefix: Monte Carlo labels, not the truth) and a
+   snapshot of every labelled step, split by problem (``stepq snapshot create --unbalanced``:
+   a step-label PRM trains on every labelled step, as Math-Shepherd's does);
+2. one backbone: a character Llama pretrained on correct solutions of other problems;
+3. two PRMs from that backbone with one recipe (head, aggregate, rate, steps, seed), through
+   ``methods.train`` as ``stepq train --method prm`` runs them:
+   - **step labels**: ``--snapshot N``, each step's hard Abs-Q label (Math-Shepherd's practice);
+   - **outcomes**: every graded solution the same annotation produced for the snapshot's
+     training problems (the trajectories and every rollout, as ``stepq train --method prm
+     --set`` reads them, kept to the training split): the outcome-supervised PRM at the same
+     annotation cost, trained on the solutions' final answers alone;
+4. both scored on held-out problems written from the synthetic policy's step truth (a
+   ProcessBench file: every step before the first wrong one is right, the rest wrong): step
+   ROC AUC, AUC within each step position (the position alone cannot earn it), the AUC of the
+   position alone, and ProcessBench F1 with the threshold chosen on a second held-out file;
+   95% bootstrap intervals over held-out problems.
+
+    OMP_NUM_THREADS=1 python -m bench.experiments.bench_prm_labels --seed 0   # one seed (~15 min)
+    python -m bench.experiments.bench_prm_labels --quick                      # a smoke run
+
+docs/experiments/prm.md ("Step labels against outcomes") holds the figures.  Prints a table,
+then one JSON object on its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.common import emit
+from bench.experiments.bench_prm import step_auc
+from bench.experiments.judge_capacity import pretrain_backbone
+from bench.experiments.judge_grpo_eval import prm_recipe
+from bench.experiments.judge_heldout import write_processbench
+from bench.experiments.stats import bootstrap, processbench_f1
+
+# steps of different difficulty on small numbers, as the judge benchmark draws them
+OP_ERROR_RATES = {"Add": 0.05, "Subtract": 0.25}
+SET = "prm-labels"
+
+
+def prepare(seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """The annotated set, its snapshot, the held-out files and the backbone."""
+    from stepq.assembly import worker_runtime
+    from stepq.migrations import upgrade
+    from stepq.models import Database
+    from stepq.models.snapshots import TRAIN
+    from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
+    from stepq.trainer.snapshots.export import snapshot_records
+    from stepq.workers.annotation_plans import configure_annotation
+    from stepq.workers.backends.synthetic_policy import SyntheticPolicy
+    from stepq.workers.data.synthetic_set import synth_set
+    from stepq.workers.in_process import run_in_process
+    from stepq.workers.jobqueue.runtime import WorkerOptions
+
+    started = time.perf_counter()
+    url = f"sqlite:///{root / 'stepq.db'}"
+    upgrade(url)
+    db = Database(url)
+    policy = {"error_rate": 0.15, "recovery_rate": args.recovery_rate, "op_error_rates": OP_ERROR_RATES}
+    synth_set(db, SET, problems=args.problems, seed=seed, numbers="small", **policy)  # type: ignore[arg-type]
+    configure_annotation(db, SET, args.rollouts, rule="abs-q")
+    run_in_process(db, worker_runtime(db, WorkerOptions(batch_rollouts=256, name="bench")))
+    snapshot = create_snapshot(db, SnapshotSpec((SET,), "abs-q", val_fraction=0.2, seed=seed, balanced=False))
+    records = snapshot_records(db, snapshot)
+    seen = frozenset(r["problem"] for part in records.values() for r in part)
+    truth_policy = SyntheticPolicy(
+        error_rate=0.15, recovery_rate=args.recovery_rate, op_error_rates=tuple(OP_ERROR_RATES.items())
+    )
+    samples = write_processbench(root / "heldout.json", args.heldout, seed, truth_policy, seen, "small")
+    write_processbench(root / "tune.json", args.heldout // 2, seed + 1000, truth_policy, seen, "small")
+    backbone = root / "backbone"
+    loss = pretrain_backbone(
+        backbone, seed, layers=args.layers, width=args.width, problems=args.pretrain_problems,
+        steps=args.pretrain_steps, numbers="small",
+    )  # fmt: skip
+    db.engine.dispose()
+    return {
+        "url": url,
+        "snapshot": snapshot,
+        "train_problems": sorted({r["problem"] for r in records[TRAIN]}),
+        "train_steps": len(records[TRAIN]),
+        "samples": samples,
+        "pretrain_loss": loss,
+        "prepare_s": round(time.perf_counter() - started),
+    }
+
+
+def train_both(seed: int, args: argparse.Namespace, root: Path, prepared: dict[str, Any]) -> dict[str, Any]:
+    """The two PRMs, each scored on the held-out files."""
+    from stepq.models import Database
+    from stepq.trainer import methods
+    from stepq.trainer.methods.prm import set_outcomes
+    from stepq.trainer.training.runs import TrainOptions
+
+    db = Database(prepared["url"])
+    recipe = prm_recipe(root / "backbone", args.prm_steps, args.prm_lr, seed)
+    train_problems = set(prepared["train_problems"])
+    outcomes = [e for e in set_outcomes(db, SET) if e.problem in train_problems]
+    arms = {
+        "steps": methods.TrainingData(snapshot=str(prepared["snapshot"])),
+        "outcomes": methods.TrainingData(
+            records=outcomes, name=f"outcomes:{SET}:snapshot-{prepared['snapshot']}-train"
+        ),
+    }
+    out: dict[str, Any] = {"outcome_solutions": len(outcomes)}
+    for arm, data in arms.items():
+        started = time.perf_counter()
+        result = methods.train(db, "prm", recipe, data, root / f"prm-{arm}", TrainOptions())
+        train_s = time.perf_counter() - started
+        out[arm] = {**score(result.final_model, root, prepared["samples"], seed), "train_s": round(train_s)}
+        print(f"  seed {seed} {arm}: {describe(out[arm])} (trained in {train_s:.0f} s)", flush=True)
+    db.engine.dispose()
+    return out
+
+
+def score(model: Path, root: Path, samples: Sequence[dict[str, Any]], seed: int) -> dict[str, Any]:
+    """Step AUC (overall, within a position), the position's own AUC, and ProcessBench F1
+    thresholded on the tuning file, as ``stepq eval processbench --judge prm`` scores."""
+    from stepq.trainer.evaluation import processbench as pb
+    from stepq.trainer.evaluation.judge_spec import JudgeSpec, build_judge
+
+    built = build_judge(JudgeSpec(kind="prm", model=str(model)))
+    scored = built.judge.score_solutions([(s["problem"], s["steps"]) for s in samples])
+    report = pb.evaluate([root / "heldout.json"], built.judge, scoring=True, tune_file=root / "tune.json")
+    built.close()
+    problems = [
+        [(k, float(p), s["label"] == -1 or k < s["label"]) for k, p in enumerate(row) if p is not None]
+        for s, row in zip(samples, scored, strict=True)
+    ]
+    positions = [[(k, -float(k), right) for k, _, right in steps] for steps in problems]
+    pairs = [(s["label"], report["predictions"][s["id"]]) for s in samples]
+    return {
+        "step_auc": step_auc(problems),
+        "step_auc_ci": bootstrap(problems, step_auc, seed),
+        "within_position_auc": step_auc(problems, by_position=True),
+        "within_position_auc_ci": bootstrap(problems, lambda ps: step_auc(ps, by_position=True), seed),
+        "position_auc": step_auc(positions),
+        "processbench_f1": processbench_f1(pairs),
+        "processbench_f1_ci": bootstrap(pairs, processbench_f1, seed),
+        "threshold": report["threshold"],
+    }
+
+
+def describe(r: dict[str, Any]) -> str:
+    lo, hi = r["step_auc_ci"]
+    wlo, whi = r["within_position_auc_ci"]
+    flo, fhi = r["processbench_f1_ci"]
+    return (
+        f"step AUC {r['step_auc']:.3f} [{lo:.3f}, {hi:.3f}], within a position {r['within_position_auc']:.3f} "
+        f"[{wlo:.3f}, {whi:.3f}], ProcessBench F1 {r['processbench_f1']:.1f} [{flo:.1f}, {fhi:.1f}]"
+    )
+
+
+def one_seed(seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    run_dir = root / f"seed{seed}"
+    run_dir.mkdir(parents=True, exist_ok=False)
+    prepared = prepare(seed, args, run_dir)
+    print(
+        f"  seed {seed}: snapshot {prepared['snapshot']} holds {prepared['train_steps']} training steps; "
+        f"backbone loss {prepared['pretrain_loss']:.3f} (prepared in {prepared['prepare_s']} s)",
+        flush=True,
+    )
+    trained = train_both(seed, args, run_dir, prepared)
+    labels = [s["label"] for s in prepared["samples"]]
+    return {
+        "seed": seed,
+        "train_steps": prepared["train_steps"],
+        "heldout_samples": len(labels),
+        "heldout_without_error": sum(label == -1 for label in labels),
+        "prepare_s": prepared["prepare_s"],
+        **trained,
+    }
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--seed", type=int, help="One seed (instead of --seeds).")
+    ap.add_argument("--problems", type=int, default=1000, help="Annotated problems (one trajectory each).")
+    ap.add_argument("--rollouts", type=int, default=8, help="M, rollouts a prefix.")
+    ap.add_argument("--recovery-rate", type=float, default=0.3)
+    ap.add_argument("--heldout", type=int, default=300, help="Held-out problems (one solution each).")
+    ap.add_argument("--width", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--pretrain-problems", type=int, default=2000)
+    ap.add_argument("--pretrain-steps", type=int, default=1000)
+    ap.add_argument("--prm-steps", type=int, default=1500, help="Steps of each PRM (batch 32).")
+    ap.add_argument("--prm-lr", type=float, default=1e-3)
+    ap.add_argument("--keep", type=Path, help="Keep the databases and models here (a new folder).")
+    ap.add_argument("--quick", action="store_true", help="A smoke run: tiny sizes, one seed.")
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
+    seeds = [args.seed] if args.seed is not None else [int(s) for s in args.seeds.split(",")]
+    if args.quick:
+        seeds = seeds[:1]
+        args.problems, args.heldout, args.pretrain_problems, args.pretrain_steps, args.prm_steps = 40, 30, 50, 20, 10
+        args.width, args.layers = 64, 1
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.keep or Path(tmp)
+        for seed in seeds:
+            results.append(one_seed(seed, args, root))
+    emit({"benchmark": "bench_prm_labels", "settings": {k: str(v) for k, v in vars(args).items()}, "runs": results})
+
+
+if __name__ == "__main__":
+    main()
