@@ -133,6 +133,8 @@ def test_stepq_train_sft_teaches_the_records_and_grpo_starts_from_the_result(sql
         assert [Path(c).name for c in run.checkpoints] == ["checkpoint-12", "checkpoint-24"]
     asked = settings_for_model(final)  # asked afterwards as it was taught: the records' template, raw
     assert (asked.template, asked.chat_template, asked.source) == (template.template, False, f"training run {run.id}")
+    longest = max(len(t) for t in taught.values())  # the tiny tokenizer: a token a character
+    assert longest + 1 <= asked.max_tokens <= longest + 1 + max(16, longest // 2)  # room to answer, not the context
 
     # learnt: on held-out chunks the taught answer for each label is far likelier than before
     held_out = snapshot_records(sqlite, snapshot, template)[VALIDATION][:6]

@@ -69,6 +69,9 @@ def test_strategies_are_spelled_one_way() -> None:
     assert parse_strategy("random").key == "random"
     assert parse_strategy("random:seed=7") == Strategy("random", seed=7)
     assert parse_strategy("uncertainty:run=1,threshold=0.3").threshold == 0.3
+    logprob = parse_strategy("uncertainty:run=1,score=logprob")
+    assert (logprob.score, logprob.key) == ("logprob", "uncertainty:run=1,score=logprob")
+    assert parse_strategy(logprob.key) == logprob
 
 
 @pytest.mark.parametrize(
@@ -82,6 +85,8 @@ def test_strategies_are_spelled_one_way() -> None:
         ("uncertainty:run=1,votes=0", "votes must be >= 1"),
         ("uncertainty:run=1,threshold=1", "threshold strictly between"),
         ("uncertainty:run", "not KEY=VALUE"),
+        ("uncertainty:run=1,score=loudness", "score 'loudness' is not one of"),
+        ("random:score=logprob", "takes no option score"),
     ],
 )
 def test_a_bad_strategy_is_a_configuration_error(text: str, message: str) -> None:

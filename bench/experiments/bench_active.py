@@ -41,7 +41,7 @@ from typing import Any
 from sqlalchemy import func, select, text
 
 from bench.common import emit
-from bench.experiments import active_prm, active_standin
+from bench.experiments import active_prm, active_sft, active_standin
 from bench.experiments.active_standin import DigitJudge
 from bench.experiments.judge_heldout import write_processbench
 from bench.experiments.stats import mean_ci, processbench_f1, rank_auc
@@ -55,8 +55,17 @@ from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.runtime import WorkerOptions
 
 STRATEGIES = ("random", "uncertainty", "convincing-wrong")
-OP_ERROR_RATES = {"Add": 0.05, "Subtract": 0.1, "Multiply by": 0.3}
-POLICY = {"error_rate": 0.1, "recovery_rate": 0.05, "op_error_rates": OP_ERROR_RATES}
+OP_ERROR_RATES = {
+    "default": {"Add": 0.05, "Subtract": 0.1, "Multiply by": 0.3},
+    "small": {"Add": 0.05, "Subtract": 0.25},  # the spelled judge's range (its drills' numbers)
+}
+
+
+def policy(numbers: str) -> dict[str, Any]:
+    """The pool's synthetic policy (``synth_set``'s arguments) on ``numbers``."""
+    return {"error_rate": 0.1, "recovery_rate": 0.05, "op_error_rates": OP_ERROR_RATES[numbers], "numbers": numbers}
+
+
 # --- evaluation --------------------------------------------------------------------------
 
 
@@ -86,18 +95,23 @@ def run_arm(
     url = f"sqlite:///{root}/{strategy}.db"
     upgrade(url)
     db = Database(url)
-    synth_set(db, "pool", problems=args.pool, seed=seed, **POLICY)  # type: ignore[arg-type]
+    synth_set(db, "pool", problems=args.pool, seed=seed, **policy(args.numbers))
     configure_annotation(db, "pool", args.rollouts, priority=f"random:seed={seed}")
     judges: dict[int, DigitJudge] = {}
     runtime = worker_runtime(
         db,
         WorkerOptions(batch_rollouts=256, name="bench"),
-        # The PRM's rounds are scored by the worker's own factory (the run's saved model).
-        judge_factory=None if args.judge == "prm" else lambda run_id, _strategy: judges[run_id],
+        # stepq's judges (prm, sft) are scored by the worker's own factory (the run's saved model)
+        judge_factory=(lambda run_id, _strategy: judges[run_id]) if args.judge == "digit-mlp" else None,
     )
-    prm = prm_settings(args)
-    base = active_prm.build_backbone(root, prm, seed) if args.judge == "prm" else None
+    prm, sft = prm_settings(args), sft_settings(args)
+    base = None
+    if args.judge == "prm":
+        base = active_prm.build_backbone(root, prm, seed)
+    elif args.judge == "sft":
+        base = active_sft.build_backbone(root, sft, seed)
     previous: Path | None = None
+    scoring = f",{active_sft.SCORE}" if args.judge == "sft" else ""
     curve = []
     try:
         for k in range(1, args.rounds + 1):
@@ -107,22 +121,32 @@ def run_arm(
             annotate_s = time.perf_counter() - started
             started = time.perf_counter()
             out = root / f"{strategy}-r{k}"
-            if base is not None:
+            judge: Any
+            if args.judge == "prm":
+                assert base is not None
                 solutions = active_prm.labelled_solutions(db)
                 run_id = active_prm.train_round(db, base, previous, solutions, out, prm, seed)
-                judge: Any = active_prm.load_judge(db, run_id)
+                judge = active_prm.load_judge(db, run_id)
                 previous = active_prm.final_model(db, run_id)
                 steps = sum(len(labels) for _, _, labels in solutions)
+            elif args.judge == "sft":
+                assert base is not None
+                rows = active_sft.round_rows(db, "pool", seed, k)
+                run_id = active_sft.train_round(db, base, rows, sft, seed)
+                judge = active_sft.load_judge(db, run_id)
+                steps = len(rows)
             else:
                 run_id, judges[run_id], steps = active_standin.train_round(db, root, out, seed, args.epochs)
                 judge = judges[run_id]
+            train_s = time.perf_counter() - started
             point = {
                 "round": k,
                 "rollouts": rollouts_spent(db),
                 "labelled_steps": steps,
                 "annotate_s": annotate_s,
-                "train_s": time.perf_counter() - started,
+                "train_s": train_s,
                 **evaluate(judge, heldout),
+                "eval_s": time.perf_counter() - started - train_s,
             }
             curve.append(point)
             print(
@@ -132,11 +156,17 @@ def run_arm(
                 flush=True,
             )
             if strategy != "random" and k < args.rounds:
-                configure_annotation(db, "pool", args.rollouts, priority=f"{strategy}:run={run_id}")
+                configure_annotation(db, "pool", args.rollouts, priority=f"{strategy}:run={run_id}{scoring}")
     finally:
         runtime.close()
         db.engine.dispose()
     return curve
+
+
+def sft_settings(args: argparse.Namespace) -> active_sft.SFTSettings:
+    return active_sft.SFTSettings(
+        pretrain_steps=args.sft_pretrain_steps, steps=args.sft_steps, batch=args.sft_batch, lr=args.sft_lr
+    )
 
 
 def prm_settings(args: argparse.Namespace) -> active_prm.PRMSettings:
@@ -219,10 +249,21 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=1000, help="The stand-in judge's full-batch training steps.")
     ap.add_argument(
         "--judge",
-        choices=["digit-mlp", "prm"],
+        choices=["digit-mlp", "prm", "sft"],
         default="digit-mlp",
-        help="digit-mlp: the stand-in; prm: stepq's discriminative PRM on the Monte Carlo labels (active_prm.py)",
+        help="digit-mlp: the stand-in; prm: stepq's discriminative PRM on the Monte Carlo labels (active_prm.py); "
+        "sft: stepq's spelled generative judge taught the labels by --method sft (active_sft.py)",
     )
+    ap.add_argument(
+        "--numbers",
+        choices=sorted(OP_ERROR_RATES),
+        default=None,
+        help="The pool's numbers (default: small for --judge sft, the spelled judge's range; else default).",
+    )
+    ap.add_argument("--sft-pretrain-steps", type=int, default=active_sft.SFTSettings.pretrain_steps)
+    ap.add_argument("--sft-steps", type=int, default=active_sft.SFTSettings.steps, help="Teaching steps a round.")
+    ap.add_argument("--sft-batch", type=int, default=active_sft.SFTSettings.batch)
+    ap.add_argument("--sft-lr", type=float, default=active_sft.SFTSettings.lr)
     ap.add_argument("--prm-width", type=int, default=active_prm.PRMSettings.width)
     ap.add_argument("--prm-layers", type=int, default=active_prm.PRMSettings.layers)
     ap.add_argument("--prm-steps", type=int, default=active_prm.PRMSettings.steps, help="Training steps a round.")
@@ -246,11 +287,10 @@ def main() -> None:
         return
     if "random" not in args.strategies:
         ap.error("--strategies must include random: the headline is measured against it")
-    policy = SyntheticPolicy(
-        POLICY["error_rate"],
-        POLICY["recovery_rate"],
-        tuple(OP_ERROR_RATES.items()),  # type: ignore[arg-type]
-    )
+    if args.numbers is None:
+        args.numbers = "small" if args.judge == "sft" else "default"
+    drawn = policy(args.numbers)
+    truth = SyntheticPolicy(drawn["error_rate"], drawn["recovery_rate"], tuple(drawn["op_error_rates"].items()))
     results: dict[str, dict[int, list[dict[str, Any]]]] = {s: {} for s in args.strategies}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -259,11 +299,11 @@ def main() -> None:
             root.mkdir()
             pool_db = Database(f"sqlite:///{root}/questions.db")
             upgrade(str(pool_db.engine.url))
-            synth_set(pool_db, "pool", problems=args.pool, seed=seed, **POLICY)  # type: ignore[arg-type]
+            synth_set(pool_db, "pool", problems=args.pool, seed=seed, **drawn)
             with pool_db.session() as s:
                 questions = frozenset(q for (q,) in s.execute(text("SELECT question FROM problems")))
             pool_db.engine.dispose()
-            heldout = write_processbench(root / "heldout.json", args.heldout, seed, policy, questions)
+            heldout = write_processbench(root / "heldout.json", args.heldout, seed, truth, questions, args.numbers)
             for strategy in args.strategies:
                 results[strategy][seed] = run_arm(strategy, seed, root, heldout, args)
     report(results, args)

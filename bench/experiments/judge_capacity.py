@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.experiments.judge_format import drill_lines, judge_answer, judge_prompt, step_local_truth
+from bench.experiments.judge_format import JUDGE_TEMPLATE, drill_lines, judge_answer, judge_prompt, step_local_truth
 from bench.experiments.lm_training import CPU, Device, train_causal_lm
 from bench.experiments.stats import balanced_accuracy, bootstrap, grouped, processbench_f1
 from stepq.workers.seeds import derive_seed
@@ -121,11 +121,13 @@ def teach_verdict(
     lr: float,
     seed: int,
     device: Device = CPU,
+    db: Any = None,
 ) -> tuple[Path, float]:
     """The verdict (after its analysis) taught by cross-entropy through stepq's supervised
     method (``stepq train --method sft``: TRL's SFT trainer, the loss on the answer only), as a
-    training run recorded in ``out/runs.db``; ``target`` one of ``TARGETS``.  Returns the
-    judge's model folder and its last logged loss."""
+    training run of ``db`` (by default one recorded in ``out/runs.db``); ``target`` one of
+    ``TARGETS``.  The judge is asked afterwards with the benchmark's prompt (``JUDGE_TEMPLATE``,
+    kept beside it).  Returns the judge's model folder and its last logged loss."""
     from stepq.migrations import upgrade
     from stepq.models import Database, queries
     from stepq.trainer import methods
@@ -135,30 +137,36 @@ def teach_verdict(
         shutil.rmtree(out)
     out.mkdir(parents=True)
     records = [{"prompt": p, "completion": a} for p, a in verdict_examples(rows, target, analysis)]
-    url = f"sqlite:///{out / 'runs.db'}"
-    upgrade(url)
-    db = Database(url)
+    own = db is None
+    if own:
+        upgrade(f"sqlite:///{out / 'runs.db'}")
+        db = Database(f"sqlite:///{out / 'runs.db'}")
     try:
+        recipe = sft_recipe(backbone, out / "template.txt", steps, batch, lr, seed, device)
         data = methods.TrainingData(records=records, name=f"verdicts:{target}:{analysis}")
-        result = methods.train(
-            db, "sft", sft_recipe(backbone, steps, batch, lr, seed, device), data, out / "sft", TrainOptions()
-        )
+        result = methods.train(db, "sft", recipe, data, out / "sft", TrainOptions())
         with db.session() as session:
             logged = queries.run_metrics(session, result.run_id)
         loss = next((m.loss for m in reversed(logged) if m.loss is not None), float("nan"))
     finally:
-        db.dispose()
+        if own:
+            db.dispose()
     return result.final_model, float(loss)
 
 
-def sft_recipe(backbone: Path, steps: int, batch: int, lr: float, seed: int, device: Device = CPU) -> Any:
+def sft_recipe(
+    backbone: Path, template: Path, steps: int, batch: int, lr: float, seed: int, device: Device = CPU
+) -> Any:
     """The supervised judge's recipe: ``steps`` batches of ``batch`` records, the rate decaying
-    linearly to 0 from the first step, AdamW's usual weight decay, prompts as plain text."""
+    linearly to 0 from the first step, AdamW's usual weight decay, the benchmark's prompt as
+    plain text (written to ``template``)."""
     from stepq.trainer.training.recipe import Recipe
 
+    template.write_text(JUDGE_TEMPLATE)
     return Recipe.parse(
         f"""method: sft
 model: {backbone}
+judge_template: {template}
 conversational: false
 trainer:
   max_steps: {steps}

@@ -5,7 +5,7 @@ front end that assembles a worker process hands it ``ScoringJudges`` as its judg
 and the priority scoring handler asks that for a run's judge.  One judge is kept warm at a
 time: a round's judge replaces the last (a PRM scores every chunk in one pass; a generative
 judge is asked ``votes`` times per chunk on the hf backend, its P(Positive) the share of
-Positive verdicts).
+Positive verdicts, or once with ``score=logprob``, its P(Positive) read at its verdict).
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ def build_scoring_judge(method: str, output_dir: str, strategy: Strategy) -> Any
         return PRMJudge(StepScorer.load(str(model)), strategy.threshold)
     from stepq.trainer.evaluation.judge_spec import JudgeSpec, build_judge
 
-    spec = JudgeSpec(kind="model", backend="hf", model=str(model), votes=strategy.votes, score_by="votes")
+    votes = 1 if strategy.score == "logprob" else strategy.votes
+    spec = JudgeSpec(kind="model", backend="hf", model=str(model), votes=votes, score_by=strategy.score)
     return build_judge(spec).judge
 
 
@@ -40,10 +41,10 @@ class ScoringJudges:
 
     def __init__(self, db: Database) -> None:
         self.db = db
-        self._warm: dict[tuple[int, int, float], Any] = {}
+        self._warm: dict[tuple[int, int, float, str], Any] = {}
 
     def __call__(self, run_id: int, strategy: Strategy) -> Any:
-        key = (run_id, strategy.votes, strategy.threshold)
+        key = (run_id, strategy.votes, strategy.threshold, strategy.score)
         if key not in self._warm:
             with self.db.session() as s:
                 run = s.get_one(TrainingRun, run_id)

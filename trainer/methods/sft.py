@@ -82,9 +82,7 @@ class SFT(Method):
                 "(the judge is asked as its records were written: drop judge_template)"
             )
         prompting = JudgeSettings(
-            template or named or JudgePrompt.load().template,
-            recipe.conversational,
-            int(config.max_length or 0) or JudgeSettings.defaults().max_tokens,
+            template or named or JudgePrompt.load().template, recipe.conversational, answer_room(model, records)
         )
         rows = [_record(r, recipe.conversational) for r in records]
         return RunPlan(
@@ -94,6 +92,17 @@ class SFT(Method):
             max_steps=max(0, int(config.max_steps or 0)),
             side_files={JUDGE_SETTINGS: prompting.as_dict()},
         )
+
+
+def answer_room(model: str, records: list[dict[str, str]]) -> int:
+    """How many tokens the judge may write when asked: the longest answer it was taught, in the
+    base model's tokens, with half as much again to spare (an analysis of a longer step runs
+    longer); a judge that never stops is cut there, not at the model's whole context."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    longest = max(len(tokenizer.encode(r["completion"], add_special_tokens=False)) for r in records)
+    return longest + 1 + max(16, longest // 2)
 
 
 def _record(record: dict[str, str], conversational: bool) -> dict[str, Any]:

@@ -11,8 +11,10 @@ nearest the judge's decision boundary); ``random`` is the control, and ``fifo`` 
 A strategy is written ``NAME[:key=value,...]``: ``uncertainty:run=3`` (training run 3's
 judge), ``convincing-wrong:lineage=judge`` (the lineage's latest trained judge, renewed by the
 trainer service after every training), ``random:seed=7``.  ``votes=K`` asks a generative judge
-K times per chunk (its P(Positive) is the share of Positive verdicts); ``threshold=T`` is the
-decision boundary (default 0.5).
+K times per chunk (its P(Positive) is the share of Positive verdicts); ``score=logprob`` asks
+it once, greedily, and reads P(Positive) at its verdict (one generation a chunk instead of K;
+the backend must give log-probabilities, as the hf one does); ``threshold=T`` is the decision
+boundary (default 0.5).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ UNCERTAINTY = "uncertainty"
 CONVINCING_WRONG = "convincing-wrong"
 STRATEGIES = (FIFO, RANDOM, UNCERTAINTY, CONVINCING_WRONG)
 NEEDS_JUDGE = (UNCERTAINTY, CONVINCING_WRONG)
+SCORES = ("votes", "logprob")
+"""How a generative judge's P(Positive) is read: the share of K sampled verdicts, or the
+probability at its one greedy verdict."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,7 @@ class Strategy:
     votes: int = 4
     threshold: float = 0.5
     seed: int = 0
+    score: str = "votes"
 
     @property
     def key(self) -> str:
@@ -55,6 +61,8 @@ class Strategy:
                 parts.append(f"votes={self.votes}")
             if self.threshold != Strategy.threshold:
                 parts.append(f"threshold={self.threshold:g}")
+            if self.score != Strategy.score:
+                parts.append(f"score={self.score}")
         if self.name == RANDOM and self.seed:
             parts.append(f"seed={self.seed}")
         return self.name + (":" + ",".join(parts) if parts else "")
@@ -75,7 +83,7 @@ def parse_strategy(text: str) -> Strategy:
         if not eq or not value:
             raise ConfigError(f"priority option '{part}' is not KEY=VALUE")
         fields[key] = value
-    allowed = {RANDOM: {"seed"}, FIFO: set()}.get(name, {"run", "lineage", "votes", "threshold"})
+    allowed = {RANDOM: {"seed"}, FIFO: set()}.get(name, {"run", "lineage", "votes", "threshold", "score"})
     unknown = sorted(set(fields) - allowed)
     if unknown:
         raise ConfigError(f"priority strategy '{name}' takes no option {', '.join(unknown)}")
@@ -87,6 +95,7 @@ def parse_strategy(text: str) -> Strategy:
             votes=int(fields.get("votes", Strategy.votes)),
             threshold=float(fields.get("threshold", Strategy.threshold)),
             seed=int(fields.get("seed", 0)),
+            score=fields.get("score", Strategy.score),
         )
     except ValueError as exc:
         raise ConfigError(f"priority strategy '{text}': {exc}") from None
@@ -94,6 +103,8 @@ def parse_strategy(text: str) -> Strategy:
         raise ConfigError(f"priority strategy '{name}' needs a judge: run=N or lineage=NAME (one of them)")
     if strategy.votes < 1 or not 0.0 < strategy.threshold < 1.0:
         raise ConfigError("priority votes must be >= 1 and threshold strictly between 0 and 1")
+    if strategy.score not in SCORES:
+        raise ConfigError(f"priority score '{strategy.score}' is not one of: {', '.join(SCORES)}")
     return strategy
 
 
