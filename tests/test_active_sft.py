@@ -58,7 +58,8 @@ def test_the_round_judge_is_an_sft_run_and_the_workers_score_with_it(tmp_path: P
         written = dict(s.execute(select(RolloutWork.id, RolloutWork.priority)).all())
     assert waiting, "some trajectories still wait: the round had something to order"
     scores = judge.score_solutions([(w.question, w.chunks) for w in waiting])
-    expected = [priority(parse_strategy(strategy), w.trajectory_id, sc, w.outcome) for w, sc in zip(waiting, scores)]
+    ordered = parse_strategy(strategy)
+    expected = [priority(ordered, w.trajectory_id, sc, w.outcome) for w, sc in zip(waiting, scores, strict=True)]
     assert [written[w.work_id] for w in waiting] == pytest.approx(expected)
     assert len({round(p, 6) for p in expected}) > 1, "the judge's scores vary: a constant would prove nothing"
     db.dispose()
