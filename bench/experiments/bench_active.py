@@ -44,6 +44,7 @@ from bench.common import emit
 from bench.experiments import active_prm, active_sft, active_standin
 from bench.experiments.active_standin import DigitJudge
 from bench.experiments.judge_heldout import write_processbench
+from bench.experiments.lm_training import Device
 from bench.experiments.stats import mean_ci, processbench_f1, rank_auc
 from stepq.assembly import worker_runtime
 from stepq.migrations import upgrade
@@ -105,11 +106,12 @@ def run_arm(
         judge_factory=(lambda run_id, _strategy: judges[run_id]) if args.judge == "digit-mlp" else None,
     )
     prm, sft = prm_settings(args), sft_settings(args)
+    device = Device(args.device)  # the sft judge's pretraining and teaching (float32); its answers: CUDA if any
     base = None
     if args.judge == "prm":
         base = active_prm.build_backbone(root, prm, seed)
     elif args.judge == "sft":
-        base = active_sft.build_backbone(root, sft, seed)
+        base = active_sft.build_backbone(root, sft, seed, device)
     previous: Path | None = None
     scoring = f",{active_sft.SCORE}" if args.judge == "sft" else ""
     curve = []
@@ -132,7 +134,7 @@ def run_arm(
             elif args.judge == "sft":
                 assert base is not None
                 rows = active_sft.round_rows(db, "pool", seed, k)
-                run_id = active_sft.train_round(db, base, rows, sft, seed)
+                run_id = active_sft.train_round(db, base, rows, sft, seed, device)
                 judge = active_sft.load_judge(db, run_id)
                 steps = len(rows)
             else:
@@ -264,6 +266,7 @@ def main() -> None:
     ap.add_argument("--sft-steps", type=int, default=active_sft.SFTSettings.steps, help="Teaching steps a round.")
     ap.add_argument("--sft-batch", type=int, default=active_sft.SFTSettings.batch)
     ap.add_argument("--sft-lr", type=float, default=active_sft.SFTSettings.lr)
+    ap.add_argument("--device", default="cpu", help="Where the sft judge trains: cpu, or cuda on a lent GPU.")
     ap.add_argument("--prm-width", type=int, default=active_prm.PRMSettings.width)
     ap.add_argument("--prm-layers", type=int, default=active_prm.PRMSettings.layers)
     ap.add_argument("--prm-steps", type=int, default=active_prm.PRMSettings.steps, help="Training steps a round.")

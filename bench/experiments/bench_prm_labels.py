@@ -19,8 +19,8 @@ Per seed:
    position alone, and ProcessBench F1 with the threshold chosen on a second held-out file;
    95% bootstrap intervals over held-out problems.
 
-    OMP_NUM_THREADS=1 python -m bench.experiments.bench_prm_labels --seed 0   # one seed (~15 min)
-    python -m bench.experiments.bench_prm_labels --quick                      # a smoke run
+    python -m bench.experiments.bench_prm_labels --seed 0   # one seed: minutes on a GPU, about 2 h on 2 cores
+    python -m bench.experiments.bench_prm_labels --quick    # a smoke run
 
 docs/experiments/prm.md ("Step labels against outcomes") holds the figures.  Prints a table,
 then one JSON object on its last line.
@@ -40,6 +40,7 @@ from bench.experiments.bench_prm import step_auc
 from bench.experiments.judge_capacity import pretrain_backbone
 from bench.experiments.judge_grpo_eval import prm_recipe
 from bench.experiments.judge_heldout import write_processbench
+from bench.experiments.lm_training import Device
 from bench.experiments.stats import bootstrap, processbench_f1
 
 # steps of different difficulty on small numbers, as the judge benchmark draws them
@@ -80,7 +81,7 @@ def prepare(seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     backbone = root / "backbone"
     loss = pretrain_backbone(
         backbone, seed, layers=args.layers, width=args.width, problems=args.pretrain_problems,
-        steps=args.pretrain_steps, numbers="small",
+        steps=args.pretrain_steps, numbers="small", device=Device(args.device),
     )  # fmt: skip
     db.engine.dispose()
     return {
@@ -195,6 +196,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--pretrain-steps", type=int, default=1000)
     ap.add_argument("--prm-steps", type=int, default=1500, help="Steps of each PRM (batch 32).")
     ap.add_argument("--prm-lr", type=float, default=1e-3)
+    ap.add_argument(
+        "--device", default=None, help="Where the backbone pretrains (default: cuda if there is one; the PRMs too)."
+    )
     ap.add_argument("--keep", type=Path, help="Keep the databases and models here (a new folder).")
     ap.add_argument("--quick", action="store_true", help="A smoke run: tiny sizes, one seed.")
     return ap
@@ -203,6 +207,10 @@ def parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = parser().parse_args()
     seeds = [args.seed] if args.seed is not None else [int(s) for s in args.seeds.split(",")]
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.quick:
         seeds = seeds[:1]
         args.problems, args.heldout, args.pretrain_problems, args.pretrain_steps, args.prm_steps = 40, 30, 50, 20, 10
