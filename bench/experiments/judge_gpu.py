@@ -2,16 +2,17 @@
 with a deeper, wider backbone and more data than 2 CPU cores allow, reporting the figures
 ``bench_judge_capacity`` reports.
 
-It needs PyTorch, transformers and SQLAlchemy (stepq's ProcessBench scorer imports the error
-tree), nothing else: no TRL, vLLM, database or model weights (it builds the backbone).  The
-labelled rows come from stepq's real annotation code, run where stepq is installed, and travel
-as files:
+It needs PyTorch, transformers, and what teaching a judge through stepq's ``sft`` method needs
+(TRL, datasets, SQLAlchemy and alembic for the throwaway SQLite database its runs are recorded
+in); no vLLM, server or model weights (it builds the backbone).  The labelled rows come from
+stepq's real annotation code, run where stepq is installed, and travel as files:
 
     # here (stepq installed), once: the sets annotated, snapshotted and written to gpu-data/
     python -m bench.experiments.bench_judge_capacity --prepare-only --data gpu-data --seeds 0 \\
         --cells none/first-dead/6/16000/8,recompute/first-dead/6/16000/8
-    # on the GPU machine (SQLAlchemy carried as a wheel if it is missing); one cell took 204 s on
-    # an H100 at these defaults (the backbone 57 s, each judge 60 s to teach and 7-17 s to score):
+    # on the GPU machine (stepq's dependencies carried as wheels: docs/experiments/active.md); one
+    # cell took 204 s on an H100 at these defaults when the judge was taught by the benchmark's own
+    # loop (the backbone 57 s, each judge 60 s to teach and 7-17 s to score):
     python -m bench.experiments.judge_gpu --data gpu-data --seeds 0 \\
         --cells none/first-dead/6/16000/8,recompute/first-dead/6/16000/8
     # the same code at tiny size on CPU (what the test runs):

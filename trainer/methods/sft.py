@@ -3,7 +3,7 @@ and verdict) records.
 
 Where the records come from is data, not the trainer: a teacher's rationales kept where they
 agree with the Monte Carlo label (``stepq export rationales``), a programmatic analysis (such
-as the benchmarks' spelled check, which they still teach with their own loop), or any folder
+as the benchmarks' spelled check, taught through this method), or any folder
 of ``prompt``/``completion`` lines.  The judge keeps ``stepq-judge.json`` beside its weights
 like a GRPO judge, so ``stepq eval`` asks it as it was taught, and a GRPO recipe can start
 from it (``--model RUN/final``: the run row records it).
