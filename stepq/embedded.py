@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from stepq.assembly import configured_runtime, kinds_of
+from stepq.assembly import configured_runtime, kinds_of, worker_runtime
 from stepq.migrations import upgrade
 from stepq.models import Database, jobs, queries
 from stepq.models.errors import Busy, ConfigError, Interrupted, NotFoundError, WorkFailed
@@ -20,6 +20,7 @@ from stepq.status import collect, render
 from stepq.workers.annotation_plans import configure_annotation
 from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import EMBEDDED_HOLDER, run_in_process
+from stepq.workers.jobqueue.runtime import WorkerOptions
 from stepq.workers.labelling.rollout_handler import ROLLOUTS
 from stepq.workers.priority.scoring_handler import SCORINGS
 
@@ -80,6 +81,17 @@ def keep_settings(
             f"(run it without those flags to resume).  To change them on purpose: {on_purpose}"
         )
     return m or stored_m or DEFAULT_M
+
+
+def annotate_in_process(
+    db: Database, set_name: str, m: int, *, worker: str = "embedded", batch_rollouts: int = 256, **plan: Any
+) -> dict[str, int]:
+    """Plan the set's annotation at M (``plan``: ``configure_annotation``'s options: rule,
+    budget, backend, ...) and run all of it here, as ``stepq run`` does, without the command's
+    progress and summary: the library call scripts, benchmarks and tests annotate through.
+    Returns the outcome counts."""
+    configure_annotation(db, set_name, m, **plan)
+    return run_in_process(db, worker_runtime(db, WorkerOptions(name=worker, batch_rollouts=batch_rollouts)))
 
 
 DEMO_SET = "demo"

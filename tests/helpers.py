@@ -192,12 +192,10 @@ def annotated_set(
 ) -> None:
     """A synthetic set (``synth``: ``synth_set``'s options) annotated to the end in process at
     ``m`` rollouts per prefix: the sequence most tests start from, written once."""
-    from stepq.assembly import worker_runtime
-    from stepq.workers.annotation_plans import configure_annotation
+    from stepq.embedded import annotate_in_process
     from stepq.workers.data.synthetic_set import synth_set
-    from stepq.workers.in_process import run_in_process
-    from stepq.workers.jobqueue.runtime import WorkerOptions
 
     synth_set(db, name, problems=problems, seed=seed, **synth)
-    configure_annotation(db, name, m, **({"budget": budget} if budget else {}))
-    run_in_process(db, worker_runtime(db, WorkerOptions(name=worker, batch_rollouts=batch_rollouts)))
+    annotate_in_process(
+        db, name, m, worker=worker, batch_rollouts=batch_rollouts, **({"budget": budget} if budget else {})
+    )

@@ -130,16 +130,13 @@ def _load(path: Path) -> Any:
 def prepare_labels(out: Path, seed: int, cell: Cell, recovery_rate: float) -> dict[str, Any]:
     """Annotate a synthetic set through the real task code (SQLite, in process) and write its
     snapshot's rows, each with its Monte Carlo label and its synthetic truth."""
-    from stepq.assembly import worker_runtime
+    from stepq.embedded import annotate_in_process
     from stepq.migrations import upgrade
     from stepq.models import Database
     from stepq.models.snapshots import TRAIN, VALIDATION
     from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
     from stepq.trainer.snapshots.export import snapshot_records
-    from stepq.workers.annotation_plans import configure_annotation
     from stepq.workers.data.synthetic_set import synth_set
-    from stepq.workers.in_process import run_in_process
-    from stepq.workers.jobqueue.runtime import WorkerOptions
 
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
@@ -157,8 +154,7 @@ def prepare_labels(out: Path, seed: int, cell: Cell, recovery_rate: float) -> di
             op_error_rates=OP_ERROR_RATES,
             numbers="small",
         )
-        configure_annotation(db, "judge", cell.m, rule=cell.rule)
-        run_in_process(db, worker_runtime(db, WorkerOptions(batch_rollouts=256, name="bench")))
+        annotate_in_process(db, "judge", cell.m, worker="bench", rule=cell.rule)
         spec = SnapshotSpec(
             ("judge",), cell.rule, val_fraction=0.2, seed=seed, until_first_error=cell.form == "first-dead"
         )

@@ -105,18 +105,15 @@ def prepare(seed: int, rule_name: str, args: argparse.Namespace, run_dir: Path) 
     """Everything before GRPO: the annotated set and its snapshot, the held-out and tuning files,
     the base judge and its figures.  Recorded in ``prepared.json`` so that ``--reuse`` starts the
     next GRPO setting from the same base (the preparation is most of a short run)."""
-    from stepq.assembly import worker_runtime
+    from stepq.embedded import annotate_in_process
     from stepq.migrations import upgrade
     from stepq.models import Database
     from stepq.models.snapshots import TRAIN, VALIDATION
     from stepq.trainer.generative_judge.prompt import JudgePrompt
     from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
     from stepq.trainer.snapshots.export import snapshot_records
-    from stepq.workers.annotation_plans import configure_annotation
     from stepq.workers.backends.synthetic_policy import SyntheticPolicy
     from stepq.workers.data.synthetic_set import synth_set
-    from stepq.workers.in_process import run_in_process
-    from stepq.workers.jobqueue.runtime import WorkerOptions
 
     started = time.perf_counter()
     run_dir.mkdir(parents=True)
@@ -133,8 +130,7 @@ def prepare(seed: int, rule_name: str, args: argparse.Namespace, run_dir: Path) 
         op_error_rates=OP_ERROR_RATES[args.numbers],
         numbers=args.numbers,
     )
-    configure_annotation(db, "judge", args.rollouts, rule=RULES[rule_name])
-    run_in_process(db, worker_runtime(db, WorkerOptions(batch_rollouts=256, name="bench")))
+    annotate_in_process(db, "judge", args.rollouts, worker="bench", rule=RULES[rule_name])
     spec = SnapshotSpec(
         ("judge",),
         RULES[rule_name],

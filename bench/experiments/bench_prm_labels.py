@@ -50,17 +50,14 @@ SET = "prm-labels"
 
 def prepare(seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     """The annotated set, its snapshot, the held-out files and the backbone."""
-    from stepq.assembly import worker_runtime
+    from stepq.embedded import annotate_in_process
     from stepq.migrations import upgrade
     from stepq.models import Database
     from stepq.models.snapshots import TRAIN
     from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
     from stepq.trainer.snapshots.export import snapshot_records
-    from stepq.workers.annotation_plans import configure_annotation
     from stepq.workers.backends.synthetic_policy import SyntheticPolicy
     from stepq.workers.data.synthetic_set import synth_set
-    from stepq.workers.in_process import run_in_process
-    from stepq.workers.jobqueue.runtime import WorkerOptions
 
     started = time.perf_counter()
     url = f"sqlite:///{root / 'stepq.db'}"
@@ -68,8 +65,7 @@ def prepare(seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     db = Database(url)
     policy = {"error_rate": 0.15, "recovery_rate": args.recovery_rate, "op_error_rates": OP_ERROR_RATES}
     synth_set(db, SET, problems=args.problems, seed=seed, numbers="small", **policy)  # type: ignore[arg-type]
-    configure_annotation(db, SET, args.rollouts, rule="abs-q")
-    run_in_process(db, worker_runtime(db, WorkerOptions(batch_rollouts=256, name="bench")))
+    annotate_in_process(db, SET, args.rollouts, worker="bench", rule="abs-q")
     snapshot = create_snapshot(db, SnapshotSpec((SET,), "abs-q", val_fraction=0.2, seed=seed, balanced=False))
     records = snapshot_records(db, snapshot)
     seen = frozenset(r["problem"] for part in records.values() for r in part)

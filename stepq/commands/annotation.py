@@ -49,7 +49,8 @@ from stepq.workers.backends import BACKENDS as BACKEND_NAMES
     default=None,
     metavar="STRATEGY",
     help="Order the set's waiting trajectories: fifo (plan order, the default), random[:seed=S], "
-    "uncertainty:run=N|lineage=NAME or convincing-wrong:run=N|lineage=NAME (options votes=K, score=logprob, threshold=T). "
+    "uncertainty:run=N|lineage=NAME or convincing-wrong:run=N|lineage=NAME "
+    "(options votes=K, score=logprob, threshold=T). "
     "Given again, it re-scores the waiting work with the judge it names now.",
 )
 @click.option(
