@@ -62,7 +62,7 @@ def test_the_round_scores_with_the_model_the_benchmark_trained(labelled: Databas
     settings = active_prm.PRMSettings(width=32, layers=1, steps=5, batch_size=4)
     base = active_prm.build_backbone(tmp_path, settings, seed=0)
     solutions = active_prm.labelled_solutions(labelled)
-    run_id = active_prm.train_round(labelled, base, None, solutions, tmp_path / "r1", settings, seed=0)
+    run_id = active_prm.round_judge(labelled, base, None, solutions, tmp_path / "r1", settings, seed=0)
     judge = active_prm.load_judge(labelled, run_id)
 
     from stepq.trainer.prm.model import StepScorer
@@ -83,7 +83,7 @@ def test_the_round_scores_with_the_model_the_benchmark_trained(labelled: Databas
     other = tmp_path / "other-arm.db"
     upgrade(f"sqlite:///{other}")
     arm = Database(f"sqlite:///{other}")
-    again_id = active_prm.train_round(arm, base, None, solutions, tmp_path / "r1-again", settings, seed=0)
+    again_id = active_prm.round_judge(arm, base, None, solutions, tmp_path / "r1-again", settings, seed=0)
     again = StepScorer.load(active_prm.final_model(arm, again_id))
     assert _flat(again.score(asked)) == pytest.approx(expected)
     with arm.session() as session:

@@ -42,7 +42,7 @@ def test_the_round_judge_is_an_sft_run_and_the_workers_score_with_it(tmp_path: P
     rows = active_sft.round_rows(db, "pool", seed=0, round_no=1)
     assert rows and all(r["label"] in ("Positive", "Negative") for r in rows)
     base = active_sft.build_backbone(tmp_path, TINY, seed=0)
-    run_id = active_sft.train_round(db, base, rows, TINY, seed=0)
+    run_id = active_sft.round_judge(db, base, rows, TINY, seed=0)
     with db.session() as s:
         run = queries.get_run(s, run_id)
         assert (run.method, run.status, run.global_step) == ("sft", "done", TINY.steps)

@@ -95,7 +95,7 @@ trainer:
     )
 
 
-def train_round(
+def round_judge(
     db: Database,
     base: Path,
     previous: Path | None,

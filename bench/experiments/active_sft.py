@@ -77,7 +77,7 @@ def round_rows(db: Database, set_name: str, seed: int, round_no: int) -> list[di
     return list(snapshot_records(db, create_snapshot(db, spec))[TRAIN])
 
 
-def train_round(
+def round_judge(
     db: Database, base: Path, rows: Sequence[dict[str, Any]], settings: SFTSettings, seed: int, device: Device = CPU
 ) -> int:
     """Teach one round's judge (``methods.train``, what ``stepq train --method sft`` runs) as

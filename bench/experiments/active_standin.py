@@ -191,7 +191,7 @@ def stand_in_recipe(base: Path, seed: int, epochs: int) -> Recipe:
     return Recipe.parse(f"method: digit-mlp\nmodel: {base}\ntrainer:\n  seed: {seed}\n  epochs: {epochs}\n")
 
 
-def train_round(db: Database, root: Path, out: Path, seed: int, epochs: int) -> tuple[int, DigitJudge, int]:
+def round_judge(db: Database, root: Path, out: Path, seed: int, epochs: int) -> tuple[int, DigitJudge, int]:
     """One round's stand-in on every label so far, as a training run of ``db``: (the run's id,
     the judge it saved, the labelled steps it learnt from)."""
     from stepq.trainer import methods

@@ -127,18 +127,18 @@ def run_arm(
             if args.judge == "prm":
                 assert base is not None
                 solutions = active_prm.labelled_solutions(db)
-                run_id = active_prm.train_round(db, base, previous, solutions, out, prm, seed)
+                run_id = active_prm.round_judge(db, base, previous, solutions, out, prm, seed)
                 judge = active_prm.load_judge(db, run_id)
                 previous = active_prm.final_model(db, run_id)
                 steps = sum(len(labels) for _, _, labels in solutions)
             elif args.judge == "sft":
                 assert base is not None
                 rows = active_sft.round_rows(db, "pool", seed, k)
-                run_id = active_sft.train_round(db, base, rows, sft, seed, device)
+                run_id = active_sft.round_judge(db, base, rows, sft, seed, device)
                 judge = active_sft.load_judge(db, run_id)
                 steps = len(rows)
             else:
-                run_id, judges[run_id], steps = active_standin.train_round(db, root, out, seed, args.epochs)
+                run_id, judges[run_id], steps = active_standin.round_judge(db, root, out, seed, args.epochs)
                 judge = judges[run_id]
             train_s = time.perf_counter() - started
             point = {

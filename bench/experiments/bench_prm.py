@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.common import emit
-from bench.experiments.lm_training import train_causal_lm
+from bench.experiments.lm_training import fit_causal_lm
 from bench.experiments.stats import auc, bootstrap
 from stepq.migrations import upgrade
 from stepq.models import Database
@@ -174,7 +174,7 @@ def pretrain(base: Path, texts: Sequence[tuple[str, list[str]]], steps: int, bat
         e = encode(tokenizer, question, solution, 512)
         start = len(encode(tokenizer, question, [], 512).ids)
         encoded.append((e.ids, start))
-    return train_causal_lm(base, encoded, steps, batch_size, seed)
+    return fit_causal_lm(base, encoded, steps, batch_size, seed)
 
 
 def backbone(

@@ -91,7 +91,7 @@ def prepare(seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     }
 
 
-def train_both(seed: int, args: argparse.Namespace, root: Path, prepared: dict[str, Any]) -> dict[str, Any]:
+def both_prms(seed: int, args: argparse.Namespace, root: Path, prepared: dict[str, Any]) -> dict[str, Any]:
     """The two PRMs, each scored on the held-out files."""
     from stepq.models import Database
     from stepq.trainer import methods
@@ -166,7 +166,7 @@ def one_seed(seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
         f"backbone loss {prepared['pretrain_loss']:.3f} (prepared in {prepared['prepare_s']} s)",
         flush=True,
     )
-    trained = train_both(seed, args, run_dir, prepared)
+    trained = both_prms(seed, args, run_dir, prepared)
     labels = [s["label"] for s in prepared["samples"]]
     return {
         "seed": seed,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.experiments.judge_format import JUDGE_TEMPLATE, drill_lines, judge_answer, judge_prompt, step_local_truth
-from bench.experiments.lm_training import CPU, Device, train_causal_lm
+from bench.experiments.lm_training import CPU, Device, fit_causal_lm
 from bench.experiments.stats import balanced_accuracy, bootstrap, grouped, processbench_f1
 from stepq.workers.seeds import derive_seed
 
@@ -50,7 +50,7 @@ def lm_train(
     for context, target in examples:
         c = tokenizer.encode(context, add_special_tokens=False)
         encoded.append(([*c, *tokenizer.encode(target, add_special_tokens=False), 0], len(c)))
-    return train_causal_lm(
+    return fit_causal_lm(
         model_dir,
         encoded,
         steps,

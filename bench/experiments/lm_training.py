@@ -33,7 +33,7 @@ SCHEDULES = ("warmup", "linear-decay")
 rate down to 0 at the last step."""
 
 
-def train_causal_lm(
+def fit_causal_lm(
     model_dir: Path | str,
     encoded: Sequence[tuple[list[int], int]],
     steps: int,

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench.experiments.lm_training import Device, train_causal_lm
+from bench.experiments.lm_training import Device, fit_causal_lm
 from stepq.workers.backends.synthetic_policy import SyntheticPolicy, make_problem
 from stepq.workers.data.synthetic_set import NUMBERS
 from stepq.workers.grading.grader import extract_boxed
@@ -214,7 +214,7 @@ def _build_group(group: list[Recipe], cache: Path, device: str | None, checker: 
     with fixed_numerics(run.threads) as where:
         _initialise(work, run)
         encoded = _encode(work, run)
-        train_causal_lm(
+        fit_causal_lm(
             work, encoded, limit, run.batch_size, run.seed, lr=run.lr, check_every=run.fine_every,
             on_check=on_check, log_every=1000, device=Device(device or where),
         )  # fmt: skip
@@ -396,7 +396,7 @@ def trace(recipe: Recipe, workdir: Path, device: str | None = None, emit: Callab
 
     with fixed_numerics(run.threads) as where:
         _initialise(workdir, run)
-        train_causal_lm(
+        fit_causal_lm(
             workdir, _encode(workdir, run), recipe.max_steps, run.batch_size, run.seed, lr=run.lr,
             check_every=run.check_every, on_check=on_check, log_every=0, device=Device(device or where),
         )  # fmt: skip
