@@ -296,3 +296,29 @@ def test_pausing_and_raising_m_keep_the_order(any_db: Database) -> None:
     assert {r for _, r in _priorities(any_db, "m").values()} == {1}
     run_in_process(any_db, _runtime(any_db))
     assert_exact(any_db, "m", 4)
+
+
+def test_a_run_that_made_no_judge_orders_nothing_unless_this_process_builds_its_judges(
+    sqlite: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stepq.workers.priority import rounds
+
+    synth_set(sqlite, "s", problems=3, seed=1)
+    with sqlite.session() as s:
+        dpo = queries.create_run(
+            s, method="dpo", recipe="r", base_model="b", output_dir="/nowhere/dpo", host="h", status="done"
+        )
+        own = queries.create_run(
+            s, method="mine", recipe="r", base_model="b", output_dir="/nowhere/mine", host="h", status="done"
+        )
+    with pytest.raises(ConfigError, match=f"training run {dpo} trained a dpo model, not a judge"):
+        configure_annotation(sqlite, "s", 2, priority=f"uncertainty:run={dpo}")
+    with pytest.raises(ConfigError, match="not a judge"):
+        configure_annotation(sqlite, "s", 2, priority=f"uncertainty:run={own}")
+    # a process whose workers build that method's judges itself (a benchmark's stand-in) says so
+    monkeypatch.setattr(rounds, "_OWN_JUDGE_METHODS", set())
+    rounds.accept_judge_method("mine")
+    report = configure_annotation(sqlite, "s", 2, priority=f"uncertainty:run={own}").ordered
+    assert report is not None and report.judge_run_id == own
+    with pytest.raises(ConfigError, match="not a judge"):  # only the method it named
+        configure_annotation(sqlite, "s", 2, priority=f"uncertainty:run={dpo}")

@@ -99,7 +99,7 @@ def both_prms(seed: int, args: argparse.Namespace, root: Path, prepared: dict[st
     from stepq.trainer.training.runs import TrainOptions
 
     db = Database(prepared["url"])
-    recipe = prm_recipe(root / "backbone", args.prm_steps, args.prm_lr, seed)
+    recipe = prm_recipe(root / "backbone", args.prm_steps, args.prm_lr, seed, args.prm_batch)
     train_problems = set(prepared["train_problems"])
     outcomes = [e for e in set_outcomes(db, SET) if e.problem in train_problems]
     arms = {
@@ -186,11 +186,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rollouts", type=int, default=8, help="M, rollouts a prefix.")
     ap.add_argument("--recovery-rate", type=float, default=0.3)
     ap.add_argument("--heldout", type=int, default=300, help="Held-out problems (one solution each).")
-    ap.add_argument("--width", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--width", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--pretrain-problems", type=int, default=2000)
     ap.add_argument("--pretrain-steps", type=int, default=1000)
-    ap.add_argument("--prm-steps", type=int, default=1000, help="Steps of each PRM (batch 32).")
+    ap.add_argument("--prm-steps", type=int, default=1000, help="Steps of each PRM.")
+    ap.add_argument("--prm-batch", type=int, default=16, help="Solutions a step.")
     ap.add_argument("--prm-lr", type=float, default=1e-3)
     ap.add_argument(
         "--device", default=None, help="Where the backbone pretrains (default: cuda if there is one; the PRMs too)."

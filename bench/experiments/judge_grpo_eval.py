@@ -119,7 +119,7 @@ def evaluate(
     }
 
 
-def prm_recipe(backbone: Path, steps: int, lr: float, seed: int) -> Any:
+def prm_recipe(backbone: Path, steps: int, lr: float, seed: int, batch: int = 32) -> Any:
     """The discriminative PRM recipe the judge benchmarks train with, whatever its data (a set's
     outcomes, a snapshot's step labels): the paper's head and aggregate, a CPU-sized rate."""
     from stepq.trainer.training.recipe import Recipe
@@ -132,7 +132,7 @@ trainer:
   head: mlp
   learning_rate: {lr}
   warmup_steps: {steps // 10}
-  batch_size: 32
+  batch_size: {batch}
   epochs: 1000
   max_steps: {steps}
   save_steps: {steps}
