@@ -9,10 +9,11 @@ Per seed:
 3. two PRMs from that backbone with one recipe (head, aggregate, rate, steps, seed), through
    ``methods.train`` as ``stepq train --method prm`` runs them:
    - **step labels**: ``--snapshot N``, each step's hard Abs-Q label (Math-Shepherd's practice);
-   - **outcomes**: every graded solution the same annotation produced for the snapshot's
-     training problems (the trajectories and every rollout, as ``stepq train --method prm
-     --set`` reads them, kept to the training split): the outcome-supervised PRM at the same
-     annotation cost, trained on the solutions' final answers alone;
+   - **outcomes**: the solutions the same annotation produced for the snapshot's training
+     problems, as ``stepq train --method prm --set`` reads them by default (the outcome-
+     supervised PRM paper's data: each problem's responses, its trajectory and the rollouts
+     from the empty prefix, of problems solved 20-80% of the time): the outcome PRM at no
+     extra annotation cost, trained on final answers alone;
 4. both scored on held-out problems written from the synthetic policy's step truth (a
    ProcessBench file: every step before the first wrong one is right, the rest wrong): step
    ROC AUC, AUC within each step position (the position alone cannot earn it), the AUC of the
