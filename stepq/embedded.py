@@ -91,7 +91,11 @@ def annotate_in_process(
     progress and summary: the library call scripts, benchmarks and tests annotate through.
     Returns the outcome counts."""
     configure_annotation(db, set_name, m, **plan)
-    return run_in_process(db, worker_runtime(db, WorkerOptions(name=worker, batch_rollouts=batch_rollouts)))
+    runtime = worker_runtime(db, WorkerOptions(name=worker, batch_rollouts=batch_rollouts))
+    try:
+        return run_in_process(db, runtime)
+    finally:
+        runtime.close()  # its warm backends and judges
 
 
 DEMO_SET = "demo"

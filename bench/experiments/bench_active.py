@@ -18,8 +18,10 @@ judge the previous round trained.
 The judge (``--judge``): ``digit-mlp``, a stand-in named so, a small MLP reading each step's
 numbers digit by digit, trained from scratch in seconds (a chunk's score is the lowest of its
 steps' so far); or ``prm``, stepq's own discriminative PRM trained on the set's Monte Carlo
-labels each round and loaded by the worker's judge factory (``active_prm.py``).  On 2 CPU cores
-the PRM trains for minutes a round and does not learn the check within them
+labels each round and loaded by the worker's judge factory (``active_prm.py``); or ``sft``, the
+spelled generative judge taught the labels by ``--method sft`` each round (``active_sft.py``,
+on small numbers, its range).  On 2 CPU cores the PRM trains for minutes a round and does not
+learn the check within them, and the sft judge's rounds are not measured yet
 (docs/experiments/active.md), so the stand-in measures the ordering given a judge that learns.
 
 Prints a table per round, the headline (rollouts each strategy needs to reach the quality

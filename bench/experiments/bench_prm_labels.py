@@ -20,7 +20,7 @@ Per seed:
    position alone, and ProcessBench F1 with the threshold chosen on a second held-out file;
    95% bootstrap intervals over held-out problems.
 
-    python -m bench.experiments.bench_prm_labels --seed 0   # one seed: minutes on a GPU, about 2 h on 2 cores
+    python -m bench.experiments.bench_prm_labels --seed 0   # one seed: about an hour beside other runs on 2 cores
     python -m bench.experiments.bench_prm_labels --quick    # a smoke run
 
 docs/experiments/prm.md ("Step labels against outcomes") holds the figures.  Prints a table,

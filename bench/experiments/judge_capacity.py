@@ -121,11 +121,10 @@ def teach_verdict(
     lr: float,
     seed: int,
     device: Device = CPU,
-    db: Any = None,
 ) -> tuple[Path, float]:
     """The verdict (after its analysis) taught by cross-entropy through stepq's supervised
     method (``stepq train --method sft``: TRL's SFT trainer, the loss on the answer only), as a
-    training run of ``db`` (by default one recorded in ``out/runs.db``); ``target`` one of
+    training run recorded in a throwaway ``out/runs.db``; ``target`` one of
     ``TARGETS``.  The judge is asked afterwards with the benchmark's prompt (``JUDGE_TEMPLATE``,
     kept beside it).  Returns the judge's model folder and its last logged loss."""
     from stepq.migrations import upgrade
@@ -137,10 +136,8 @@ def teach_verdict(
         shutil.rmtree(out)
     out.mkdir(parents=True)
     records = [{"prompt": p, "completion": a} for p, a in verdict_examples(rows, target, analysis)]
-    own = db is None
-    if own:
-        upgrade(f"sqlite:///{out / 'runs.db'}")
-        db = Database(f"sqlite:///{out / 'runs.db'}")
+    upgrade(f"sqlite:///{out / 'runs.db'}")
+    db = Database(f"sqlite:///{out / 'runs.db'}")
     try:
         recipe = sft_recipe(backbone, out / "template.txt", steps, batch, lr, seed, device)
         data = methods.TrainingData(records=records, name=f"verdicts:{target}:{analysis}")
@@ -149,8 +146,7 @@ def teach_verdict(
             logged = queries.run_metrics(session, result.run_id)
         loss = next((m.loss for m in reversed(logged) if m.loss is not None), float("nan"))
     finally:
-        if own:
-            db.dispose()
+        db.dispose()
     return result.final_model, float(loss)
 
 
