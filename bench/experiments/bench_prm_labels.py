@@ -18,9 +18,11 @@ Per seed:
    ProcessBench file: every step before the first wrong one is right, the rest wrong): step
    ROC AUC, AUC within each step position (the position alone cannot earn it), the AUC of the
    position alone, and ProcessBench F1 with the threshold chosen on a second held-out file;
-   95% bootstrap intervals over held-out problems.
+   95% bootstrap intervals over held-out problems, and the step AUCs' difference with a paired
+   interval (both PRMs score the same steps).
 
     python -m bench.experiments.bench_prm_labels --seed 0   # one seed: about an hour beside other runs on 2 cores
+    BENCH=bench_prm_labels bash bench/experiments/seeds_gpu.sh   # three seeds side by side on a lent GPU
     python -m bench.experiments.bench_prm_labels --quick    # a smoke run
 
 docs/experiments/prm.md ("Step labels against outcomes") holds the figures.  Prints a table,
@@ -37,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import emit
-from bench.experiments.bench_prm import step_auc
+from bench.experiments.bench_prm import Step, step_auc
 from bench.experiments.judge_capacity import pretrain_backbone
 from bench.experiments.judge_grpo_eval import prm_recipe
 from bench.experiments.judge_heldout import write_processbench
@@ -110,19 +112,39 @@ def both_prms(seed: int, args: argparse.Namespace, root: Path, prepared: dict[st
         ),
     }
     out: dict[str, Any] = {"outcome_solutions": len(outcomes)}
+    scored: dict[str, list[list[Step]]] = {}
     for arm, data in arms.items():
         started = time.perf_counter()
         result = methods.train(db, "prm", recipe, data, root / f"prm-{arm}", TrainOptions())
         train_s = time.perf_counter() - started
-        out[arm] = {**score(result.final_model, root, prepared["samples"], seed), "train_s": round(train_s)}
+        figures, scored[arm] = score(result.final_model, root, prepared["samples"], seed)
+        out[arm] = {**figures, "train_s": round(train_s)}
         print(f"  seed {seed} {arm}: {describe(out[arm])} (trained in {train_s:.0f} s)", flush=True)
     db.engine.dispose()
+    out["step_auc_difference"] = paired_difference(scored["steps"], scored["outcomes"], seed)
+    diff, (lo, hi) = out["step_auc_difference"]["value"], out["step_auc_difference"]["ci"]
+    print(f"  seed {seed}: step AUC, step labels minus outcomes {diff:+.3f} [{lo:+.3f}, {hi:+.3f}]", flush=True)
     return out
 
 
-def score(model: Path, root: Path, samples: Sequence[dict[str, Any]], seed: int) -> dict[str, Any]:
+def paired_difference(first: Sequence[Sequence[Step]], second: Sequence[Sequence[Step]], seed: int) -> dict[str, Any]:
+    """The step AUC of ``first`` minus ``second``'s on the same held-out problems, with a 95%
+    interval that resamples the problems once for both (paired): both PRMs score the same steps,
+    so their errors are correlated and two separate intervals overstate the doubt."""
+    pairs = list(zip(first, second, strict=True))
+
+    def difference(sample: Sequence[tuple[Sequence[Step], Sequence[Step]]]) -> float:
+        return step_auc([a for a, _ in sample]) - step_auc([b for _, b in sample])
+
+    return {"value": difference(pairs), "ci": bootstrap(pairs, difference, seed)}
+
+
+def score(
+    model: Path, root: Path, samples: Sequence[dict[str, Any]], seed: int
+) -> tuple[dict[str, Any], list[list[Step]]]:
     """Step AUC (overall, within a position), the position's own AUC, and ProcessBench F1
-    thresholded on the tuning file, as ``stepq eval processbench --judge prm`` scores."""
+    thresholded on the tuning file, as ``stepq eval processbench --judge prm`` scores; and the
+    scored steps of each held-out problem (position, score, right)."""
     from stepq.trainer.evaluation import processbench as pb
     from stepq.trainer.evaluation.judge_spec import JudgeSpec, build_judge
 
@@ -145,7 +167,7 @@ def score(model: Path, root: Path, samples: Sequence[dict[str, Any]], seed: int)
         "processbench_f1": processbench_f1(pairs),
         "processbench_f1_ci": bootstrap(pairs, processbench_f1, seed),
         "threshold": report["threshold"],
-    }
+    }, problems
 
 
 def describe(r: dict[str, Any]) -> str:
