@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.experiments.bench_judge_capacity import Cell
+from bench.experiments.bench_judge_capacity import Cell, spread, training_seed
 from bench.experiments.judge_capacity import answer_room, verdict_examples
 from bench.experiments.judge_format import (
     chained_analysis,
@@ -132,6 +132,22 @@ def test_cells_parse_and_refuse_garbage() -> None:
     for bad in ("recompute/first-dead/4/600", "think/all/2/600/8", "none/some/2/600/8", "none/all/2/600/8/x-q"):
         with pytest.raises(SystemExit):
             Cell.parse(bad)
+
+
+def test_repeated_trainings_differ_in_their_seed_alone_and_report_their_spread() -> None:
+    """The first training is the single run's (its figures stay comparable with those before
+    --trainings); the spread is over trainings, not over held-out problems."""
+    assert [training_seed(3, k) for k in range(3)] == [3, 1003, 2003]
+    trainings = [
+        {"processbench_f1": 89.8, "thresholded_f1": 95.0, "step_accuracy": 90.0},
+        {"processbench_f1": 69.8, "thresholded_f1": 93.0, "step_accuracy": 88.0},
+        {"processbench_f1": 77.8, "thresholded_f1": 94.0, "step_accuracy": 92.0},
+    ]
+    f1 = spread(trainings)["processbench_f1"]
+    assert f1["mean"] == pytest.approx(79.133, abs=1e-3)
+    assert f1["sd"] == pytest.approx(10.066, abs=1e-3)  # sqrt(((10.667)^2 + (9.333)^2 + (1.333)^2) / 2)
+    assert (f1["min"], f1["max"]) == (69.8, 89.8)
+    assert spread(trainings)["step_accuracy"]["sd"] == pytest.approx(2.0)
 
 
 @pytest.mark.slow

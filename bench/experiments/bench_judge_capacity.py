@@ -41,6 +41,7 @@ import argparse
 import gzip
 import json
 import random
+import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -228,28 +229,59 @@ def run_cell(
         "backbone_drill_accuracy": drilled,
     }  # fmt: skip
     for target in args.targets.split(","):
-        started = time.perf_counter()
-        judge, loss = teach_verdict(
-            backbone, models / f"seed{seed}-{cell.name.replace('/', '_')}-{target}", train, target=target,
-            analysis=cell.analysis, steps=args.steps, batch=args.batch, lr=args.lr, seed=seed, device=device,
-        )  # fmt: skip
-        train_s = time.perf_counter() - started
-        figures = evaluate_capacity(
-            judge, val, heldout, tune, max_new=max_new, seed=seed, device=device, batch=args.eval_batch
-        )
-        result[target] = {
-            **figures,
-            "loss": loss,
-            "train_s": round(train_s),
-            "eval_s": round(time.perf_counter() - started - train_s),
-        }
+        trainings = []
+        for k in range(args.trainings):
+            started = time.perf_counter()
+            folder = models / (f"seed{seed}-{cell.name.replace('/', '_')}-{target}" + (f"-t{k}" if k else ""))
+            judge, loss = teach_verdict(
+                backbone, folder, train, target=target, analysis=cell.analysis, steps=args.steps,
+                batch=args.batch, lr=args.lr, seed=training_seed(seed, k), device=device,
+            )  # fmt: skip
+            train_s = time.perf_counter() - started
+            figures = evaluate_capacity(
+                judge, val, heldout, tune, max_new=max_new, seed=seed, device=device, batch=args.eval_batch
+            )
+            trainings.append(
+                {
+                    **figures,
+                    "training_seed": training_seed(seed, k),
+                    "loss": loss,
+                    "train_s": round(train_s),
+                    "eval_s": round(time.perf_counter() - started - train_s),
+                }
+            )
+        result[target] = trainings[0]
+        if len(trainings) > 1:
+            result[f"{target}_trainings"] = trainings
+            result[f"{target}_spread"] = spread(trainings)
     return result
 
 
-def show(r: dict[str, Any]) -> None:
-    def ci(v: float, lo_hi: Any) -> str:
-        return f"{v:5.1f} [{lo_hi[0]:5.1f}, {lo_hi[1]:5.1f}]"
+def training_seed(seed: int, k: int) -> int:
+    """The k-th training's seed on one seed's data and backbone: the seed itself first, so that
+    a single training is the run the figures before ``--trainings`` came from."""
+    return seed + 1000 * k
 
+
+SPREAD_FIGURES = ("processbench_f1", "thresholded_f1", "step_accuracy")
+
+
+def spread(trainings: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Mean, standard deviation, least and most of each headline figure over repeated trainings
+    on the same data: what training alone moves, which the per-problem intervals leave out."""
+    out = {}
+    for name in SPREAD_FIGURES:
+        values = [t[name] for t in trainings]
+        out[name] = {
+            "mean": statistics.mean(values),
+            "sd": statistics.stdev(values),
+            "min": min(values),
+            "max": max(values),
+        }
+    return out
+
+
+def show(r: dict[str, Any]) -> None:
     print(
         f"seed {r['seed']} {r['cell']}: {r['train_rows']} rows ({100 * r['positive_share']:.0f}% Positive, "
         f"labels agree with the truth on {100 * r['label_truth_agreement']:.0f}%, with the local truth on "
@@ -263,15 +295,32 @@ def show(r: dict[str, Any]) -> None:
         )
     )
     for target in (t for t in TARGETS if t in r):
-        m = r[target]
-        print(
-            f"  taught {target:<5}: F1 greedy {ci(m['processbench_f1'], m['processbench_f1_ci'])}, thresholded "
-            f"{ci(m['thresholded_f1'], m['thresholded_f1_ci'])}; "
-            f"step acc vs truth {ci(m['step_accuracy'], m['step_accuracy_ci'])}; "
-            f"val bal acc {m['validation_balanced_accuracy']:.1f}; no verdict {m['no_verdict']}; "
-            f"{m['train_s']} s + {m['eval_s']} s",
-            flush=True,
-        )
+        several = f"{target}_trainings" in r
+        for k, m in enumerate(r.get(f"{target}_trainings", [r[target]])):
+            show_training(f"{target}#{k + 1}" if several else target, m)
+        if f"{target}_spread" in r:
+            print(
+                f"  {target} over {len(r[f'{target}_trainings'])} trainings: "
+                + "; ".join(
+                    f"{name} {v['mean']:.1f} (sd {v['sd']:.1f}, {v['min']:.1f}-{v['max']:.1f})"
+                    for name, v in r[f"{target}_spread"].items()
+                ),
+                flush=True,
+            )
+
+
+def show_training(target: str, m: dict[str, Any]) -> None:
+    def ci(v: float, lo_hi: Any) -> str:
+        return f"{v:5.1f} [{lo_hi[0]:5.1f}, {lo_hi[1]:5.1f}]"
+
+    print(
+        f"  taught {target:<5}: F1 greedy {ci(m['processbench_f1'], m['processbench_f1_ci'])}, thresholded "
+        f"{ci(m['thresholded_f1'], m['thresholded_f1_ci'])}; "
+        f"step acc vs truth {ci(m['step_accuracy'], m['step_accuracy_ci'])}; "
+        f"val bal acc {m['validation_balanced_accuracy']:.1f}; no verdict {m['no_verdict']}; "
+        f"{m['train_s']} s + {m['eval_s']} s",
+        flush=True,
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -295,6 +344,13 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, default=3000, help="Cross-entropy steps teaching the verdict.")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument(
+        "--trainings",
+        type=int,
+        default=1,
+        help="Judges taught a seed and target on the same data and backbone (training seeds seed, seed+1000, ...): "
+        "their spread is what training alone moves a figure.",
+    )
     ap.add_argument("--eval-batch", type=int, default=128)
     ap.add_argument("--data", type=Path, default=None, help="Prepared data (kept, and reused if there).")
     ap.add_argument("--prepare-only", action="store_true", help="Write the data to --data and stop.")
