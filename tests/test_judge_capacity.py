@@ -198,3 +198,25 @@ def test_the_gpu_script_says_when_there_is_no_gpu() -> None:
         text=True,
     )
     assert done.returncode != 0 and "--device cpu" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_kept_judge_is_scored_again_without_teaching(tmp_path: Path) -> None:
+    """--rescore takes the judge an earlier run taught, with its loss, and refuses a folder
+    whose run never finished (it is taught again instead)."""
+    from bench.experiments.judge_capacity import kept_verdict, pretrain_backbone, teach_verdict
+
+    backbone = tmp_path / "backbone"
+    pretrain_backbone(backbone, 0, layers=1, width=64, problems=20, steps=3, numbers="small")
+    rows = [
+        {"problem": PROBLEM, "history": [], "chunk": RIGHT, "label": "Positive", "truth": True},
+        {"problem": PROBLEM, "history": [], "chunk": WRONG, "label": "Negative", "truth": False},
+    ]
+    out = tmp_path / "judge"
+    model, loss = teach_verdict(
+        backbone, out, rows, target="label", analysis="none", steps=4, batch=2, lr=1e-3, seed=0
+    )  # fmt: skip
+    assert kept_verdict(out) == (model, loss) and (model / "config.json").exists()
+    assert kept_verdict(tmp_path / "never-taught") is None
+    (model / "config.json").unlink()  # a run cut before its final model
+    assert kept_verdict(out) is None

@@ -197,6 +197,19 @@ def test_synth_draws_the_numbers_asked_for(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "same settings" in _one_line(proc), "a set keeps its numbers"
 
 
+def test_synth_takes_error_kinds_and_refuses_unknown_ones(tmp_path: Path) -> None:
+    kinds = ("--error-kind", "carry=2", "--error-kind", "operand")
+    ok = _stepq(tmp_path, "synth", "--set", "k", "--problems", "3", *kinds)
+    assert ok.returncode == 0, ok.stderr
+    with _db(tmp_path).session() as s:
+        assert queries.get_set(s, "k").backend_config["error_kinds"] == {"carry": 2.0, "operand": 1.0}
+    for bad, said in (("typo", "the kind is one of result, operand, operation, carry"), ("carry=-1", "positive")):
+        proc = _stepq(tmp_path, "synth", "--set", "b", "--problems", "3", "--error-kind", bad)
+        assert proc.returncode == 2 and said in _one_line(proc)
+    with _db(tmp_path).engine.connect() as conn:
+        assert conn.execute(text("SELECT name FROM problem_sets")).scalars().all() == ["k"], "nothing was stored"
+
+
 def test_run_while_a_dispatcher_runs_is_busy_and_creates_nothing(tmp_path: Path) -> None:
     assert _stepq(tmp_path, "db", "upgrade").returncode == 0
     db = _db(tmp_path)

@@ -232,3 +232,74 @@ def test_a_synthetic_set_of_small_numbers_is_annotated_from_its_own_problems(tmp
         start = int(re.match(r"Start with (\d+)\.", q).group(1))  # type: ignore[union-attr]
         assert 30 <= start <= 60 and "Multiply" not in q
         assert all(1 <= int(x) <= 9 for x in re.findall(r"(?:Add|Subtract) (\d+)\.", q))
+
+
+KINDS = SyntheticPolicy(
+    error_rate=0.3, recovery_rate=0.2, error_kinds=(("operand", 1.0), ("operation", 1.0), ("carry", 1.0))
+)
+
+
+def test_errors_that_need_the_problem_or_the_history_compute_right_and_are_wrong() -> None:
+    """An operand, operation or carry error writes arithmetic that is right in itself: the step
+    alone (a op x = v) cannot show it, the problem or the step before it does."""
+    from stepq.workers.backends.synthetic_policy import step_is_right, step_locally_right
+
+    seen: dict[str, int] = {"operand": 0, "operation": 0, "carry": 0}
+    for seed in range(200):
+        p = make_problem(seed, numbers=SMALL_NUMBERS)
+        steps = KINDS.solve(p, seed)
+        texts = [s.text for s in steps]
+        truth = p.true_values()
+        for k, step in enumerate(steps):
+            if step.value == truth[k]:
+                continue  # right, or recovered (a recovery writes the true value whatever it read)
+            shown, op, x, result = step.text.split(":")[1].split(".")[0].replace("=", "").split()
+            symbol = {"+": "Add", "-": "Subtract", "*": "Multiply by"}[op]
+            assert apply(symbol, int(shown), int(x)) == int(result), "the step's own arithmetic is right"
+            before = steps[k - 1].value if k else p.start
+            if before != (truth[k - 1] if k else p.start):
+                continue  # after an earlier error
+            assert step_is_right(p.question, texts[:k], step.text) is False
+            assert step_locally_right(p.question, texts[:k], step.text) is False
+            name, operand = p.ops[k]
+            kind = "carry" if int(shown) != before else "operation" if symbol != name else "operand"
+            assert kind != "operand" or int(x) != operand
+            seen[kind] += 1
+    assert min(seen.values()) >= 20, seen
+
+
+def test_error_kinds_change_what_an_error_is_not_how_often_one_happens() -> None:
+    """Every Q-value stays the closed form: the kind is drawn only once an error is."""
+    from stepq.workers.backends.synthetic_policy import trajectory_q
+
+    for seed in range(3):
+        p = make_problem(seed, numbers=SMALL_NUMBERS)
+        steps = KINDS.solve(p, seed)
+        q = trajectory_q(KINDS, p, steps)
+        for k in (0, len(p.ops) // 2):
+            value = steps[k - 1].value if k else p.start
+            mc = true_q(KINDS, p, k, value, samples=6000, seed=seed)
+            assert abs(mc - q[k]) < 0.025, (seed, k, mc, q[k])
+
+
+def test_error_kinds_travel_with_the_set_and_name_the_generator(tmp_path: Path) -> None:
+    import pytest
+
+    from stepq.migrations import upgrade
+    from stepq.models import Database
+    from stepq.models.errors import ConfigError
+    from stepq.workers.backends.synthetic import SyntheticBackend
+    from stepq.workers.data.synthetic_set import synth_set
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    upgrade(url)
+    db = Database(url)
+    synth_set(db, "kinds", problems=3, error_kinds={"carry": 2.0, "operand": 1.0})
+    with db.session() as s:
+        config = s.execute(text("SELECT backend_config FROM problem_sets WHERE name = 'kinds'")).scalar_one()
+    backend = SyntheticBackend.from_config(config if isinstance(config, dict) else __import__("json").loads(config))
+    assert backend.policy.error_kinds == (("carry", 2.0), ("operand", 1.0))
+    assert "carry-errors=2" in backend.generator and "operand-errors=1" in backend.generator
+    assert "errors" not in SyntheticBackend().generator, "the default policy keeps its name"
+    with pytest.raises(ConfigError, match="unknown error kind"):
+        SyntheticBackend(error_kinds={"typo": 1.0})

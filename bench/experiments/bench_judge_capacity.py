@@ -55,6 +55,7 @@ from bench.experiments.judge_capacity import (
     answer_room,
     drill_accuracy,
     evaluate_capacity,
+    kept_verdict,
     pretrain_backbone,
     teach_verdict,
 )
@@ -171,13 +172,27 @@ def prepare_labels(out: Path, seed: int, cell: Cell, recovery_rate: float) -> di
     return {"annotate_s": round(time.perf_counter() - started, 1), **{n: len(r) for n, r in parts.items()}}
 
 
+HISTORY_KINDS = (("operand", 1.0), ("operation", 1.0), ("carry", 1.0))
+"""The second held-out file's errors: the kinds a step alone does not show (an operand copied
+from elsewhere, the wrong operation, a value carried wrong), each step's arithmetic right."""
+HELDOUT_FILES = {"": (), "-kinds": HISTORY_KINDS}
+"""Held-out and tuning file pairs by suffix: the policy's own errors (the step's result off)
+and ``HISTORY_KINDS``."""
+
+
 def prepare_heldout(out: Path, seed: int, samples: int, recovery_rate: float, exclude: frozenset[str]) -> None:
+    """Each missing pair of held-out and tuning files (fresh problems and solutions a pair)."""
     from stepq.workers.backends.synthetic_policy import SyntheticPolicy
 
-    policy = SyntheticPolicy(error_rate=0.15, recovery_rate=recovery_rate, op_error_rates=tuple(OP_ERROR_RATES.items()))
     out.mkdir(parents=True, exist_ok=True)
-    write_processbench(out / "heldout.json", samples, seed, policy, exclude, "small")
-    write_processbench(out / "tune.json", samples // 2, seed + 1000, policy, exclude, "small")
+    for k, (suffix, kinds) in enumerate(HELDOUT_FILES.items()):
+        if (out / f"heldout{suffix}.json").exists():
+            continue
+        rates = tuple(OP_ERROR_RATES.items())
+        policy = SyntheticPolicy(error_rate=0.15, recovery_rate=recovery_rate, op_error_rates=rates, error_kinds=kinds)
+        base = seed + 2000 * k
+        write_processbench(out / f"heldout{suffix}.json", samples, base, policy, exclude, "small")
+        write_processbench(out / f"tune{suffix}.json", samples // 2, base + 1000, policy, exclude, "small")
 
 
 def prepare(data: Path, seeds: list[int], cells: list[Cell], args: argparse.Namespace) -> None:
@@ -193,8 +208,7 @@ def prepare(data: Path, seeds: list[int], cells: list[Cell], args: argparse.Name
                 print(f"  seed {seed} {key}: {info}", flush=True)
             for name in ("train", "validation"):
                 seen.update(r["problem"] for r in _load(where / f"{name}.json.gz"))
-        if not (data / f"seed{seed}" / "heldout.json").exists():
-            prepare_heldout(data / f"seed{seed}", seed, args.heldout, args.recovery_rate, frozenset(seen))
+        prepare_heldout(data / f"seed{seed}", seed, args.heldout, args.recovery_rate, frozenset(seen))
 
 
 def run_cell(
@@ -204,6 +218,7 @@ def run_cell(
     train, val = (_load(where / cell.data_key / f"{n}.json.gz") for n in ("train", "validation"))
     heldout = json.loads((where / "heldout.json").read_text())
     tune = json.loads((where / "tune.json").read_text())
+    kinds = [json.loads((where / f"{name}-kinds.json").read_text()) for name in ("heldout", "tune")]
     # as many drill documents as solutions, for the analyses in the drills' spelling
     drills = args.pretrain_problems if cell.analysis in DRILLED else 0
     backbone = models / (f"seed{seed}-layers{cell.layers}" + ("-drills" if drills else ""))
@@ -225,7 +240,8 @@ def run_cell(
         "label_local_agreement": sum((r["label"] == "Positive") == step_local_truth(r) for r in train)
         / max(1, len(train)),
         "truth_local_agreement": sum(r["truth"] == step_local_truth(r) for r in train) / max(1, len(train)),
-        "random_guess_f1": random_guess_f1(heldout, seed), "pretrain_s": round(pretrain_s),
+        "random_guess_f1": random_guess_f1(heldout, seed), "random_guess_f1_kinds": random_guess_f1(kinds[0], seed),
+        "pretrain_s": round(pretrain_s),
         "backbone_drill_accuracy": drilled,
     }  # fmt: skip
     for target in args.targets.split(","):
@@ -233,13 +249,17 @@ def run_cell(
         for k in range(args.trainings):
             started = time.perf_counter()
             folder = models / (f"seed{seed}-{cell.name.replace('/', '_')}-{target}" + (f"-t{k}" if k else ""))
-            judge, loss = teach_verdict(
+            kept = kept_verdict(folder) if args.rescore else None
+            judge, loss = kept or teach_verdict(
                 backbone, folder, train, target=target, analysis=cell.analysis, steps=args.steps,
                 batch=args.batch, lr=args.lr, seed=training_seed(seed, k), device=device,
             )  # fmt: skip
             train_s = time.perf_counter() - started
             figures = evaluate_capacity(
                 judge, val, heldout, tune, max_new=max_new, seed=seed, device=device, batch=args.eval_batch
+            )
+            figures["kinds"] = evaluate_capacity(
+                judge, [], *kinds, max_new=max_new, seed=seed, device=device, batch=args.eval_batch
             )
             trainings.append(
                 {
@@ -268,11 +288,14 @@ SPREAD_FIGURES = ("processbench_f1", "thresholded_f1", "step_accuracy")
 
 def spread(trainings: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Mean, standard deviation, least and most of each headline figure over repeated trainings
-    on the same data: what training alone moves, which the per-problem intervals leave out."""
+    on the same data: what training alone moves, which the per-problem intervals leave out
+    (``kinds_...``: on the held-out file of errors a step alone does not show)."""
     out = {}
-    for name in SPREAD_FIGURES:
-        values = [t[name] for t in trainings]
-        out[name] = {
+    names = [(n, n, False) for n in SPREAD_FIGURES]
+    names += [(f"kinds_{n}", n, True) for n in SPREAD_FIGURES[:2] if all("kinds" in t for t in trainings)]
+    for label, name, on_kinds in names:
+        values = [(t["kinds"] if on_kinds else t)[name] for t in trainings]
+        out[label] = {
             "mean": statistics.mean(values),
             "sd": statistics.stdev(values),
             "min": min(values),
@@ -321,6 +344,14 @@ def show_training(target: str, m: dict[str, Any]) -> None:
         f"{m['train_s']} s + {m['eval_s']} s",
         flush=True,
     )
+    if "kinds" in m:
+        k = m["kinds"]
+        print(
+            f"    on errors a step alone does not show: F1 greedy {ci(k['processbench_f1'], k['processbench_f1_ci'])}, "
+            f"thresholded {ci(k['thresholded_f1'], k['thresholded_f1_ci'])}; "
+            f"step acc vs truth {ci(k['step_accuracy'], k['step_accuracy_ci'])}",
+            flush=True,
+        )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -344,6 +375,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, default=3000, help="Cross-entropy steps teaching the verdict.")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument(
+        "--rescore",
+        action="store_true",
+        help="Score the judges --keep holds from an earlier run again instead of teaching them (new held-out "
+        "files, a changed evaluation); a judge not there is taught.",
+    )
     ap.add_argument(
         "--trainings",
         type=int,

@@ -128,7 +128,7 @@ def teach_verdict(
     ``TARGETS``.  The judge is asked afterwards with the benchmark's prompt (``JUDGE_TEMPLATE``,
     kept beside it).  Returns the judge's model folder and its last logged loss."""
     from stepq.migrations import upgrade
-    from stepq.models import Database, queries
+    from stepq.models import Database
     from stepq.trainer import methods
     from stepq.trainer.training.runs import TrainOptions
 
@@ -142,12 +142,28 @@ def teach_verdict(
         recipe = sft_recipe(backbone, out / "template.txt", steps, batch, lr, seed, device)
         data = methods.TrainingData(records=records, name=f"verdicts:{target}:{analysis}")
         result = methods.train(db, "sft", recipe, data, out / "sft", TrainOptions())
-        with db.session() as session:
-            logged = queries.run_metrics(session, result.run_id)
-        loss = next((m.loss for m in reversed(logged) if m.loss is not None), float("nan"))
     finally:
         db.dispose()
-    return result.final_model, float(loss)
+    kept = kept_verdict(out)
+    return result.final_model, kept[1] if kept else float("nan")
+
+
+def kept_verdict(out: Path) -> tuple[Path, float] | None:
+    """A judge ``teach_verdict`` taught into ``out`` earlier, with its last logged loss, to
+    score again without teaching it again; None if ``out`` holds no finished one."""
+    from stepq.models import Database, queries
+
+    final = out / "sft" / "final"
+    if not (final / "config.json").exists() or not (out / "runs.db").exists():
+        return None
+    db = Database(f"sqlite:///{out / 'runs.db'}")
+    try:
+        with db.session() as session:
+            run = queries.run_by_output(session, str(out / "sft"))
+            logged = queries.run_metrics(session, run.id) if run else []
+    finally:
+        db.dispose()
+    return final, float(next((m.loss for m in reversed(logged) if m.loss is not None), float("nan")))
 
 
 def sft_recipe(
@@ -315,7 +331,7 @@ def evaluate_capacity(
     items, tune_items = _steps(heldout), _steps(tune)
     verdicts, scores = judge.judge(items, max_new)
     _, tune_scores = judge.judge(tune_items, max_new)
-    val_verdicts, _ = judge.judge(val_rows, max_new)
+    val_verdicts, _ = judge.judge(val_rows, max_new) if val_rows else ([], [])
     # greedy: the first step not judged Positive (no verdict is a rejection, as stepq scores it)
     by_sample = _per_sample(items, verdicts)
     labels = {s["id"]: s["label"] for s in heldout}
@@ -331,6 +347,16 @@ def evaluate_capacity(
     ]
     val = [(r["problem_id"], r["label"] == "Positive", v) for r, v in zip(val_rows, val_verdicts, strict=True)]
     step_acc = 100.0 * sum(t == v for _, t, v in upto) / len(upto)
+    validation = (
+        {
+            "validation_balanced_accuracy": balanced_accuracy(val),
+            "validation_balanced_accuracy_ci": bootstrap(
+                grouped(val), lambda g: balanced_accuracy([r for grp in g for r in grp]), seed
+            ),
+        }
+        if val
+        else {}
+    )
     return {
         "processbench_f1": processbench_f1(greedy),
         "processbench_f1_ci": bootstrap(greedy, processbench_f1, seed),
@@ -342,10 +368,7 @@ def evaluate_capacity(
             grouped(upto), lambda g: 100.0 * sum(t == v for grp in g for _, t, v in grp) / sum(len(x) for x in g), seed
         ),
         "step_balanced_accuracy": balanced_accuracy(upto),
-        "validation_balanced_accuracy": balanced_accuracy(val),
-        "validation_balanced_accuracy_ci": bootstrap(
-            grouped(val), lambda g: balanced_accuracy([r for grp in g for r in grp]), seed
-        ),
+        **validation,
         "no_verdict": sum(v is None for v in verdicts),
         "steps_judged": len(items),
     }

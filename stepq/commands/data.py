@@ -118,6 +118,15 @@ def ingest(
     help="Harmless errors: a step shows a wrong operand but keeps the right value.",
 )
 @click.option(
+    "--error-kind",
+    "error_kinds",
+    multiple=True,
+    metavar="KIND[=WEIGHT]",
+    help="What an error is, repeatable with weights: result (the step's own arithmetic off; the default), operand "
+    "(an operand copied from elsewhere), operation (add and subtract swapped) or carry (the step starts from a "
+    "value other than the one written before it). Only result errors show in the step alone.",
+)
+@click.option(
     "--numbers",
     type=click.Choice(["default", "small"]),
     default="default",
@@ -137,6 +146,7 @@ def synth(
     latency_s: float,
     op_error_rates: tuple[str, ...],
     slip_rate: float,
+    error_kinds: tuple[str, ...],
     numbers: str,
 ) -> None:
     """Create a synthetic arithmetic problem set with policy trajectories of known truth."""
@@ -150,6 +160,7 @@ def synth(
         latency_s=latency_s,
         op_error_rates=_op_rates(op_error_rates),
         slip_rate=slip_rate,
+        error_kinds=_error_kinds(error_kinds),
         numbers=numbers,
     )
     click.echo(f"set '{set_name}': {report.new_problems} new problems, {report.new_trajectories} new trajectories")
@@ -172,6 +183,24 @@ def _op_rates(items: tuple[str, ...]) -> dict[str, float]:
             raise ConfigError(f"--op-error-rate {item!r}: the rate must be in [0, 1]")
         out[names[op.lower()]] = value
     return out
+
+
+def _error_kinds(items: tuple[str, ...]) -> dict[str, float] | None:
+    from stepq.models.errors import ConfigError
+    from stepq.workers.backends.synthetic_policy import ERROR_KINDS
+
+    out: dict[str, float] = {}
+    for item in items:
+        kind, _, weight = item.partition("=")
+        if kind not in ERROR_KINDS:
+            raise ConfigError(f"--error-kind {item!r}: the kind is one of {', '.join(ERROR_KINDS)}")
+        try:
+            out[kind] = float(weight) if weight else 1.0
+        except ValueError:
+            raise ConfigError(f"--error-kind {item!r}: the weight must be a positive number") from None
+        if out[kind] <= 0:
+            raise ConfigError(f"--error-kind {item!r}: the weight must be a positive number")
+    return out or None
 
 
 @main.command()

@@ -9,7 +9,7 @@ from typing import Any
 from stepq.models import queries
 from stepq.models.errors import ConfigError
 from stepq.workers.backends.base import Completion, GenerationRequest, SamplingParams
-from stepq.workers.backends.synthetic_policy import SyntheticPolicy, is_synthetic_question
+from stepq.workers.backends.synthetic_policy import ERROR_KINDS, SyntheticPolicy, is_synthetic_question
 
 
 class SyntheticBackend:
@@ -27,13 +27,18 @@ class SyntheticBackend:
         op_error_rates: dict[str, float] | None = None,
         slip_rate: float = 0.0,
         step_separator: str = "\n\n",
+        error_kinds: dict[str, float] | None = None,
     ) -> None:
+        unknown = set(error_kinds or {}) - set(ERROR_KINDS)
+        if unknown:
+            raise ConfigError(f"unknown error kind(s) {sorted(unknown)} (one of: {', '.join(ERROR_KINDS)})")
         self.policy = SyntheticPolicy(
             error_rate=error_rate,
             recovery_rate=recovery_rate,
             op_error_rates=tuple(sorted((op_error_rates or {}).items())),
             slip_rate=slip_rate,
             step_separator=step_separator,
+            error_kinds=tuple(sorted((error_kinds or {}).items())),
         )
         self.latency_s = latency_s
 
@@ -46,6 +51,7 @@ class SyntheticBackend:
             op_error_rates={str(k): float(v) for k, v in (config.get("op_error_rates") or {}).items()},
             slip_rate=float(config.get("slip_rate", 0.0)),
             step_separator=str(config.get("step_separator", "\n\n")),
+            error_kinds={str(k): float(v) for k, v in (config.get("error_kinds") or {}).items()},
         )
 
     @property
@@ -54,6 +60,7 @@ class SyntheticBackend:
         extra = "".join(f",{op.split()[0].lower()}={e:g}" for op, e in p.op_error_rates)
         extra += f",slip={p.slip_rate:g}" if p.slip_rate else ""
         extra += ",lines" if p.step_separator == "\n" else ""
+        extra += "".join(f",{kind}-errors={w:g}" for kind, w in p.error_kinds)
         return f"synthetic(err={p.error_rate:g},rec={p.recovery_rate:g}{extra})"
 
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[list[Completion]]:

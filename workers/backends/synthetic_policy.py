@@ -27,6 +27,7 @@ _QUESTION = re.compile(
 )
 _OP = re.compile(r"(Add|Subtract|Multiply by) (\d+)\.")
 _STEP = re.compile(r"Step (\d+): (-?\d+) ([+*-]) (\d+) = (-?\d+)\.")
+ERROR_KINDS = ("result", "operand", "operation", "carry")
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,14 @@ class SyntheticPolicy:
     op_error_rates: tuple[tuple[str, float], ...] = ()
     """Per-operation error rates, e.g. (("Multiply by", 0.3),); others use ``error_rate``."""
     slip_rate: float = 0.0
+    error_kinds: tuple[tuple[str, float], ...] = ()
+    """What an error is, with weights, e.g. (("operand", 1.0), ("carry", 1.0)): ``result`` (the
+    step's own arithmetic off by 1-9, the only kind when empty), ``operand`` (an operand copied
+    from elsewhere in the problem, or off by 1-3, computed right), ``operation`` (add and
+    subtract swapped, multiply added, computed right) or ``carry`` (the step starts from a value
+    off by 1-9 from the one the step before wrote, computed right).  Only ``result`` is visible
+    in the step alone; the others need the problem or the history.  The chance of an error, and
+    so every Q-value, is the same whatever its kind."""
     step_separator: str = "\n\n"
     """What ends a step: a blank line (a paragraph a step), or ``"\n"`` (one line a step, as
     policies asked for "Step n:" lines write them: a blank line then cuts nothing)."""
@@ -147,6 +156,11 @@ class SyntheticPolicy:
             if value != (truth[i - 1] if i else problem.start) and rng.random() < self.recovery_rate:
                 new = truth[i]
             elif rng.random() < self.error_rate_of(name):
+                wrong = self._error(problem, i, value, truth[i], rng)
+                if wrong is not None:
+                    steps.append(self._step(problem, i, wrong, truth[i]))
+                    value = wrong[3]
+                    continue
                 delta = rng.choice([-1, 1]) * rng.randint(1, 9)
                 new = correct_next + delta
                 if new == truth[i]:  # an error never lands on the truth by luck
@@ -160,6 +174,43 @@ class SyntheticPolicy:
             steps.append(Step(text, new, new == truth[i], slip))
             value = new
         return steps
+
+    def _error(
+        self, problem: ArithmeticProblem, i: int, value: int, truth: int, rng: random.Random
+    ) -> tuple[int, str, int, int] | None:
+        """A step of a kind other than ``result``, as (start shown, operation, operand, result), or
+        None for a ``result`` error.  With no kinds set no random number is drawn here, so the
+        policy's draws are the same as before kinds existed.  An error never lands on the truth
+        by luck: a draw that would is drawn again (a carry from a wrong value can)."""
+        if not self.error_kinds:
+            return None
+        names, weights = zip(*self.error_kinds, strict=True)
+        name, x = problem.ops[i]
+        for _ in range(8):
+            kind = rng.choices(names, weights)[0]
+            if kind == "result":
+                return None
+            if kind == "operand":
+                others = [y for _, y in problem.ops if y != x]
+                shown_x = rng.choice(others) if others else x + rng.randint(1, 3)
+                step = (value, name, shown_x, apply(name, value, shown_x))
+            elif kind == "operation":
+                swapped = {"Add": "Subtract", "Subtract": "Add", "Multiply by": "Add"}[name]
+                step = (value, swapped, x, apply(swapped, value, x))
+            elif kind == "carry":
+                start = value + rng.choice([-1, 1]) * rng.randint(1, 9)
+                step = (start, name, x, apply(name, start, x))
+            else:
+                raise ValueError(f"unknown error kind {kind!r} (one of: {', '.join(ERROR_KINDS)})")
+            if step[3] != truth:
+                return step
+        return None
+
+    def _step(self, problem: ArithmeticProblem, i: int, step: tuple[int, str, int, int], truth: int) -> Step:
+        start, name, x, new = step
+        text = f"Step {i + 1}: {start} {_OPS[name]} {x} = {new}."
+        text += f"\nThe final answer is \\boxed{{{new}}}." if i == len(problem.ops) - 1 else self.step_separator
+        return Step(text, new, new == truth)
 
     def solve(self, problem: ArithmeticProblem, seed: int) -> list[Step]:
         return self.continue_steps(problem, 0, problem.start, random.Random(seed))

@@ -59,6 +59,7 @@ def synth_set(
     slip_rate: float = 0.0,
     numbers: str = "default",
     step_separator: str = "\n\n",
+    error_kinds: dict[str, float] | None = None,
 ) -> SynthReport:
     """Idempotent: the same arguments give the same rows; more problems add only the new."""
     config: dict[str, Any] = {"error_rate": error_rate, "recovery_rate": recovery_rate, "latency_s": latency_s}
@@ -66,6 +67,8 @@ def synth_set(
         config["op_error_rates"] = dict(op_error_rates)
     if slip_rate:
         config["slip_rate"] = slip_rate
+    if error_kinds:  # what an error is (the step's own result off, by default)
+        config["error_kinds"] = dict(error_kinds)
     if step_separator != "\n\n":  # one line a step, as a policy asked for "Step n:" lines writes
         config["step_separator"] = step_separator
     if numbers != "default":  # the problems' numbers (the policy reads them from the text)
