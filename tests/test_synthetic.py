@@ -12,6 +12,7 @@ from stepq.workers.backends import GenerationRequest, SamplingParams, make_backe
 from stepq.workers.backends.synthetic_policy import (
     PROMPT_TEMPLATE,
     SMALL_NUMBERS,
+    ArithmeticProblem,
     SyntheticPolicy,
     apply,
     exact_q,
@@ -136,21 +137,26 @@ HARD_MULTIPLY = SyntheticPolicy(
 )
 
 
-def test_exact_q_with_per_operation_rates_and_recovery_matches_monte_carlo() -> None:
+def assert_q_matches_monte_carlo(policy: SyntheticPolicy, p: ArithmeticProblem, seed: int) -> None:
+    """The closed-form Q of a solution's first and middle prefixes against sampled continuations."""
     from stepq.workers.backends.synthetic_policy import trajectory_q
 
+    steps = policy.solve(p, seed)
+    q = trajectory_q(policy, p, steps)
+    for k in (0, len(p.ops) // 2):
+        value = steps[k - 1].value if k else p.start
+        mc = true_q(policy, p, k, value, samples=6000, seed=seed)
+        assert abs(mc - q[k]) < 0.025, (seed, k, mc, q[k])
+
+
+def test_exact_q_with_per_operation_rates_and_recovery_matches_monte_carlo() -> None:
     checked = 0
     for seed in range(40):
         p = make_problem(seed)
         names = {name for name, _ in p.ops}
         if not {"Multiply by", "Add"} <= names:
             continue
-        steps = HARD_MULTIPLY.solve(p, seed)
-        q = trajectory_q(HARD_MULTIPLY, p, steps)
-        for k in (0, len(p.ops) // 2):
-            value = steps[k - 1].value if k else p.start
-            mc = true_q(HARD_MULTIPLY, p, k, value, samples=6000, seed=seed)
-            assert abs(mc - q[k]) < 0.025, (seed, k, mc, q[k])
+        assert_q_matches_monte_carlo(HARD_MULTIPLY, p, seed)
         checked += 1
         if checked == 4:
             break
@@ -270,16 +276,8 @@ def test_errors_that_need_the_problem_or_the_history_compute_right_and_are_wrong
 
 def test_error_kinds_change_what_an_error_is_not_how_often_one_happens() -> None:
     """Every Q-value stays the closed form: the kind is drawn only once an error is."""
-    from stepq.workers.backends.synthetic_policy import trajectory_q
-
     for seed in range(3):
-        p = make_problem(seed, numbers=SMALL_NUMBERS)
-        steps = KINDS.solve(p, seed)
-        q = trajectory_q(KINDS, p, steps)
-        for k in (0, len(p.ops) // 2):
-            value = steps[k - 1].value if k else p.start
-            mc = true_q(KINDS, p, k, value, samples=6000, seed=seed)
-            assert abs(mc - q[k]) < 0.025, (seed, k, mc, q[k])
+        assert_q_matches_monte_carlo(KINDS, make_problem(seed, numbers=SMALL_NUMBERS), seed)
 
 
 def test_error_kinds_travel_with_the_set_and_name_the_generator(tmp_path: Path) -> None:
