@@ -301,3 +301,5 @@ def test_error_kinds_travel_with_the_set_and_name_the_generator(tmp_path: Path) 
     assert "errors" not in SyntheticBackend().generator, "the default policy keeps its name"
     with pytest.raises(ConfigError, match="unknown error kind"):
         SyntheticBackend(error_kinds={"typo": 1.0})
+    with pytest.raises(ConfigError, match="positive"):
+        SyntheticBackend.from_config({"error_kinds": {"carry": 0}})

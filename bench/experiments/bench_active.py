@@ -21,8 +21,9 @@ steps' so far); or ``prm``, stepq's own discriminative PRM trained on the set's 
 labels each round and loaded by the worker's judge factory (``active_prm.py``); or ``sft``, the
 spelled generative judge taught the labels by ``--method sft`` each round (``active_sft.py``,
 on small numbers, its range).  On 2 CPU cores the PRM trains for minutes a round and does not
-learn the check within them, and the sft judge's rounds are not measured yet
-(docs/experiments/active.md), so the stand-in measures the ordering given a judge that learns.
+learn the check within them, and the sft judge did not learn from the few hundred rows a
+3,200-rollout budget's rounds hold (one GPU run; docs/experiments/active.md), so the
+stand-in measures the ordering given a judge that learns.
 
 Prints a table per round, the headline (rollouts each strategy needs to reach the quality
 ``random`` reaches with the whole budget), writes the learning curves as a PNG (``--plot``,

@@ -144,8 +144,7 @@ def teach_verdict(
         result = methods.train(db, "sft", recipe, data, out / "sft", TrainOptions())
     finally:
         db.dispose()
-    kept = kept_verdict(out)
-    return result.final_model, kept[1] if kept else float("nan")
+    return kept_verdict(out) or (result.final_model, float("nan"))
 
 
 def kept_verdict(out: Path) -> tuple[Path, float] | None:

@@ -32,6 +32,8 @@ class SyntheticBackend:
         unknown = set(error_kinds or {}) - set(ERROR_KINDS)
         if unknown:
             raise ConfigError(f"unknown error kind(s) {sorted(unknown)} (one of: {', '.join(ERROR_KINDS)})")
+        if any(w <= 0 for w in (error_kinds or {}).values()):
+            raise ConfigError(f"error kinds' weights must be positive, not {error_kinds}")
         self.policy = SyntheticPolicy(
             error_rate=error_rate,
             recovery_rate=recovery_rate,

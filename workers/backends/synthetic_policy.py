@@ -152,27 +152,23 @@ class SyntheticPolicy:
         n = len(problem.ops)
         for i in range(done, n):
             name, x = problem.ops[i]
-            correct_next = apply(name, value, x)
+            new = apply(name, value, x)
+            written = None  # (start shown, operation, operand, result) of an error of another kind
             if value != (truth[i - 1] if i else problem.start) and rng.random() < self.recovery_rate:
                 new = truth[i]
             elif rng.random() < self.error_rate_of(name):
-                wrong = self._error(problem, i, value, truth[i], rng)
-                if wrong is not None:
-                    steps.append(self._step(problem, i, wrong, truth[i]))
-                    value = wrong[3]
-                    continue
-                delta = rng.choice([-1, 1]) * rng.randint(1, 9)
-                new = correct_next + delta
-                if new == truth[i]:  # an error never lands on the truth by luck
+                written = self._error(problem, i, value, truth[i], rng)
+                if written is None:  # the step's own result off
+                    delta = rng.choice([-1, 1]) * rng.randint(1, 9)
                     new += delta
-            else:
-                new = correct_next
-            slip = self.slip_rate > 0 and rng.random() < self.slip_rate
-            shown = x + rng.randint(1, 3) if slip else x  # a wrong operand, the right result
-            text = f"Step {i + 1}: {value} {_OPS[name]} {shown} = {new}."
-            text += f"\nThe final answer is \\boxed{{{new}}}." if i == n - 1 else self.step_separator
-            steps.append(Step(text, new, new == truth[i], slip))
-            value = new
+                    if new == truth[i]:  # an error never lands on the truth by luck
+                        new += delta
+            slip = False
+            if written is None:
+                slip = self.slip_rate > 0 and rng.random() < self.slip_rate
+                written = (value, name, x + rng.randint(1, 3) if slip else x, new)  # a slip: a wrong operand shown
+            steps.append(self._step(problem, i, written, truth[i], slip))
+            value = written[3]
         return steps
 
     def _error(
@@ -206,11 +202,14 @@ class SyntheticPolicy:
                 return step
         return None
 
-    def _step(self, problem: ArithmeticProblem, i: int, step: tuple[int, str, int, int], truth: int) -> Step:
-        start, name, x, new = step
+    def _step(
+        self, problem: ArithmeticProblem, i: int, written: tuple[int, str, int, int], truth: int, slip: bool
+    ) -> Step:
+        """Step ``i`` as the policy writes it, the last with the final answer."""
+        start, name, x, new = written
         text = f"Step {i + 1}: {start} {_OPS[name]} {x} = {new}."
         text += f"\nThe final answer is \\boxed{{{new}}}." if i == len(problem.ops) - 1 else self.step_separator
-        return Step(text, new, new == truth)
+        return Step(text, new, new == truth, slip)
 
     def solve(self, problem: ArithmeticProblem, seed: int) -> list[Step]:
         return self.continue_steps(problem, 0, problem.start, random.Random(seed))
