@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.experiments.bench_judge_capacity import Cell, spread, training_seed
+from bench.experiments.bench_judge_capacity import Cell, equal_rows, prepare, spread, take_rows, training_seed
 from bench.experiments.judge_capacity import answer_room, verdict_examples
 from bench.experiments.judge_format import (
     chained_analysis,
@@ -129,6 +129,7 @@ def test_cells_parse_and_refuse_garbage() -> None:
     ratio = Cell.parse("chain/first-dead/2/600/8/rel-ratio")
     assert ratio.rule == "rel-ratio" and ratio.name == "chain/first-dead/2/600/8/rel-ratio"
     assert ratio.data_key != Cell.parse("chain/first-dead/2/600/8").data_key  # its own snapshot
+    assert ratio.annotation_key == Cell.parse("none/all/4/600/8").annotation_key  # of the same rollouts
     for bad in ("recompute/first-dead/4/600", "think/all/2/600/8", "none/some/2/600/8", "none/all/2/600/8/x-q"):
         with pytest.raises(SystemExit):
             Cell.parse(bad)
@@ -220,3 +221,36 @@ def test_a_kept_judge_is_scored_again_without_teaching(tmp_path: Path) -> None:
     assert kept_verdict(tmp_path / "never-taught") is None
     (model / "config.json").unlink()  # a run cut before its final model
     assert kept_verdict(out) is None
+
+
+def test_rows_are_drawn_under_the_seed_and_keep_their_order() -> None:
+    rows = [{"i": i} for i in range(50)]
+    drawn = take_rows(rows, 20, seed=3)
+    assert len(drawn) == 20 and drawn == sorted(drawn, key=lambda r: r["i"])
+    assert drawn == take_rows(rows, 20, seed=3) and drawn != take_rows(rows, 20, seed=4)
+    assert take_rows(rows, None, seed=3) == rows and take_rows(rows, 80, seed=3) == rows
+
+
+def test_rules_label_the_same_rollouts_and_are_taught_on_equal_rows(tmp_path: Path) -> None:
+    """The rules' snapshots come from one annotated set: a chunk both keep has the same
+    Q-values under each (only the label may differ), and --equal-rows teaches every cell on
+    the smallest snapshot's size."""
+    import argparse
+
+    cells = [Cell.parse(f"none/first-dead/1/40/4{tail}") for tail in ("", "/rel-ratio")]
+    args = argparse.Namespace(recovery_rate=0.05, heldout=10)
+    prepare(tmp_path, [0], cells, args)
+
+    def load(cell: Cell) -> list[dict]:
+        import gzip
+
+        with gzip.open(tmp_path / "seed0" / cell.data_key / "train.json.gz", "rt") as f:
+            return json.load(f)
+
+    abs_q, ratio = (load(c) for c in cells)
+    q = {(r["problem"], r["chunk_index"]): (r["q_before"], r["q_after"]) for r in abs_q}
+    shared = [r for r in ratio if (r["problem"], r["chunk_index"]) in q]
+    assert shared, "the two snapshots share chunks"
+    assert all(q[(r["problem"], r["chunk_index"])] == (r["q_before"], r["q_after"]) for r in shared)
+    assert any(r["label"] == "Negative" and r["q_after"] > 0 for r in ratio), "Rel-Ratio's own labels"
+    assert len(abs_q) != len(ratio) and equal_rows(tmp_path, 0, cells) == min(len(abs_q), len(ratio))

@@ -17,7 +17,10 @@ file.  Each cell of the sweep varies one thing that decides learnability:
 - ``layers``: the backbone's depth (head dimension 64 for vLLM's CPU kernels; width 64);
 - ``problems``: the annotated set's size (one trajectory each);
 - ``m``: rollouts per prefix;
-- ``rule`` (optional sixth part, Abs-Q by default): the label rule of the set and its snapshot.
+- ``rule`` (optional sixth part, Abs-Q by default): the label rule of the snapshot.  The cells
+  of one size and M share one annotated set, each further rule planned on it as ``stepq run
+  --rule`` plans it, so rules are compared on the same rollouts; ``--equal-rows`` teaches each
+  on as many rows as the smallest snapshot holds.
 
 Beside the labels (``--targets``), the same judge taught the synthetic truth on the same rows:
 ``truth`` (the step and every step before it right) or ``local`` (the step alone right, from
@@ -27,6 +30,9 @@ backbone can learn at all.  Every figure comes with its run time.
     OMP_NUM_THREADS=2 python -m bench.experiments.bench_judge_capacity                     # the sweep, seed 0
     OMP_NUM_THREADS=2 python -m bench.experiments.bench_judge_capacity --seeds 0,1,2 \
         --cells spelled/first-dead/2/16000/8 --targets label,local                        # the check learnt
+    OMP_NUM_THREADS=1 python -m bench.experiments.bench_judge_capacity --seeds 0 --targets label \
+        --equal-rows --cells spelled/first-dead/2/16000/8,spelled/first-dead/2/16000/8/rel-ratio,\
+spelled/first-dead/2/16000/8/rel-effective                                   # the rules at equal size
     python -m bench.experiments.bench_judge_capacity --seeds 0,1,2 --cells recompute/first-dead/2/600/8
     python -m bench.experiments.bench_judge_capacity --quick                               # a smoke run
     python -m bench.experiments.bench_judge_capacity --prepare-only --data DIR ...  # for judge_gpu.py
@@ -116,7 +122,13 @@ class Cell:
     @property
     def data_key(self) -> str:
         tail = "" if self.rule == "abs-q" else f"-{self.rule}"
-        return f"p{self.problems}-m{self.m}-{self.form}{tail}"
+        return f"{self.annotation_key}-{self.form}{tail}"
+
+    @property
+    def annotation_key(self) -> str:
+        """The annotated set a cell's snapshot comes from: one set and one pool of rollouts for
+        every rule and form at the same size and M, so that rules compare on the same draws."""
+        return f"p{self.problems}-m{self.m}"
 
 
 def _dump(path: Path, rows: Any) -> None:
@@ -129,9 +141,12 @@ def _load(path: Path) -> Any:
         return json.load(f)
 
 
-def prepare_labels(out: Path, seed: int, cell: Cell, recovery_rate: float) -> dict[str, Any]:
-    """Annotate a synthetic set through the real task code (SQLite, in process) and write its
-    snapshot's rows, each with its Monte Carlo label and its synthetic truth."""
+def prepare_labels(where: Path, seed: int, cells: list[Cell], recovery_rate: float) -> dict[str, Any]:
+    """Annotate one synthetic set through the real task code (SQLite, in process) and write each
+    cell's snapshot rows (``where / cell.data_key``), each with its Monte Carlo label and its
+    synthetic truth.  ``cells`` share one ``annotation_key``; each further rule is planned on the
+    same set as ``stepq run --rule`` plans it (the stored rollouts reused, only what that rule
+    still needs sampled), Abs-Q first."""
     from stepq.embedded import annotate_in_process
     from stepq.migrations import upgrade
     from stepq.models import Database
@@ -140,8 +155,10 @@ def prepare_labels(out: Path, seed: int, cell: Cell, recovery_rate: float) -> di
     from stepq.trainer.snapshots.export import snapshot_records
     from stepq.workers.data.synthetic_set import synth_set
 
-    started = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
+    first = cells[0]
+    assert all(c.annotation_key == first.annotation_key for c in cells)
+    info: dict[str, Any] = {}
+    keep = ("problem_id", "problem", "history", "chunk", "label", "chunk_index", "q_before", "q_after")
     with tempfile.TemporaryDirectory() as scratch:
         url = f"sqlite:///{Path(scratch) / 'stepq.db'}"
         upgrade(url)
@@ -149,27 +166,30 @@ def prepare_labels(out: Path, seed: int, cell: Cell, recovery_rate: float) -> di
         synth_set(
             db,
             "judge",
-            problems=cell.problems,
+            problems=first.problems,
             seed=seed,
             error_rate=0.15,
             recovery_rate=recovery_rate,
             op_error_rates=OP_ERROR_RATES,
             numbers="small",
         )
-        annotate_in_process(db, "judge", cell.m, worker="bench", rule=cell.rule)
-        spec = SnapshotSpec(
-            ("judge",), cell.rule, val_fraction=0.2, seed=seed, until_first_error=cell.form == "first-dead"
-        )
-        records = snapshot_records(db, create_snapshot(db, spec))
+        for rule in sorted({c.rule for c in cells}, key=tuple(RULES).index):
+            started = time.perf_counter()
+            annotate_in_process(db, "judge", first.m, worker="bench", rule=rule)
+            info[f"annotate_s_{rule}"] = round(time.perf_counter() - started, 1)
+            for cell in {c.data_key: c for c in cells if c.rule == rule}.values():
+                spec = SnapshotSpec(
+                    ("judge",), rule, val_fraction=0.2, seed=seed, until_first_error=cell.form == "first-dead"
+                )
+                records = snapshot_records(db, create_snapshot(db, spec))
+                out = where / cell.data_key
+                out.mkdir(parents=True, exist_ok=True)
+                for name, split in (("train", TRAIN), ("validation", VALIDATION)):
+                    rows = [{**{k: r[k] for k in keep}, "truth": step_truth(r)} for r in records[split]]
+                    _dump(out / f"{name}.json.gz", rows)
+                    info[f"{cell.data_key}_{name}"] = len(rows)
         db.engine.dispose()
-    keep = ("problem_id", "problem", "history", "chunk", "label", "chunk_index", "q_before", "q_after")
-    parts = {
-        name: [{**{k: r[k] for k in keep}, "truth": step_truth(r)} for r in records[split]]
-        for name, split in (("train", TRAIN), ("validation", VALIDATION))
-    }
-    for name, rows in parts.items():
-        _dump(out / f"{name}.json.gz", rows)
-    return {"annotate_s": round(time.perf_counter() - started, 1), **{n: len(r) for n, r in parts.items()}}
+    return info
 
 
 HISTORY_KINDS = (("operand", 1.0), ("operation", 1.0), ("carry", 1.0))
@@ -199,23 +219,45 @@ def prepare(data: Path, seeds: list[int], cells: list[Cell], args: argparse.Name
     """Every cell's labelled rows, and per seed the held-out and tuning files (problems that
     none of the seed's sets holds)."""
     for seed in seeds:
+        where = data / f"seed{seed}"
+        for key in sorted({c.annotation_key for c in cells}):
+            group = [c for c in cells if c.annotation_key == key]
+            if any(not (where / c.data_key / "train.json.gz").exists() for c in group):
+                info = prepare_labels(where, seed, group, args.recovery_rate)
+                print(f"  seed {seed} {key}: {info}", flush=True)
         seen: set[str] = set()
         for key in sorted({c.data_key for c in cells}):
-            cell = next(c for c in cells if c.data_key == key)
-            where = data / f"seed{seed}" / key
-            if not (where / "train.json.gz").exists():
-                info = prepare_labels(where, seed, cell, args.recovery_rate)
-                print(f"  seed {seed} {key}: {info}", flush=True)
             for name in ("train", "validation"):
-                seen.update(r["problem"] for r in _load(where / f"{name}.json.gz"))
+                seen.update(r["problem"] for r in _load(where / key / f"{name}.json.gz"))
         prepare_heldout(data / f"seed{seed}", seed, args.heldout, args.recovery_rate, frozenset(seen))
 
 
+def equal_rows(data: Path, seed: int, cells: list[Cell]) -> int:
+    """The fewest training rows any of the seed's cells has: the size every cell is taught on
+    under ``--equal-rows``, so that a rule whose snapshot is larger is not compared with more data."""
+    return min(len(_load(data / f"seed{seed}" / c.data_key / "train.json.gz")) for c in cells)
+
+
+def take_rows(rows: list[dict[str, Any]], n: int | None, seed: int) -> list[dict[str, Any]]:
+    """``n`` of the rows drawn without replacement under ``seed``, in their order (all if None)."""
+    if n is None or n >= len(rows):
+        return rows
+    kept = sorted(random.Random(seed).sample(range(len(rows)), n))
+    return [rows[i] for i in kept]
+
+
 def run_cell(
-    data: Path, models: Path, seed: int, cell: Cell, args: argparse.Namespace, device: Device
+    data: Path,
+    models: Path,
+    seed: int,
+    cell: Cell,
+    args: argparse.Namespace,
+    device: Device,
+    train_rows: int | None = None,
 ) -> dict[str, Any]:
     where = data / f"seed{seed}"
-    train, val = (_load(where / cell.data_key / f"{n}.json.gz") for n in ("train", "validation"))
+    snapshot, val = (_load(where / cell.data_key / f"{n}.json.gz") for n in ("train", "validation"))
+    train = take_rows(snapshot, train_rows, seed)
     heldout = json.loads((where / "heldout.json").read_text())
     tune = json.loads((where / "tune.json").read_text())
     kinds = [json.loads((where / f"{name}-kinds.json").read_text()) for name in ("heldout", "tune")]
@@ -234,7 +276,8 @@ def run_cell(
     drilled = drill_accuracy(backbone, seed, device=device) if drills else None
     max_new = answer_room(train, cell.analysis)
     result: dict[str, Any] = {
-        "seed": seed, "cell": cell.name, **asdict(cell), "train_rows": len(train), "validation_rows": len(val),
+        "seed": seed, "cell": cell.name, **asdict(cell), "snapshot_rows": len(snapshot), "train_rows": len(train),
+        "validation_rows": len(val),
         "positive_share": sum(r["label"] == "Positive" for r in train) / max(1, len(train)),
         "label_truth_agreement": sum((r["label"] == "Positive") == r["truth"] for r in train) / max(1, len(train)),
         "label_local_agreement": sum((r["label"] == "Positive") == step_local_truth(r) for r in train)
@@ -248,7 +291,8 @@ def run_cell(
         trainings = []
         for k in range(args.trainings):
             started = time.perf_counter()
-            folder = models / (f"seed{seed}-{cell.name.replace('/', '_')}-{target}" + (f"-t{k}" if k else ""))
+            sized = f"-rows{len(train)}" if train_rows is not None else ""
+            folder = models / (f"seed{seed}-{cell.name.replace('/', '_')}{sized}-{target}" + (f"-t{k}" if k else ""))
             kept = kept_verdict(folder) if args.rescore else None
             judge, loss = kept or teach_verdict(
                 backbone, folder, train, target=target, analysis=cell.analysis, steps=args.steps,
@@ -306,7 +350,8 @@ def spread(trainings: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 def show(r: dict[str, Any]) -> None:
     print(
-        f"seed {r['seed']} {r['cell']}: {r['train_rows']} rows ({100 * r['positive_share']:.0f}% Positive, "
+        f"seed {r['seed']} {r['cell']}: {r['train_rows']} rows of {r.get('snapshot_rows', r['train_rows'])} "
+        f"({100 * r['positive_share']:.0f}% Positive, "
         f"labels agree with the truth on {100 * r['label_truth_agreement']:.0f}%, with the local truth on "
         f"{100 * r.get('label_local_agreement', float('nan')):.0f}%; the truth with the local truth on "
         f"{100 * r.get('truth_local_agreement', float('nan')):.0f}%), "
@@ -388,6 +433,12 @@ def parser() -> argparse.ArgumentParser:
         help="Judges taught a seed and target on the same data and backbone (training seeds seed, seed+1000, ...): "
         "their spread is what training alone moves a figure.",
     )
+    ap.add_argument(
+        "--equal-rows",
+        action="store_true",
+        help="Teach every cell of a seed on as many rows as its smallest snapshot holds (drawn under the seed): "
+        "rules compared at equal snapshot size.",
+    )
     ap.add_argument("--eval-batch", type=int, default=128)
     ap.add_argument("--data", type=Path, default=None, help="Prepared data (kept, and reused if there).")
     ap.add_argument("--prepare-only", action="store_true", help="Write the data to --data and stop.")
@@ -420,10 +471,11 @@ def run(args: argparse.Namespace, device: Device = CPU, benchmark: str = "judge_
             return
         random.seed(0)
         for seed in seeds:
+            rows = equal_rows(data, seed, cells) if args.equal_rows else None
             for cell in cells:
-                print(f"== seed {seed}, cell {cell.name}", flush=True)
+                print(f"== seed {seed}, cell {cell.name}" + (f", {rows} rows" if rows else ""), flush=True)
                 started = time.perf_counter()
-                r = run_cell(data, args.keep or Path(scratch) / "models", seed, cell, args, device)
+                r = run_cell(data, args.keep or Path(scratch) / "models", seed, cell, args, device, rows)
                 r["cell_s"] = round(time.perf_counter() - started)
                 show(r)
                 results.append(r)

@@ -40,6 +40,9 @@ class ChunkResetReport:
     forced_chunks: int = 0
     """Chunks kept after the last attempt was rejected too."""
     accepted_tokens: int = 0
+    """Tokens of the kept chunks: each chunk's share (by characters) of the tokens its output
+    took, the rest of that output being discarded (what an engine told to stop at the chunk's
+    end would generate)."""
     rejected_tokens: int = 0
     solutions: list[str] = field(default_factory=list)
     outcomes: list[bool] = field(default_factory=list)
@@ -103,14 +106,19 @@ def chunk_reset(
             chunk, last = (
                 next_chunk(completion.text, segmentation) if segmentation else first_chunk(completion.text, delimiter)
             )
-            share = len(chunk) / len(completion.text) if completion.text else 0.0
+            if not chunk:  # the policy stopped: its solution ends here, with nothing to judge
+                if on_progress:
+                    on_progress(1)
+                continue
+            share = len(chunk) / len(completion.text)
             candidates.append((p, chunk, last, round(completion.tokens * share)))
-        verdicts = judge.judge(
-            [StepItem(problems[p].question, tuple(chunks[p]), chunk, {"problem": p}) for p, chunk, _, _ in candidates]
-        )
+        items = [
+            StepItem(problems[p].question, tuple(chunks[p]), chunk, {"problem": p}) for p, chunk, _, _ in candidates
+        ]
+        verdicts = judge.judge(items) if items else []
         still = []
         for (p, chunk, last, tokens), verdict in zip(candidates, verdicts, strict=True):
-            accept = verdict is True or attempt[p] >= max_retries or not chunk
+            accept = verdict is True or attempt[p] >= max_retries
             if not accept:
                 report.rejected_chunks += 1
                 report.rejected_tokens += tokens
@@ -118,12 +126,12 @@ def chunk_reset(
                 still.append(p)
                 continue
             report.accepted_chunks += 1
-            report.forced_chunks += verdict is not True and bool(chunk)
+            report.forced_chunks += verdict is not True
             report.accepted_tokens += tokens
             chunks[p].append(chunk)
             texts[p] += chunk
             attempt[p] = 0
-            if last or not chunk or len(chunks[p]) >= max_chunks:
+            if last or len(chunks[p]) >= max_chunks:
                 if on_progress:
                     on_progress(1)
             else:
