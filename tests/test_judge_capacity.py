@@ -204,8 +204,11 @@ def test_the_gpu_script_says_when_there_is_no_gpu() -> None:
 @pytest.mark.slow
 def test_a_kept_judge_is_scored_again_without_teaching(tmp_path: Path) -> None:
     """--rescore takes the judge an earlier run taught, with its loss, and refuses a folder
-    whose run never finished (it is taught again instead)."""
+    whose run never finished (it is taught again instead); the judge at work finds the model in
+    the kept folder."""
+    from bench.experiments.bench_judge_at_work import load_judge
     from bench.experiments.judge_capacity import kept_verdict, pretrain_backbone, teach_verdict
+    from stepq.trainer.evaluation.judges import StepItem
 
     backbone = tmp_path / "backbone"
     pretrain_backbone(backbone, 0, layers=1, width=64, problems=20, steps=3, numbers="small")
@@ -218,6 +221,10 @@ def test_a_kept_judge_is_scored_again_without_teaching(tmp_path: Path) -> None:
         backbone, out, rows, target="label", analysis="none", steps=4, batch=2, lr=1e-3, seed=0
     )  # fmt: skip
     assert kept_verdict(out) == (model, loss) and (model / "config.json").exists()
+    # put to work (judge_own_policy --judge FOLDER): the taught model with the settings its run saved
+    verdicts = load_judge(out, max_tokens=8).judge.judge([StepItem(PROBLEM, (), RIGHT)])
+    assert len(verdicts) == 1 and verdicts[0] in (True, False, None)
+    assert not (out / "stepq-judge.json").exists(), "the kept folder is not taken for the model"
     assert kept_verdict(tmp_path / "never-taught") is None
     (model / "config.json").unlink()  # a run cut before its final model
     assert kept_verdict(out) is None

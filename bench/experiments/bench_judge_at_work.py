@@ -56,11 +56,16 @@ def held_out_problems(count: int, seed: int) -> list[tuple[str, str]]:
 
 
 def load_judge(path: Path, max_tokens: int) -> Any:
-    """The judge as ``stepq eval`` builds it; a benchmark judge without saved settings gets the
-    benchmark's prompt (the one it was taught with) written beside it."""
+    """The judge as ``stepq eval`` builds it; ``path`` a model folder or a folder
+    ``bench_judge_capacity --keep`` kept (its taught model, with the settings its run saved).  A
+    model without saved settings gets the benchmark's prompt (the one it was taught with)
+    written beside it."""
+    from bench.experiments.judge_capacity import kept_verdict
     from stepq.trainer.evaluation.judge_spec import JudgeSpec, build_judge
     from stepq.trainer.generative_judge.judge_prompting import FILE, JudgeSettings
 
+    kept = kept_verdict(path)
+    path = kept[0] if kept else path
     if not (path / FILE).exists():
         JudgeSettings(JUDGE_TEMPLATE, chat_template=False, max_tokens=max_tokens, source="benchmark").save(path)
     return build_judge(JudgeSpec(model=str(path)))
