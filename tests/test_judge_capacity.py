@@ -261,3 +261,44 @@ def test_rules_label_the_same_rollouts_and_are_taught_on_equal_rows(tmp_path: Pa
     assert all(q[(r["problem"], r["chunk_index"])] == (r["q_before"], r["q_after"]) for r in shared)
     assert any(r["label"] == "Negative" and r["q_after"] > 0 for r in ratio), "Rel-Ratio's own labels"
     assert len(abs_q) != len(ratio) and equal_rows(tmp_path, 0, cells) == min(len(abs_q), len(ratio))
+
+
+def test_a_cell_names_the_policy_whose_labels_it_teaches() -> None:
+    cell = Cell.parse("spelled/first-dead/2/4000/8/abs-q/medium")
+    assert (cell.rule, cell.policy) == ("abs-q", "medium")
+    assert cell.name == "spelled/first-dead/2/4000/8/abs-q/medium"
+    synthetic = Cell.parse("spelled/first-dead/2/4000/8")
+    # a neural policy's set is another set: its data never shares a folder with the synthetic one's
+    assert cell.annotation_key != synthetic.annotation_key and cell.data_key != synthetic.data_key
+    with pytest.raises(SystemExit, match="policy one of"):
+        Cell.parse("spelled/first-dead/2/4000/8/abs-q/strong")
+
+
+@pytest.mark.slow
+def test_a_neural_policy_cell_is_taught_that_policys_own_samples(tmp_path: Path) -> None:
+    """The neural branch samples the trajectories from the policy and rolls out with it (the hf
+    backend), not the synthetic policy: a 200-step build writes the format without the arithmetic,
+    so its steps are almost all wrong and its rollouts almost never reach the answer, where the
+    synthetic policy's steps are mostly right and alive."""
+    from bench.experiments.bench_judge_capacity import parser, policy_dir, prepare_labels
+
+    args = parser().parse_args(["--quick"])
+    taught = {}
+    for text in ("none/all/1/12/2/abs-q/medium", "none/all/1/12/2"):
+        cell = Cell.parse(text)
+        info = prepare_labels(tmp_path / "seed0", 0, [cell], 0.05, policy_dir(cell.policy, args, tmp_path))
+        assert ("sample_s" in info) == (cell.policy == "medium")
+        rows = [r for name in ("train", "validation") for r in _rows(tmp_path / "seed0" / cell.data_key / name)]
+        taught[cell.policy] = (
+            sum(r["truth"] for r in rows) / len(rows),
+            sum(r["label"] == 1 for r in rows) / len(rows),
+        )
+    assert taught["medium"][0] < 0.5 < taught["synthetic"][0]
+    assert taught["medium"][1] < 0.5 < taught["synthetic"][1]
+
+
+def _rows(stem: Path) -> list[dict]:
+    import gzip
+
+    with gzip.open(stem.with_name(stem.name + ".json.gz"), "rt") as f:
+        return json.load(f)

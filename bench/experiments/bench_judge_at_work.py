@@ -36,7 +36,7 @@ from typing import Any
 
 from bench.common import emit
 from bench.experiments.judge_format import JUDGE_TEMPLATE
-from bench.experiments.neural_policy import DEFAULT_CACHE, MAX_TOKENS, PROMPT, STRENGTHS, Recipe, build
+from bench.experiments.neural_policy import DEFAULT_CACHE, MAX_TOKENS, PROMPT, QUICK, STRENGTHS, build
 from bench.experiments.stats import bootstrap
 
 HELDOUT_TAG = "judge-at-work"
@@ -222,8 +222,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         if args.quick:
             args.problems, ns = 6, [1, 2]
-            recipe = Recipe(band=(0.0, 1.0), max_steps=20, check_every=20, fine_every=20, problems=200)
-            policy_dir = build(recipe, Path(scratch) / "policy")
+            policy_dir = build(QUICK, Path(scratch) / "policy")
             args.judge = args.judge or tiny_judge(Path(scratch) / "judge")
         else:
             if args.judge is None:

@@ -20,7 +20,11 @@ file.  Each cell of the sweep varies one thing that decides learnability:
 - ``rule`` (optional sixth part, Abs-Q by default): the label rule of the snapshot.  The cells
   of one size and M share one annotated set, each further rule planned on it as ``stepq run
   --rule`` plans it, so rules are compared on the same rollouts; ``--equal-rows`` teaches each
-  on as many rows as the smallest snapshot holds.
+  on as many rows as the smallest snapshot holds;
+- ``policy`` (optional seventh part, ``synthetic`` by default): whose trajectories and rollouts
+  are labelled: the synthetic policy, or a neural policy's strength (``weak``, ``medium``:
+  ``bench/experiments/neural_policy.py``'s build, its own samples rolled out through the hf
+  backend), the judge ``bench_judge_at_work --policy`` then puts to work on that policy.
 
 Beside the labels (``--targets``), the same judge taught the synthetic truth on the same rows:
 ``truth`` (the step and every step before it right) or ``local`` (the step alone right, from
@@ -34,6 +38,8 @@ backbone can learn at all.  Every figure comes with its run time.
         --equal-rows --cells spelled/first-dead/2/16000/8,spelled/first-dead/2/16000/8/rel-ratio,\
 spelled/first-dead/2/16000/8/rel-effective                                   # the rules at equal size
     python -m bench.experiments.bench_judge_capacity --seeds 0,1,2 --cells recompute/first-dead/2/600/8
+    OMP_NUM_THREADS=2 python -m bench.experiments.bench_judge_capacity --seeds 0 --targets label \
+        --cells spelled/first-dead/2/4000/8/abs-q/medium --keep runs             # the neural policy's labels
     python -m bench.experiments.bench_judge_capacity --quick                               # a smoke run
     python -m bench.experiments.bench_judge_capacity --prepare-only --data DIR ...  # for judge_gpu.py
 
@@ -67,10 +73,12 @@ from bench.experiments.judge_capacity import (
 )
 from bench.experiments.judge_format import ANALYSES, DRILLED, step_local_truth, step_truth
 from bench.experiments.judge_heldout import write_processbench
+from bench.experiments.neural_policy import DEFAULT_CACHE, QUICK, STRENGTHS, build
 from bench.experiments.stats import random_guess_f1
 from stepq.workers.labelling.labels import RULES
 
 OP_ERROR_RATES = {"Add": 0.05, "Subtract": 0.25}  # bench_judge_grpo's --numbers small
+POLICIES = ("synthetic", *STRENGTHS)
 FORMS = ("all", "first-dead")
 DEFAULT_CELLS = (
     "none/all/2/600/8",
@@ -94,29 +102,35 @@ class Cell:
     problems: int
     m: int
     rule: str = "abs-q"
+    policy: str = "synthetic"
+    """Whose trajectories are annotated: the synthetic policy, or a neural policy's strength
+    (``bench/experiments/neural_policy.py``) sampled and rolled out through the hf backend."""
 
     @classmethod
     def parse(cls, text: str) -> Cell:
         parts = text.strip().split("/")
         try:
-            if len(parts) not in (5, 6):
+            if len(parts) not in (5, 6, 7):
                 raise ValueError
             analysis, form, layers, problems, m = parts[:5]
             cell = cls(analysis, form, int(layers), int(problems), int(m), *parts[5:])
         except ValueError:
             raise SystemExit(
-                "a cell is analysis/form/layers/problems/m[/rule], e.g. recompute/first-dead/2/600/8 or "
-                f"compare/first-dead/2/16000/8/rel-ratio; not {text!r}"
+                "a cell is analysis/form/layers/problems/m[/rule[/policy]], e.g. recompute/first-dead/2/600/8, "
+                f"compare/first-dead/2/16000/8/rel-ratio or spelled/first-dead/2/4000/8/abs-q/medium; not {text!r}"
             ) from None
-        if cell.analysis not in ANALYSES or cell.form not in FORMS or cell.rule not in RULES:
+        known = (cell.analysis in ANALYSES, cell.form in FORMS, cell.rule in RULES, cell.policy in POLICIES)
+        if not all(known):
             raise SystemExit(
-                f"cell {text!r}: analysis one of {ANALYSES}, form one of {FORMS}, rule one of {tuple(RULES)}"
+                f"cell {text!r}: analysis one of {ANALYSES}, form one of {FORMS}, rule one of {tuple(RULES)}, "
+                f"policy one of {POLICIES}"
             )
         return cell
 
     @property
     def name(self) -> str:
         tail = "" if self.rule == "abs-q" else f"/{self.rule}"
+        tail = tail if self.policy == "synthetic" else f"/{self.rule}/{self.policy}"
         return f"{self.analysis}/{self.form}/{self.layers}/{self.problems}/{self.m}{tail}"
 
     @property
@@ -128,7 +142,7 @@ class Cell:
     def annotation_key(self) -> str:
         """The annotated set a cell's snapshot comes from: one set and one pool of rollouts for
         every rule and form at the same size and M, so that rules compare on the same draws."""
-        return f"p{self.problems}-m{self.m}"
+        return f"p{self.problems}-m{self.m}" + ("" if self.policy == "synthetic" else f"-{self.policy}")
 
 
 def _dump(path: Path, rows: Any) -> None:
@@ -141,12 +155,16 @@ def _load(path: Path) -> Any:
         return json.load(f)
 
 
-def prepare_labels(where: Path, seed: int, cells: list[Cell], recovery_rate: float) -> dict[str, Any]:
-    """Annotate one synthetic set through the real task code (SQLite, in process) and write each
-    cell's snapshot rows (``where / cell.data_key``), each with its Monte Carlo label and its
-    synthetic truth.  ``cells`` share one ``annotation_key``; each further rule is planned on the
-    same set as ``stepq run --rule`` plans it (the stored rollouts reused, only what that rule
-    still needs sampled), Abs-Q first."""
+def prepare_labels(
+    where: Path, seed: int, cells: list[Cell], recovery_rate: float, policy_dir: Path | None = None
+) -> dict[str, Any]:
+    """Annotate one set through the real task code (SQLite, in process) and write each cell's
+    snapshot rows (``where / cell.data_key``), each with its Monte Carlo label and its synthetic
+    truth.  ``cells`` share one ``annotation_key``; each further rule is planned on the same set
+    as ``stepq run --rule`` plans it (the stored rollouts reused, only what that rule still needs
+    sampled), Abs-Q first.  ``policy_dir``: the cells' neural policy, whose own samples are the
+    trajectories and whose continuations the rollouts (``stepq generate`` and the hf backend),
+    instead of the synthetic policy's."""
     from stepq.embedded import annotate_in_process
     from stepq.migrations import upgrade
     from stepq.models import Database
@@ -163,19 +181,25 @@ def prepare_labels(where: Path, seed: int, cells: list[Cell], recovery_rate: flo
         url = f"sqlite:///{Path(scratch) / 'stepq.db'}"
         upgrade(url)
         db = Database(url)
-        synth_set(
-            db,
-            "judge",
-            problems=first.problems,
-            seed=seed,
-            error_rate=0.15,
-            recovery_rate=recovery_rate,
-            op_error_rates=OP_ERROR_RATES,
-            numbers="small",
-        )
+        plan: dict[str, Any] = {}
+        if policy_dir is None:
+            synth_set(
+                db,
+                "judge",
+                problems=first.problems,
+                seed=seed,
+                error_rate=0.15,
+                recovery_rate=recovery_rate,
+                op_error_rates=OP_ERROR_RATES,
+                numbers="small",
+            )
+        else:
+            started = time.perf_counter()
+            plan = sample_neural(db, seed, first.problems, policy_dir)
+            info["sample_s"] = round(time.perf_counter() - started, 1)
         for rule in sorted({c.rule for c in cells}, key=tuple(RULES).index):
             started = time.perf_counter()
-            annotate_in_process(db, "judge", first.m, worker="bench", rule=rule)
+            annotate_in_process(db, "judge", first.m, worker="bench", rule=rule, **plan)
             info[f"annotate_s_{rule}"] = round(time.perf_counter() - started, 1)
             for cell in {c.data_key: c for c in cells if c.rule == rule}.values():
                 spec = SnapshotSpec(
@@ -190,6 +214,38 @@ def prepare_labels(where: Path, seed: int, cells: list[Cell], recovery_rate: flo
                     info[f"{cell.data_key}_{name}"] = len(rows)
         db.engine.dispose()
     return info
+
+
+def sample_neural(db: Any, seed: int, problems: int, policy_dir: Path) -> dict[str, Any]:
+    """The set "judge" of ``problems`` small-number problems with one trajectory each, sampled
+    from the neural policy at temperature 1 as ``stepq generate`` samples; returns the
+    annotation plan that rolls out with the same policy."""
+    from bench.experiments.budget_neural import SAMPLING, backend_config
+    from bench.experiments.neural_policy import PROMPT
+    from stepq.workers.backends import SamplingParams
+    from stepq.workers.backends.hf import HFBackend
+    from stepq.workers.data.policy_sampling import generate_trajectories
+    from stepq.workers.data.synthetic_set import synth_set
+
+    synth_set(db, "judge", problems=problems, seed=seed, trajectories_per_problem=0, numbers="small")
+    backend = HFBackend.from_config(backend_config(policy_dir))
+    try:
+        generate_trajectories(
+            db, "judge", backend, samples=1, template=PROMPT, params=SamplingParams.from_config(SAMPLING)
+        )
+    finally:
+        backend.close()
+    return {"backend": "hf", "backend_config": backend_config(policy_dir), "sampling": SAMPLING}
+
+
+def policy_dir(policy: str, args: argparse.Namespace, data: Path) -> Path | None:
+    """A neural policy's build (verified, or built in its band), None for the synthetic policy;
+    ``--quick`` takes a 20-step build of no skill."""
+    if policy == "synthetic":
+        return None
+    if args.quick:
+        return build(QUICK, data / "quick-policy")
+    return build(STRENGTHS[policy], args.policy_cache)
 
 
 HISTORY_KINDS = (("operand", 1.0), ("operation", 1.0), ("carry", 1.0))
@@ -223,7 +279,7 @@ def prepare(data: Path, seeds: list[int], cells: list[Cell], args: argparse.Name
         for key in sorted({c.annotation_key for c in cells}):
             group = [c for c in cells if c.annotation_key == key]
             if any(not (where / c.data_key / "train.json.gz").exists() for c in group):
-                info = prepare_labels(where, seed, group, args.recovery_rate)
+                info = prepare_labels(where, seed, group, args.recovery_rate, policy_dir(group[0].policy, args, data))
                 print(f"  seed {seed} {key}: {info}", flush=True)
         seen: set[str] = set()
         for key in sorted({c.data_key for c in cells}):
@@ -414,6 +470,9 @@ def parser() -> argparse.ArgumentParser:
         "--heldout", type=int, default=300, help="Held-out ProcessBench samples (and half as many to tune on)."
     )
     ap.add_argument("--recovery-rate", type=float, default=0.05)
+    ap.add_argument(
+        "--policy-cache", type=Path, default=DEFAULT_CACHE, help="Where cells of a neural policy find its build."
+    )
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--pretrain-problems", type=int, default=2000)
     ap.add_argument("--pretrain-steps", type=int, default=3000)
