@@ -71,7 +71,7 @@ from bench.experiments.judge_capacity import (
     pretrain_backbone,
     teach_verdict,
 )
-from bench.experiments.judge_format import ANALYSES, DRILLED, step_local_truth, step_truth
+from bench.experiments.judge_format import ANALYSES, DRILLED, row_local_truth, step_truth
 from bench.experiments.judge_heldout import write_processbench
 from bench.experiments.neural_policy import DEFAULT_CACHE, QUICK, STRENGTHS, build
 from bench.experiments.stats import random_guess_f1
@@ -182,6 +182,7 @@ def prepare_labels(
         upgrade(url)
         db = Database(url)
         plan: dict[str, Any] = {}
+        truth = synthetic_truth if policy_dir is None else written_truth
         if policy_dir is None:
             synth_set(
                 db,
@@ -209,7 +210,7 @@ def prepare_labels(
                 out = where / cell.data_key
                 out.mkdir(parents=True, exist_ok=True)
                 for name, split in (("train", TRAIN), ("validation", VALIDATION)):
-                    rows = [{**{k: r[k] for k in keep}, "truth": step_truth(r)} for r in records[split]]
+                    rows = [{**{k: r[k] for k in keep}, **truth(r)} for r in records[split]]
                     _dump(out / f"{name}.json.gz", rows)
                     info[f"{cell.data_key}_{name}"] = len(rows)
         db.engine.dispose()
@@ -236,6 +237,20 @@ def sample_neural(db: Any, seed: int, problems: int, policy_dir: Path) -> dict[s
     finally:
         backend.close()
     return {"backend": "hf", "backend_config": backend_config(policy_dir), "sampling": SAMPLING}
+
+
+def synthetic_truth(row: dict[str, Any]) -> dict[str, bool]:
+    return {"truth": step_truth(row)}
+
+
+def written_truth(row: dict[str, Any]) -> dict[str, bool]:
+    """A model's step right with every step before it (``truth``) and alone (``local``); a step
+    the checker cannot read (a model writes malformed steps, the synthetic policy never does) is
+    not right."""
+    from stepq.workers.backends.synthetic_policy import step_is_right, step_locally_right
+
+    args = (row["problem"], row["history"], row["chunk"])
+    return {"truth": step_is_right(*args) is True, "local": step_locally_right(*args) is True}
 
 
 def policy_dir(policy: str, args: argparse.Namespace, data: Path) -> Path | None:
@@ -336,9 +351,9 @@ def run_cell(
         "validation_rows": len(val),
         "positive_share": sum(r["label"] == "Positive" for r in train) / max(1, len(train)),
         "label_truth_agreement": sum((r["label"] == "Positive") == r["truth"] for r in train) / max(1, len(train)),
-        "label_local_agreement": sum((r["label"] == "Positive") == step_local_truth(r) for r in train)
+        "label_local_agreement": sum((r["label"] == "Positive") == row_local_truth(r) for r in train)
         / max(1, len(train)),
-        "truth_local_agreement": sum(r["truth"] == step_local_truth(r) for r in train) / max(1, len(train)),
+        "truth_local_agreement": sum(r["truth"] == row_local_truth(r) for r in train) / max(1, len(train)),
         "random_guess_f1": random_guess_f1(heldout, seed), "random_guess_f1_kinds": random_guess_f1(kinds[0], seed),
         "pretrain_s": round(pretrain_s),
         "backbone_drill_accuracy": drilled,
@@ -441,7 +456,7 @@ def show_training(target: str, m: dict[str, Any]) -> None:
         f"  taught {target:<5}: F1 greedy {ci(m['processbench_f1'], m['processbench_f1_ci'])}, thresholded "
         f"{ci(m['thresholded_f1'], m['thresholded_f1_ci'])}; "
         f"step acc vs truth {ci(m['step_accuracy'], m['step_accuracy_ci'])}; "
-        f"val bal acc {m['validation_balanced_accuracy']:.1f}; no verdict {m['no_verdict']}; "
+        f"val bal acc {m.get('validation_balanced_accuracy', float('nan')):.1f}; no verdict {m['no_verdict']}; "
         f"{m['train_s']} s + {m['eval_s']} s",
         flush=True,
     )

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.experiments.judge_format import JUDGE_TEMPLATE, drill_lines, judge_answer, judge_prompt, step_local_truth
+from bench.experiments.judge_format import JUDGE_TEMPLATE, drill_lines, judge_answer, judge_prompt, row_local_truth
 from bench.experiments.lm_training import CPU, Device, fit_causal_lm
 from bench.experiments.stats import balanced_accuracy, bootstrap, grouped, processbench_f1
 from stepq.workers.seeds import derive_seed
@@ -213,7 +213,7 @@ def verdict_examples(rows: Sequence[Mapping[str, Any]], target: str, analysis: s
     def positive(r: Mapping[str, Any]) -> bool:
         if target == "label":
             return r["label"] == "Positive"
-        return bool(r["truth"]) if target == "truth" else step_local_truth(r)
+        return bool(r["truth"]) if target == "truth" else row_local_truth(r)
 
     return [
         (

@@ -172,6 +172,12 @@ def step_local_truth(row: Mapping[str, Any]) -> bool:
     return right
 
 
+def row_local_truth(row: Mapping[str, Any]) -> bool:
+    """The row's ``local`` truth where its preparation stored one (a model's rows, whose steps
+    the checker may not read), else ``step_local_truth``."""
+    return bool(row["local"]) if "local" in row else step_local_truth(row)
+
+
 def step_truth(row: Mapping[str, Any]) -> bool:
     """Whether the judged step and every step before it are right (the synthetic truth)."""
     from stepq.workers.backends.synthetic_policy import step_is_right
