@@ -38,8 +38,8 @@ backbone can learn at all.  Every figure comes with its run time.
         --equal-rows --cells spelled/first-dead/2/16000/8,spelled/first-dead/2/16000/8/rel-ratio,\
 spelled/first-dead/2/16000/8/rel-effective                                   # the rules at equal size
     python -m bench.experiments.bench_judge_capacity --seeds 0,1,2 --cells recompute/first-dead/2/600/8
-    OMP_NUM_THREADS=2 python -m bench.experiments.bench_judge_capacity --seeds 0 --targets label \
-        --cells spelled/first-dead/2/4000/8/abs-q/medium --keep runs             # the neural policy's labels
+    OMP_NUM_THREADS=1 python -m bench.experiments.bench_judge_capacity --seeds 0 --targets label \
+        --cells spelled/first-dead/2/2000/8/abs-q/medium --keep runs             # the neural policy's labels
     python -m bench.experiments.bench_judge_capacity --quick                               # a smoke run
     python -m bench.experiments.bench_judge_capacity --prepare-only --data DIR ...  # for judge_gpu.py
 
@@ -196,7 +196,9 @@ def prepare_labels(
             )
         else:
             started = time.perf_counter()
-            plan = sample_neural(db, seed, first.problems, policy_dir)
+            from bench.experiments.budget_neural import sample_policy
+
+            plan = sample_policy(db, "judge", seed, first.problems, policy_dir)
             info["sample_s"] = round(time.perf_counter() - started, 1)
         for rule in sorted({c.rule for c in cells}, key=tuple(RULES).index):
             started = time.perf_counter()
@@ -217,28 +219,6 @@ def prepare_labels(
     return info
 
 
-def sample_neural(db: Any, seed: int, problems: int, policy_dir: Path) -> dict[str, Any]:
-    """The set "judge" of ``problems`` small-number problems with one trajectory each, sampled
-    from the neural policy at temperature 1 as ``stepq generate`` samples; returns the
-    annotation plan that rolls out with the same policy."""
-    from bench.experiments.budget_neural import SAMPLING, backend_config
-    from bench.experiments.neural_policy import PROMPT
-    from stepq.workers.backends import SamplingParams
-    from stepq.workers.backends.hf import HFBackend
-    from stepq.workers.data.policy_sampling import generate_trajectories
-    from stepq.workers.data.synthetic_set import synth_set
-
-    synth_set(db, "judge", problems=problems, seed=seed, trajectories_per_problem=0, numbers="small")
-    backend = HFBackend.from_config(backend_config(policy_dir))
-    try:
-        generate_trajectories(
-            db, "judge", backend, samples=1, template=PROMPT, params=SamplingParams.from_config(SAMPLING)
-        )
-    finally:
-        backend.close()
-    return {"backend": "hf", "backend_config": backend_config(policy_dir), "sampling": SAMPLING}
-
-
 def synthetic_truth(row: dict[str, Any]) -> dict[str, bool]:
     return {"truth": step_truth(row)}
 
@@ -255,7 +235,7 @@ def written_truth(row: dict[str, Any]) -> dict[str, bool]:
 
 def policy_dir(policy: str, args: argparse.Namespace, data: Path) -> Path | None:
     """A neural policy's build (verified, or built in its band), None for the synthetic policy;
-    ``--quick`` takes a 20-step build of no skill."""
+    ``--quick`` takes ``neural_policy.QUICK``, a build of no skill."""
     if policy == "synthetic":
         return None
     if args.quick:

@@ -64,17 +64,31 @@ def backend_config(model: Path) -> dict[str, Any]:
 
 def sample_set(tmp: Path, strength: str, model: Path, problems: int, per_problem: int = 1) -> Path:
     """A SQLite file with the problems and ``per_problem`` trajectories of the policy on each."""
-    from stepq.workers.backends.hf import HFBackend
-
     path = tmp / f"{strength}-trajectories.db"
     upgrade(f"sqlite:///{path}")
     db = Database(f"sqlite:///{path}")
-    synth_set(db, SET, problems=problems, seed=42, trajectories_per_problem=0, numbers="small")
-    policy = HFBackend.from_config(backend_config(model))
-    params = SamplingParams.from_config(SAMPLING)
-    generate_trajectories(db, SET, policy, samples=per_problem, template=PROMPT, params=params)
+    sample_policy(db, SET, 42, problems, model, per_problem)
     db.dispose()
     return path
+
+
+def sample_policy(
+    db: Database, set_name: str, seed: int, problems: int, model: Path, per_problem: int = 1
+) -> dict[str, Any]:
+    """The set ``set_name`` of ``problems`` small-number problems with ``per_problem``
+    trajectories each, sampled from the policy at temperature 1 as ``stepq generate`` samples;
+    returns the annotation plan (``configure_annotation``'s options) that rolls out with the same
+    policy."""
+    from stepq.workers.backends.hf import HFBackend
+
+    synth_set(db, set_name, problems=problems, seed=seed, trajectories_per_problem=0, numbers="small")
+    policy = HFBackend.from_config(backend_config(model))
+    try:
+        params = SamplingParams.from_config(SAMPLING)
+        generate_trajectories(db, set_name, policy, samples=per_problem, template=PROMPT, params=params)
+    finally:
+        policy.close()
+    return {"backend": "hf", "backend_config": backend_config(model), "sampling": SAMPLING}
 
 
 def annotate_copy(
