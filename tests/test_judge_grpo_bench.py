@@ -58,6 +58,11 @@ def test_a_second_grpo_setting_reuses_the_kept_data_and_base(tmp_path: Path) -> 
 
     other = _bench(*QUICK, "--keep", str(tmp_path), "--reuse", "--rollouts", "4")
     assert other.returncode != 0 and "these settings differ" in other.stderr
+    # the synthetic policy's labels are never taken for a neural policy's
+    neural = _bench(*QUICK, "--keep", str(tmp_path), "--reuse", "--policy", "medium")
+    assert neural.returncode != 0 and "these settings differ" in neural.stderr
+    wide = _bench(*QUICK, "--policy", "medium", "--numbers", "default")
+    assert wide.returncode != 0 and "--numbers small" in wide.stderr
     assert _bench(*QUICK, "--reuse").returncode != 0  # nothing kept to reuse
     without_reuse = _bench(*QUICK, "--keep", str(tmp_path))  # never prepared over a kept seed
     assert without_reuse.returncode != 0 and "--reuse starts from it" in without_reuse.stderr

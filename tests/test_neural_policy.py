@@ -21,6 +21,7 @@ from bench.experiments.neural_policy import (
     PolicyRefused,
     Recipe,
     build_all,
+    compare_builds,
     find,
     verify,
     weights_sha256,
@@ -103,6 +104,20 @@ def test_a_kept_build_whose_weights_changed_is_refused(tmp_path: Path) -> None:
     (tmp_path / other.key / RECORD).write_text((path / RECORD).read_text())
     with pytest.raises(PolicyRefused, match="record is of another recipe"):
         verify(tmp_path / other.key, other, Scripted([30]))
+
+
+@pytest.mark.slow
+def test_a_rebuild_builds_whatever_is_kept_and_says_whether_the_weights_are_the_same(tmp_path: Path) -> None:
+    weak = Recipe(band=(0.25, 0.40), **TINY)
+    first = build_all([weak], tmp_path / "first", "cpu", Scripted([30]))[weak]
+    again = Scripted([30])
+    second = build_all([weak], tmp_path / "second", "cpu", again, fresh=True)[weak]
+    assert second != first and again.calls == 1, "built from scratch, not the kept build verified"
+    same = compare_builds(second, first)
+    assert same["same_weights"] and same["rebuilt"]["steps"] == same["shipped"]["steps"] == 20
+    later = build_all([weak], tmp_path / "third", "cpu", Scripted([5, 30]), fresh=True)[weak]
+    other = compare_builds(later, first)
+    assert not other["same_weights"] and (other["rebuilt"]["steps"], other["shipped"]["steps"]) == (40, 20)
 
 
 BUILD = """

@@ -6,6 +6,7 @@ threshold, Best-of-N)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -74,6 +75,9 @@ def test_prm_trains_on_a_sets_outcomes_and_is_recorded(pg: Database, tmp_path: P
     assert (again.run_id, again.global_step) == (result.run_id, 4), "a finished run is reported, not redone"
     with pytest.raises(ConfigError, match="belongs to training run"):
         train_records(pg, "prm", examples, "outcomes:other", prm_recipe(model), tmp_path / "run")
+    shutil.rmtree(result.final_model)  # the model deleted by hand: the run's row says done
+    with pytest.raises(ConfigError, match=f"training run {result.run_id} finished, but its model is gone"):
+        train_records(pg, "prm", examples, "outcomes:o", prm_recipe(model), tmp_path / "run")
 
 
 class Stop(Exception):

@@ -73,12 +73,11 @@ from bench.experiments.judge_capacity import (
 )
 from bench.experiments.judge_format import ANALYSES, DRILLED, row_local_truth, step_truth
 from bench.experiments.judge_heldout import write_processbench
-from bench.experiments.neural_policy import DEFAULT_CACHE, QUICK, STRENGTHS, build
+from bench.experiments.neural_policy import DEFAULT_CACHE, POLICIES, policy_model
 from bench.experiments.stats import random_guess_f1
 from stepq.workers.labelling.labels import RULES
 
 OP_ERROR_RATES = {"Add": 0.05, "Subtract": 0.25}  # bench_judge_grpo's --numbers small
-POLICIES = ("synthetic", *STRENGTHS)
 FORMS = ("all", "first-dead")
 DEFAULT_CELLS = (
     "none/all/2/600/8",
@@ -234,13 +233,8 @@ def written_truth(row: dict[str, Any]) -> dict[str, bool]:
 
 
 def policy_dir(policy: str, args: argparse.Namespace, data: Path) -> Path | None:
-    """A neural policy's build (verified, or built in its band), None for the synthetic policy;
-    ``--quick`` takes ``neural_policy.QUICK``, a build of no skill."""
-    if policy == "synthetic":
-        return None
-    if args.quick:
-        return build(QUICK, data / "quick-policy")
-    return build(STRENGTHS[policy], args.policy_cache)
+    """The cell's policy (``neural_policy.policy_model``); ``--quick`` a build of no skill."""
+    return policy_model(policy, args.policy_cache, args.quick, data / "quick-policy")
 
 
 HISTORY_KINDS = (("operand", 1.0), ("operation", 1.0), ("carry", 1.0))

@@ -22,6 +22,13 @@ Per seed and label rule:
     python -m bench.experiments.bench_judge_grpo --rules abs-q,rel-ratio,rel-effective --seeds 0
     python -m bench.experiments.bench_judge_grpo --quick                             # a one-minute smoke run
     python -m bench.experiments.bench_judge_grpo --keep runs --reuse --beta 0.1       # GRPO again, same base
+    python -m bench.experiments.bench_judge_grpo --policy medium --problems 2000 --analysis spelled \
+        --form first-dead --balance position --steps 0 --keep runs-neural            # the neural policy's labels
+
+``--policy weak|medium``: the trajectories are the neural policy's own samples and the rollouts
+its continuations (``bench/experiments/neural_policy.py``'s build, through the hf backend), the
+labels ``bench_judge_at_work --policy`` puts the trained judge to work on; the held-out file
+keeps the synthetic policy's errors, as for every judge here.
 
 docs/experiments/judge_grpo.md holds the figures.
 
@@ -47,6 +54,7 @@ from bench.experiments.judge_capacity import lm_train, pretrain_backbone
 from bench.experiments.judge_format import ANALYSES, DRILLED, JUDGE_TEMPLATE, judge_answer
 from bench.experiments.judge_grpo_eval import evaluate, evaluate_kept, kept_seed, outcome_prm
 from bench.experiments.judge_heldout import write_processbench
+from bench.experiments.neural_policy import DEFAULT_CACHE, POLICIES, policy_model
 from bench.experiments.stats import random_guess_f1
 
 # steps of different difficulty: an error rate per operation, for each range of numbers
@@ -120,17 +128,24 @@ def prepare(seed: int, rule_name: str, args: argparse.Namespace, run_dir: Path) 
     url = f"sqlite:///{run_dir / 'stepq.db'}"
     upgrade(url)
     db = Database(url)
-    synth_set(
-        db,
-        "judge",
-        problems=args.problems,
-        seed=seed,
-        error_rate=0.15,
-        recovery_rate=args.recovery_rate,
-        op_error_rates=OP_ERROR_RATES[args.numbers],
-        numbers=args.numbers,
-    )
-    annotate_in_process(db, "judge", args.rollouts, worker="bench", rule=RULES[rule_name])
+    model = policy_model(args.policy, args.policy_cache, args.quick, run_dir.parent / "quick-policy")
+    plan: dict[str, Any] = {}
+    if model is None:
+        synth_set(
+            db,
+            "judge",
+            problems=args.problems,
+            seed=seed,
+            error_rate=0.15,
+            recovery_rate=args.recovery_rate,
+            op_error_rates=OP_ERROR_RATES[args.numbers],
+            numbers=args.numbers,
+        )
+    else:  # the neural policy's own samples, rolled out by the same policy
+        from bench.experiments.budget_neural import sample_policy
+
+        plan = sample_policy(db, "judge", seed, args.problems, model)
+    annotate_in_process(db, "judge", args.rollouts, worker="bench", rule=RULES[rule_name], **plan)
     spec = SnapshotSpec(
         ("judge",),
         RULES[rule_name],
@@ -174,7 +189,8 @@ def prepare(seed: int, rule_name: str, args: argparse.Namespace, run_dir: Path) 
 def _preparation_settings(args: argparse.Namespace) -> dict[str, Any]:
     """What a kept preparation was made with: ``--reuse`` refuses one made otherwise."""
     keys = ("problems", "rollouts", "recovery_rate", "numbers", "heldout", "backbone", "analysis", "form", "width",
-            "layers", "pretrain_problems", "pretrain_steps", "format_steps", "format_lr", "balance")  # fmt: skip
+            "layers", "pretrain_problems", "pretrain_steps", "format_steps", "format_lr", "balance",
+            "policy")  # fmt: skip
     return {k: getattr(args, k) for k in keys}
 
 
@@ -251,7 +267,8 @@ def one_run(seed: int, rule_name: str, args: argparse.Namespace, root: Path) -> 
     kept = run_dir / "prepared.json"
     if args.reuse and kept.is_file():
         prepared = json.loads(kept.read_text())
-        if {"balance": "overall", **prepared["settings"]} != _preparation_settings(args):  # kept before --balance
+        # kept before --balance or --policy: their defaults
+        if {"balance": "overall", "policy": "synthetic", **prepared["settings"]} != _preparation_settings(args):
             raise SystemExit(f"--reuse: {run_dir} was prepared with {prepared['settings']}; these settings differ")
         print(f"  reusing the data and base judge in {run_dir}", flush=True)
     elif run_dir.exists():
@@ -363,6 +380,14 @@ def parser() -> argparse.ArgumentParser:
         "policy's numbers, with multiplications (add 5%%, subtract 15%%, multiply 35%%; the backbone computes "
         "37%% of step results after 3,000 steps).",
     )
+    ap.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="synthetic",
+        help="Whose trajectories and rollouts are labelled: the synthetic policy, or a neural policy's strength "
+        "(its own samples, small numbers).",
+    )
+    ap.add_argument("--policy-cache", type=Path, default=DEFAULT_CACHE, help="Where a neural policy's build is.")
     ap.add_argument("--heldout", type=int, default=300, help="Held-out ProcessBench samples.")
     ap.add_argument(
         "--backbone",
@@ -460,11 +485,14 @@ def parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = parser().parse_args()
     if args.quick:
-        args.problems, args.heldout, args.pretrain_steps, args.format_steps, args.steps = 60, 40, 60, 30, 6
-        args.prm_steps = 10
+        args.problems, args.heldout, args.pretrain_steps, args.format_steps = 60, 40, 60, 30
+        # shrunk, never switched on: --steps 0 or --prm-steps 0 stay off
+        args.steps, args.prm_steps = min(args.steps, 6), min(args.prm_steps, 10)
         args.pretrain_problems = 200
     if args.reuse and not args.keep:
         raise SystemExit("--reuse needs --keep DIR (where the prepared seeds are kept)")
+    if args.policy != "synthetic" and args.numbers != "small":
+        raise SystemExit(f"--policy {args.policy} writes small-number solutions only: use --numbers small")
     seeds = [int(s) for s in args.seeds.split(",")]
     rules = [r.strip() for r in args.rules.split(",")]
     unknown = [r for r in rules if r not in RULES]

@@ -1,11 +1,11 @@
 # GRPO on kept judge-benchmark seeds (bench/experiments/judge_grpo_gpu.py), every one at once on one GPU, sized to the time left.
 # usage: bash bench/experiments/judge_grpo_gpu.sh BUDGET_S PROMPTS_PER_STEP   (from the repository root; $OUT collects)
 # FORCE_STEPS=N: train N steps, no probe (the documented runs: 500); without it the step count fits the time left
-# knobs for a dry run on CPU: DEV=cpu ROOT=DIR COMMON="bench flags" SKIP_PIP=1 MIN_STEPS=N OUT=DIR
+# knobs for a dry run on CPU: DEV=cpu ROOT=DIR COMMON="bench flags" SKIP_PIP=1 MIN_STEPS=N OUT=DIR OMP_NUM_THREADS=N (2)
 # RESERVE=S: seconds kept for the runs' evaluations after training (200); PROBE=N: probe steps (14)
 T0=$(date +%s); BUDGET=${1:-520}; PPS=${2:-64}; OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 [ -n "${SKIP_PIP:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=2 HF_HUB_OFFLINE=1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers, trl, datasets, pyarrow; print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__, 'datasets', datasets.__version__, 'pyarrow', pyarrow.__version__, 'cuda', torch.cuda.is_available())" || exit 4
 DEV=${DEV:-cuda}; ROOT=${ROOT:-gpu-grpo/runs-pos}

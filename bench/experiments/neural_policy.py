@@ -105,6 +105,9 @@ QUICK = Recipe(band=(0.0, 1.0), max_steps=200, check_every=200, fine_every=200, 
 """A 200-step build kept whatever its check (it has learnt the format, not the arithmetic): the
 benchmarks' ``--quick`` runs check a chain, not a skill."""
 
+POLICIES = ("synthetic", *STRENGTHS)
+"""Whose trajectories a judge benchmark labels: the synthetic policy or a neural strength."""
+
 MAX_TOKENS = 300
 """Characters a sample may write: a solution of 8 steps and its answer take ~210."""
 
@@ -133,16 +136,21 @@ def build(recipe: Recipe, cache: Path = DEFAULT_CACHE, device: str | None = None
 
 
 def build_all(
-    recipes: list[Recipe], cache: Path = DEFAULT_CACHE, device: str | None = None, checker: Checker | None = None
+    recipes: list[Recipe],
+    cache: Path = DEFAULT_CACHE,
+    device: str | None = None,
+    checker: Checker | None = None,
+    fresh: bool = False,
 ) -> dict[Recipe, Path]:
     """Each recipe's model directory, verifying the kept ones and building the missing ones (one
     pretraining run per ``Recipe.run``).  ``device`` None: CUDA when there is one.  ``checker``
-    None: the greedy check (the tests script one to drive the stopping rule)."""
+    None: the greedy check (the tests script one to drive the stopping rule).  ``fresh``: build
+    every recipe into ``cache`` whatever is kept (a rebuild, to compare with the shipped one)."""
     checker = checker or check_model
     out: dict[Recipe, Path] = {}
     missing: dict[Recipe, list[Recipe]] = {}
     for recipe in recipes:
-        kept = find(recipe, cache)
+        kept = None if fresh else find(recipe, cache)
         if kept is not None:
             out[recipe] = verify(kept, recipe, checker)
         else:
@@ -152,6 +160,18 @@ def build_all(
     for group in missing.values():
         out.update(_build_group(group, cache, device, checker))
     return out
+
+
+def policy_model(policy: str, cache: Path, quick: bool = False, scratch: Path | None = None) -> Path | None:
+    """A judge benchmark's policy: None for the synthetic one, else the strength's build
+    (verified, or built in its band); ``quick`` takes ``QUICK``'s build, kept in ``scratch``."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy {policy!r} is not one of {POLICIES}")
+    if policy == "synthetic":
+        return None
+    if quick:
+        return build(QUICK, scratch or cache)
+    return build(STRENGTHS[policy], cache)
 
 
 def find(recipe: Recipe, cache: Path) -> Path | None:
@@ -362,6 +382,23 @@ def weights_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def compare_builds(rebuilt: Path, shipped: Path) -> dict[str, Any]:
+    """A rebuild beside the shipped build of its recipe: whether the weights are the same tensors,
+    and where each stopped.  Different weights in the band are a build of the same strength, not a
+    failure; the band is the contract, the hash is the reproducibility."""
+    new = json.loads((rebuilt / RECORD).read_text())
+    old = json.loads((shipped / RECORD).read_text()) if (shipped / RECORD).is_file() else None
+    out: dict[str, Any] = {
+        "recipe": rebuilt.name,
+        "rebuilt": {k: new[k] for k in ("steps", "check", "weights_sha256", "torch_threads", "processor", "seconds")},
+        "caller_omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+    }
+    if old is not None:
+        out["shipped"] = {k: old[k] for k in ("steps", "check", "weights_sha256", "torch_threads", "processor")}
+        out["same_weights"] = new["weights_sha256"] == old["weights_sha256"]
+    return out
+
+
 def _in_band(right: int, recipe: Recipe) -> bool:
     low, high = recipe.band
     return low <= right / CHECK_PROBLEMS <= high
@@ -408,7 +445,11 @@ def trace(recipe: Recipe, workdir: Path, device: str | None = None, emit: Callab
 
 def main() -> None:
     ap = argparse.ArgumentParser(description="Build, verify or trace the benchmarks' neural policies.")
-    ap.add_argument("action", choices=["build", "verify", "trace"])
+    ap.add_argument(
+        "action",
+        choices=["build", "verify", "rebuild", "trace"],
+        help="rebuild: build into --cache whatever is kept, then compare with the shipped build",
+    )
     ap.add_argument("--strengths", default="weak,medium")
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when there is one)")
@@ -435,6 +476,9 @@ def main() -> None:
                 if kept is None:
                     raise PolicyRefused(f"no build of recipe {recipe.key} in {args.cache} or {SHIPPED}")
                 verify(kept, recipe)
+        elif args.action == "rebuild":
+            for recipe, path in build_all(recipes, args.cache, args.device, fresh=True).items():
+                print(json.dumps(compare_builds(path, SHIPPED / recipe.key)))
         else:
             for recipe, path in build_all(recipes, args.cache, args.device).items():
                 print(json.dumps({"recipe": recipe.key, "path": str(path), **json.loads((path / RECORD).read_text())}))

@@ -141,6 +141,7 @@ def execute(db: Database, plan: RunPlan, options: TrainOptions) -> TrainResult:
         if existing is not None and existing.method != spec.method:
             raise ConfigError(f"{output_dir} belongs to a {existing.method} run; choose another --output")
         if existing is not None and existing.status == RUN_DONE:
+            _require_model(existing.id, output_dir / FINAL, plan)
             return TrainResult(existing.id, RUN_DONE, None, output_dir / FINAL, existing.global_step)
         run_id = queries.create_run(
             session,
@@ -166,6 +167,17 @@ def execute(db: Database, plan: RunPlan, options: TrainOptions) -> TrainResult:
         queries.renew_run(session, run_id, handle.owner, handle.ttl, global_step=step)
         queries.end_run(session, run_id, handle.owner)
     return TrainResult(run_id, RUN_DONE, resumed, output_dir / FINAL, step)
+
+
+def _require_model(run_id: int, final: Path, plan: RunPlan) -> None:
+    """A finished run is reported, not trained again: only while the model it saved is there
+    (reporting a folder of side files as a trained model would hand the caller nothing)."""
+    kept = [f.name for f in final.iterdir()] if final.is_dir() else []
+    if not [name for name in kept if name not in plan.side_files]:
+        raise ConfigError(
+            f"training run {run_id} finished, but its model is gone from {final}: restore the folder, "
+            "or train into another --output"
+        )
 
 
 def _follow(db: Database, plan: RunPlan, options: TrainOptions) -> TrainResult:
