@@ -91,6 +91,20 @@ def sample_policy(
     return {"backend": "hf", "backend_config": backend_config(model), "sampling": SAMPLING}
 
 
+def sampled_share_right(model: Path, problems: int, seed: int = 42) -> float:
+    """The share of the policy's temperature-1 samples (one a problem, ``stepq generate``'s code)
+    whose final answer is right: its strength as the benchmarks sample it, where the greedy
+    check is the build's."""
+    with tempfile.TemporaryDirectory() as scratch:
+        db = Database(f"sqlite:///{sample_set(Path(scratch), 'share', model, problems)}")
+        try:
+            with db.engine.connect() as conn:
+                right = conn.execute(text("SELECT avg(CASE WHEN outcome THEN 1.0 ELSE 0.0 END) FROM trajectories"))
+                return float(right.scalar() or 0.0)
+        finally:
+            db.dispose()
+
+
 def annotate_copy(
     trajectories: Path, tag: str, model: Path, m: int, rule: LabelRule, budget: str, rollout_seed: int | None = None
 ) -> tuple[Database, float]:
