@@ -234,6 +234,8 @@ def written_truth(row: dict[str, Any]) -> dict[str, bool]:
 
 def policy_dir(policy: str, args: argparse.Namespace, data: Path) -> Path | None:
     """The cell's policy (``neural_policy.policy_model``); ``--quick`` a build of no skill."""
+    if policy == "synthetic":  # no build, whatever the options hold
+        return None
     return policy_model(policy, args.policy_cache, args.quick, data / "quick-policy")
 
 

@@ -22,6 +22,7 @@ reports how often "dead stays dead" failed in the exhaustive run.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import tempfile
 import time
@@ -39,7 +40,17 @@ from bench.experiments.budget_replay import (
     replay,
     trajectory_key,
 )
-from bench.experiments.neural_policy import DEFAULT_CACHE, MAX_TOKENS, PROMPT, STRENGTHS, build_all
+from bench.experiments.neural_policy import (
+    DEFAULT_CACHE,
+    MAX_TOKENS,
+    PROMPT,
+    SHIPPED,
+    STRENGTHS,
+    PolicyRefused,
+    build_all,
+    find,
+    verify,
+)
 from stepq.assembly import worker_runtime
 from stepq.migrations import upgrade
 from stepq.models import Database
@@ -240,3 +251,27 @@ def measure_neural(args: argparse.Namespace, strengths: tuple[str, ...]) -> dict
         "agreement": "agreement_change_points >= -1 (against the M = 64 reference)",
     }
     return result
+
+
+def main() -> None:
+    """``python -m bench.experiments.budget_neural``: each kept build's share of temperature-1
+    samples right, as the benchmarks sample it (a build is compared by its greedy check)."""
+    ap = argparse.ArgumentParser(description="The kept neural policies' temperature-1 samples: the share right.")
+    ap.add_argument("--strengths", default="weak,medium")
+    ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="Looked in before the shipped builds.")
+    ap.add_argument("--problems", type=int, default=200, help="Problems, one sample each.")
+    args = ap.parse_args()
+    for strength in args.strengths.split(","):
+        recipe = STRENGTHS[strength]
+        kept = find(recipe, args.cache)
+        if kept is None:
+            raise SystemExit(f"neural policy: no build of recipe {recipe.key} in {args.cache} or {SHIPPED}")
+        try:
+            share = sampled_share_right(verify(kept, recipe), args.problems)
+        except PolicyRefused as refused:
+            raise SystemExit(f"neural policy: {refused}") from None
+        print(json.dumps({"strength": strength, "path": str(kept), "problems": args.problems, "right": share}))
+
+
+if __name__ == "__main__":
+    main()

@@ -447,11 +447,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="Build, verify or trace the benchmarks' neural policies.")
     ap.add_argument(
         "action",
-        choices=["build", "verify", "rebuild", "sample", "trace"],
-        help="rebuild: build into --cache whatever is kept, then compare with the shipped build; sample: the kept "
-        "build's temperature-1 samples' share right (--problems)",
+        choices=["build", "verify", "rebuild", "trace"],
+        help="rebuild: build into --cache whatever is kept, then compare with the shipped build",
     )
-    ap.add_argument("--problems", type=int, default=200, help="sample: problems, one sample each")
     ap.add_argument("--strengths", default="weak,medium")
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when there is one)")
@@ -478,15 +476,6 @@ def main() -> None:
                 if kept is None:
                     raise PolicyRefused(f"no build of recipe {recipe.key} in {args.cache} or {SHIPPED}")
                 verify(kept, recipe)
-        elif args.action == "sample":
-            from bench.experiments.budget_neural import sampled_share_right
-
-            for recipe in recipes:
-                kept = find(recipe, args.cache)
-                if kept is None:
-                    raise PolicyRefused(f"no build of recipe {recipe.key} in {args.cache} or {SHIPPED}")
-                share = sampled_share_right(verify(kept, recipe), args.problems)
-                print(json.dumps({"recipe": recipe.key, "path": str(kept), "problems": args.problems, "right": share}))
         elif args.action == "rebuild":
             for recipe, path in build_all(recipes, args.cache, args.device, fresh=True).items():
                 print(json.dumps(compare_builds(path, SHIPPED / recipe.key)))
