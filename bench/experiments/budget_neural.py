@@ -44,12 +44,10 @@ from bench.experiments.neural_policy import (
     DEFAULT_CACHE,
     MAX_TOKENS,
     PROMPT,
-    SHIPPED,
     STRENGTHS,
     PolicyRefused,
     build_all,
-    find,
-    verify,
+    kept_build,
 )
 from stepq.assembly import worker_runtime
 from stepq.migrations import upgrade
@@ -102,7 +100,7 @@ def sample_policy(
     return {"backend": "hf", "backend_config": backend_config(model), "sampling": SAMPLING}
 
 
-def sampled_share_right(model: Path, problems: int, seed: int = 42) -> float:
+def sampled_share_right(model: Path, problems: int) -> float:
     """The share of the policy's temperature-1 samples (one a problem, ``stepq generate``'s code)
     whose final answer is right: its strength as the benchmarks sample it, where the greedy
     check is the build's."""
@@ -262,14 +260,11 @@ def main() -> None:
     ap.add_argument("--problems", type=int, default=200, help="Problems, one sample each.")
     args = ap.parse_args()
     for strength in args.strengths.split(","):
-        recipe = STRENGTHS[strength]
-        kept = find(recipe, args.cache)
-        if kept is None:
-            raise SystemExit(f"neural policy: no build of recipe {recipe.key} in {args.cache} or {SHIPPED}")
         try:
-            share = sampled_share_right(verify(kept, recipe), args.problems)
+            kept = kept_build(STRENGTHS[strength], args.cache)
         except PolicyRefused as refused:
             raise SystemExit(f"neural policy: {refused}") from None
+        share = sampled_share_right(kept, args.problems)
         print(json.dumps({"strength": strength, "path": str(kept), "problems": args.problems, "right": share}))
 
 

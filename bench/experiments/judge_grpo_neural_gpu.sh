@@ -11,8 +11,12 @@
 # here, each model brought back, put to work on the policy:
 #   python -m bench.experiments.bench_judge_at_work --judge MODEL --policy medium --problems 100 --n 1,4,16 --seed S
 #
-# A dry run on CPU (tiny: --quick prepares and trains 6 GRPO steps):
-#   EXTRA=--quick DEV=cpu SKIP_PIP=1 OMP_NUM_THREADS=1 OUT=/tmp/dry ROOT=gpu-grpo/quick \
+# A dry run on CPU at toy size (EXTRA: the same flags as the preparation's, after FLAGS so they win;
+# --quick does not do: its 60 problems leave the neural policy's snapshot a handful of rows):
+#   TOY="--problems 100 --pretrain-steps 60 --format-steps 30 --heldout 40"
+#   python -m bench.experiments.bench_judge_grpo --seeds 0 $(bash bench/experiments/judge_grpo_neural_gpu.sh --flags) \
+#       $TOY --steps 0 --keep toy && python -m bench.experiments.judge_grpo_gpu slim toy/seed0-abs-q gpu-toy/seed0-abs-q
+#   EXTRA="$TOY" FORCE_STEPS=4 MIN_STEPS=1 DEV=cpu SKIP_PIP=1 OMP_NUM_THREADS=1 OUT=/tmp/dry ROOT=gpu-toy \
 #       bash bench/experiments/judge_grpo_neural_gpu.sh 600 4
 set -u
 # the preparation's settings: bench_judge_grpo --reuse refuses a kept seed prepared with others

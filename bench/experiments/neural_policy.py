@@ -174,6 +174,14 @@ def policy_model(policy: str, cache: Path, quick: bool = False, scratch: Path | 
     return build(STRENGTHS[policy], cache)
 
 
+def kept_build(recipe: Recipe, cache: Path) -> Path:
+    """The kept build of this recipe (the cache's, else the shipped one), verified; never builds."""
+    kept = find(recipe, cache)
+    if kept is None:
+        raise PolicyRefused(f"no build of recipe {recipe.key} in {cache} or {SHIPPED}")
+    return verify(kept, recipe)
+
+
 def find(recipe: Recipe, cache: Path) -> Path | None:
     """The kept build of this recipe: the cache's, else the shipped one."""
     for root in (cache, SHIPPED):
@@ -472,10 +480,7 @@ def main() -> None:
             trace(recipes[-1], args.cache / f"trace-{recipes[-1].key}", args.device)
         elif args.action == "verify":
             for recipe in recipes:
-                kept = find(recipe, args.cache)
-                if kept is None:
-                    raise PolicyRefused(f"no build of recipe {recipe.key} in {args.cache} or {SHIPPED}")
-                verify(kept, recipe)
+                kept_build(recipe, args.cache)
         elif args.action == "rebuild":
             for recipe, path in build_all(recipes, args.cache, args.device, fresh=True).items():
                 print(json.dumps(compare_builds(path, SHIPPED / recipe.key)))
