@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
 from stepq.models.base import clock_offset, set_server_time
-from stepq.models.errors import DatabaseError, cause_of, masked
+from stepq.models.errors import DatabaseError, cause_of, masked, missing_on_server
 
 log = logging.getLogger(__name__)
 
@@ -180,12 +180,9 @@ class Database:
                 conn.execute(text("SELECT 1 FROM problem_sets LIMIT 1"))
         except OperationalError as exc:
             msg = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-            if "database" in msg and "does not exist" in msg:  # PostgreSQL: the connection itself failed
-                name = self.engine.url.database
-                raise DatabaseError(
-                    f"database '{name}' does not exist on {self.engine.url.host}: create it "
-                    f"(createdb {name}), then run 'stepq db upgrade'"
-                ) from None
+            missing = missing_on_server(msg)  # PostgreSQL: the connection itself was refused
+            if missing is not None:
+                raise DatabaseError(f"{missing} (at {self.engine.url.host})") from None
             if "no such table" in msg or "does not exist" in msg:
                 raise DatabaseError(f"database {self.safe_url} is not migrated: run 'stepq db upgrade'") from None
             cause = cause_of(msg)

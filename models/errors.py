@@ -34,15 +34,35 @@ _CAUSES = (
 )
 
 
+_MISSING = re.compile(r'\b(database|role) "([^"]*)" does not exist', re.IGNORECASE)
+
+
+def missing_on_server(text: str) -> str | None:
+    """What to do when PostgreSQL refused the connection because the URL names a database or a
+    user it does not have: both read "does not exist", which is not "not migrated" (the tables
+    are missing) and not "unreachable"; None for any other error."""
+    found = _MISSING.search(text)
+    if found is None:
+        return None
+    kind, name = found.group(1).lower(), found.group(2)
+    if kind == "database":
+        return (
+            f"database '{name}' does not exist on the server: create it (createdb {name}, "
+            f"or CREATE DATABASE {name}), then run 'stepq db upgrade'"
+        )
+    return (
+        f"user '{name}' does not exist on the server: create it (createuser {name}, "
+        f"or CREATE ROLE {name} LOGIN), or name another user in STEPQ_DATABASE_URL"
+    )
+
+
 def cause_of(text: str) -> str:
     """What an error from the database or the broker says happened, in a few words: a lock
     timeout, a full disk or a full memory reported as "unreachable" sent operators to the network."""
+    missing = missing_on_server(text)
+    if missing is not None:
+        return missing
     lowered = text.lower()
-    if 'database "' in lowered and "does not exist" in lowered:
-        return (
-            "the database named in the URL does not exist: create it (createdb NAME, or CREATE DATABASE NAME), "
-            "then run 'stepq db upgrade'"
-        )
     for needles, cause in _CAUSES:
         if any(n in lowered for n in needles):
             return cause

@@ -91,12 +91,26 @@ def test_an_unreachable_broker_gives_up_after_a_bounded_wait(tmp_path: Path) -> 
     assert "broker redis://127.0.0.1:1/0 unreachable" in proc.stderr, "no password shown where none was set"
 
 
-def test_status_on_a_database_that_does_not_exist(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", [("status",), ("db", "upgrade")])
+def test_a_database_that_does_not_exist_says_how_to_create_it(tmp_path: Path, command: tuple[str, ...]) -> None:
     url = make_url(PG_SERVER).set(database="stepq_no_such_database").render_as_string(hide_password=False)
-    proc = _stepq(tmp_path, "status", env={"STEPQ_DATABASE_URL": url})
+    proc = _stepq(tmp_path, *command, env={"STEPQ_DATABASE_URL": url})
     assert proc.returncode == 5
     line = _one_line(proc)
-    assert "database 'stepq_no_such_database' does not exist" in line and "createdb" in line
+    assert "database 'stepq_no_such_database' does not exist" in line and "createdb stepq_no_such_database" in line
+    assert "not migrated" not in line
+
+
+@pytest.mark.parametrize("command", [("status",), ("db", "upgrade")])
+def test_a_user_that_does_not_exist_is_named_not_taken_for_a_missing_table(
+    tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    url = make_url(PG_SERVER).set(username="stepq_no_such_user").render_as_string(hide_password=False)
+    proc = _stepq(tmp_path, *command, env={"STEPQ_DATABASE_URL": url})
+    assert proc.returncode == 5
+    line = _one_line(proc)
+    assert "user 'stepq_no_such_user' does not exist" in line and "createuser stepq_no_such_user" in line
+    assert "not migrated" not in line and "db upgrade" not in line
 
 
 def test_synth_onto_a_set_of_another_seed_is_refused(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from stepq.commands.base import (
     open_db,
     setup_logging,
 )
-from stepq.models.errors import DatabaseError
+from stepq.models.errors import DatabaseError, missing_on_server
 from stepq.settings import require_named_database
 from stepq.workers.backends import BACKENDS as BACKEND_NAMES
 
@@ -40,7 +40,9 @@ def db_upgrade(revision: str) -> None:
         upgrade(settings.database_url, revision)
     except Exception as exc:
         if "OperationalError" in type(exc).__name__:
-            raise DatabaseError(f"cannot migrate {settings.database_url}: {str(exc).splitlines()[0]}") from None
+            first = str(exc).splitlines()[0]
+            missing = missing_on_server(first)
+            raise DatabaseError(f"cannot migrate {settings.database_url}: {missing or first}") from None
         raise
     click.echo(f"database at revision {current(settings.database_url)}")
 
