@@ -32,6 +32,8 @@ then one JSON object on its last line.
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import tempfile
 import time
 from collections.abc import Sequence
@@ -56,7 +58,6 @@ def prepare(seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from stepq.embedded import annotate_in_process
     from stepq.migrations import upgrade
     from stepq.models import Database
-    from stepq.models.snapshots import TRAIN
     from stepq.trainer.snapshots.create import SnapshotSpec, create_snapshot
     from stepq.trainer.snapshots.export import snapshot_records
     from stepq.workers.backends.synthetic_policy import SyntheticPolicy
@@ -75,7 +76,7 @@ def prepare(seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     truth_policy = SyntheticPolicy(
         error_rate=0.15, recovery_rate=args.recovery_rate, op_error_rates=tuple(OP_ERROR_RATES.items())
     )
-    samples = write_processbench(root / "heldout.json", args.heldout, seed, truth_policy, seen, "small")
+    write_processbench(root / "heldout.json", args.heldout, seed, truth_policy, seen, "small")
     write_processbench(root / "tune.json", args.heldout // 2, seed + 1000, truth_policy, seen, "small")
     backbone = root / "backbone"
     loss = pretrain_backbone(
@@ -83,26 +84,56 @@ def prepare(seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
         steps=args.pretrain_steps, numbers="small", device=Device(args.device),
     )  # fmt: skip
     db.engine.dispose()
+    (root / PREPARED).write_text(json.dumps({"pretrain_loss": loss, "prepare_s": round(time.perf_counter() - started)}))
+    return load_prepared(root)
+
+
+PREPARED = "prepared.json"
+"""Written last by ``prepare``: a seed's folder holding it is prepared (``--reuse`` takes it)."""
+
+
+def load_prepared(root: Path) -> dict[str, Any]:
+    """A prepared seed's folder read back: its set's one snapshot, the held-out samples and what
+    the preparation measured.  A folder kept before ``prepared.json`` existed is read from the
+    database and files alone (its preparation's loss and time unknown)."""
+    from stepq.models import Database
+    from stepq.models.snapshots import TRAIN, Snapshot
+    from stepq.trainer.snapshots.export import snapshot_records
+
+    url = f"sqlite:///{root / 'stepq.db'}"
+    db = Database(url)
+    with db.session() as session:
+        (snapshot,) = session.query(Snapshot.id).all()
+    records = snapshot_records(db, snapshot[0])
+    db.engine.dispose()
+    measured = json.loads((root / PREPARED).read_text()) if (root / PREPARED).exists() else {}
     return {
         "url": url,
-        "snapshot": snapshot,
+        "snapshot": snapshot[0],
         "train_problems": sorted({r["problem"] for r in records[TRAIN]}),
         "train_steps": len(records[TRAIN]),
-        "samples": samples,
-        "pretrain_loss": loss,
-        "prepare_s": round(time.perf_counter() - started),
+        "samples": json.loads((root / "heldout.json").read_text()),
+        "pretrain_loss": measured.get("pretrain_loss"),
+        "prepare_s": measured.get("prepare_s"),
     }
 
 
-def both_prms(seed: int, args: argparse.Namespace, root: Path, prepared: dict[str, Any]) -> dict[str, Any]:
-    """The two PRMs, each scored on the held-out files."""
+def both_prms(
+    seed: int, args: argparse.Namespace, root: Path, prepared: dict[str, Any], training: int = 0
+) -> dict[str, Any]:
+    """The two PRMs, each scored on the held-out files.  Training ``t`` trains both from the same
+    data and backbone under the training seed ``seed + 1000 t`` (its run folders ``prm-ARM-tT``;
+    training 0's are ``prm-ARM``): what moves between trainings is the training itself.  A run
+    folder that holds a finished run is taken as it is (the executor's resume)."""
     from stepq.models import Database
     from stepq.trainer import methods
     from stepq.trainer.methods.prm import set_outcomes
     from stepq.trainer.training.runs import TrainOptions
 
     db = Database(prepared["url"])
-    recipe = prm_recipe(root / "backbone", args.prm_steps, args.prm_lr, seed, args.prm_batch)
+    training_seed = seed + 1000 * training
+    suffix = f"-t{training}" if training else ""
+    recipe = prm_recipe(root / "backbone", args.prm_steps, args.prm_lr, training_seed, args.prm_batch)
     train_problems = set(prepared["train_problems"])
     outcomes = [e for e in set_outcomes(db, SET) if e.problem in train_problems]
     arms = {
@@ -111,19 +142,22 @@ def both_prms(seed: int, args: argparse.Namespace, root: Path, prepared: dict[st
             records=outcomes, name=f"outcomes:{SET}:snapshot-{prepared['snapshot']}-train"
         ),
     }
-    out: dict[str, Any] = {"outcome_solutions": len(outcomes)}
+    out: dict[str, Any] = {"training": training, "training_seed": training_seed, "outcome_solutions": len(outcomes)}
     scored: dict[str, list[list[Step]]] = {}
     for arm, data in arms.items():
         started = time.perf_counter()
-        result = methods.train(db, "prm", recipe, data, root / f"prm-{arm}", TrainOptions())
+        result = methods.train(db, "prm", recipe, data, root / f"prm-{arm}{suffix}", TrainOptions())
         train_s = time.perf_counter() - started
         figures, scored[arm] = score(result.final_model, root, prepared["samples"], seed)
         out[arm] = {**figures, "train_s": round(train_s)}
-        print(f"  seed {seed} {arm}: {describe(out[arm])} (trained in {train_s:.0f} s)", flush=True)
+        print(f"  seed {seed} training {training} {arm}: {describe(out[arm])} (trained in {train_s:.0f} s)", flush=True)
     db.engine.dispose()
     out["step_auc_difference"] = paired_difference(scored["steps"], scored["outcomes"], seed)
     diff, (lo, hi) = out["step_auc_difference"]["value"], out["step_auc_difference"]["ci"]
-    print(f"  seed {seed}: step AUC, step labels minus outcomes {diff:+.3f} [{lo:+.3f}, {hi:+.3f}]", flush=True)
+    print(
+        f"  seed {seed} training {training}: step AUC, step labels minus outcomes {diff:+.3f} [{lo:+.3f}, {hi:+.3f}]",
+        flush=True,
+    )
     return out
 
 
@@ -181,15 +215,21 @@ def describe(r: dict[str, Any]) -> str:
 
 
 def one_seed(seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """A seed's preparation and its trainings: training 0's figures at the top level (the layout
+    of the runs saved before ``--trainings``), every training's in ``trainings``."""
     run_dir = root / f"seed{seed}"
-    run_dir.mkdir(parents=True, exist_ok=False)
-    prepared = prepare(seed, args, run_dir)
+    if args.reuse and (run_dir / "stepq.db").exists() and (run_dir / "backbone" / "config.json").exists():
+        prepared = load_prepared(run_dir)
+        print(f"  seed {seed}: reusing the preparation in {run_dir}", flush=True)
+    else:
+        run_dir.mkdir(parents=True, exist_ok=False)
+        prepared = prepare(seed, args, run_dir)
     print(
         f"  seed {seed}: snapshot {prepared['snapshot']} holds {prepared['train_steps']} training steps; "
-        f"backbone loss {prepared['pretrain_loss']:.3f} (prepared in {prepared['prepare_s']} s)",
+        f"backbone loss {prepared['pretrain_loss']} (prepared in {prepared['prepare_s']} s)",
         flush=True,
     )
-    trained = both_prms(seed, args, run_dir, prepared)
+    trainings = [both_prms(seed, args, run_dir, prepared, t) for t in range(args.trainings)]
     labels = [s["label"] for s in prepared["samples"]]
     return {
         "seed": seed,
@@ -197,8 +237,30 @@ def one_seed(seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "heldout_samples": len(labels),
         "heldout_without_error": sum(label == -1 for label in labels),
         "prepare_s": prepared["prepare_s"],
-        **trained,
+        **trainings[0],
+        "trainings": trainings,
     }
+
+
+def summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Every training of every seed side by side: per arm the mean step AUC and its standard
+    deviation between trainings (the spread the per-problem intervals leave out), and how many
+    trainings put the step-label PRM above the outcome PRM with the paired interval clear of 0."""
+    trainings = [t for run in runs for t in run.get("trainings", [run])]
+    out: dict[str, Any] = {"trainings": len(trainings)}
+    for arm in ("steps", "outcomes"):
+        for figure in ("step_auc", "within_position_auc"):
+            values = [t[arm][figure] for t in trainings]
+            out[f"{arm}_{figure}"] = {
+                "mean": statistics.mean(values),
+                "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
+                "range": [min(values), max(values)],
+            }
+    differences = [t["step_auc_difference"] for t in trainings]
+    out["steps_above"] = sum(d["value"] > 0 for d in differences)
+    out["steps_above_clear_of_zero"] = sum(d["ci"][0] > 0 for d in differences)
+    out["outcomes_above_clear_of_zero"] = sum(d["ci"][1] < 0 for d in differences)
+    return out
 
 
 def parser() -> argparse.ArgumentParser:
@@ -219,13 +281,29 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--device", default=None, help="Where the backbone pretrains (default: cuda if there is one; the PRMs too)."
     )
+    ap.add_argument(
+        "--trainings", type=int, default=1, help="Trainings of both PRMs a seed, on the same data and backbone."
+    )
     ap.add_argument("--keep", type=Path, help="Keep the databases and models here (a new folder).")
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="With --keep: a seed whose folder holds its preparation is not prepared again; its finished "
+        "trainings are taken as they are, so more --trainings add only the new ones.",
+    )
+    ap.add_argument("--from-json", type=Path, nargs="+", help="Summarise saved runs (their last lines) instead.")
     ap.add_argument("--quick", action="store_true", help="A smoke run: tiny sizes, one seed.")
     return ap
 
 
 def main() -> None:
     args = parser().parse_args()
+    if args.from_json:
+        runs = [r for path in args.from_json for r in json.loads(path.read_text().strip().splitlines()[-1])["runs"]]
+        print(json.dumps(summary(runs), indent=1))
+        return
+    if args.reuse and args.keep is None:
+        raise SystemExit("--reuse takes the seeds' folders from --keep")
     seeds = [args.seed] if args.seed is not None else [int(s) for s in args.seeds.split(",")]
     if args.device is None:
         import torch
@@ -240,6 +318,7 @@ def main() -> None:
         root = args.keep or Path(tmp)
         for seed in seeds:
             results.append(one_seed(seed, args, root))
+    print(json.dumps(summary(results), indent=1), flush=True)
     emit({"benchmark": "bench_prm_labels", "settings": {k: str(v) for k, v in vars(args).items()}, "runs": results})
 
 
