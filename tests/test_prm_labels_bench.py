@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bench.experiments.bench_prm_labels import paired_difference, summary
+from bench.experiments.bench_prm_labels import paired_difference, summary, truth_examples
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,3 +80,32 @@ def test_more_trainings_reuse_the_preparation_and_train_only_the_new_ones(tmp_pa
     # the second training is another training of the same data: its own seed moves the weights
     assert again["trainings"][1]["steps"]["step_auc"] != first["steps"]["step_auc"]
     assert again["trainings"][1]["outcome_solutions"] == first["outcome_solutions"]
+
+
+@pytest.mark.slow
+def test_the_ceiling_trains_the_same_steps_on_the_synthetic_truth(tmp_path: Path) -> None:
+    from stepq.models import Database
+    from stepq.models.snapshots import TRAIN
+    from stepq.trainer.methods.prm import snapshot_steps
+    from stepq.trainer.snapshots.export import snapshot_records
+
+    keep = tmp_path / "kept"
+    run = _bench(keep, "--ceiling")["runs"][0]
+    assert "truth" in run and "truth" in run["trainings"][0]
+    db = Database(f"sqlite:///{keep / 'seed0' / 'stepq.db'}")
+    truth, labels = truth_examples(db, 1), snapshot_steps(db, 1)
+    train = snapshot_records(db, 1)[TRAIN]
+    with sqlite3.connect(keep / "seed0" / "stepq.db") as conn:
+        right = dict(conn.execute("SELECT id, ground_truth FROM chunks").fetchall())
+    by_trajectory: dict[int, dict[int, float]] = {}
+    for r in train:
+        by_trajectory.setdefault(r["trajectory_id"], {})[r["chunk_index"]] = float(right[r["chunk_id"]])
+    expected = [tuple(chunks[i] for i in sorted(chunks)) for _, chunks in sorted(by_trajectory.items())]
+    assert [e.targets for e in truth] == expected, "each target is its chunk's ground truth"
+    assert [(e.problem, e.steps) for e in truth] == [(e.problem, e.steps) for e in labels], "the same steps"
+    differ = 0
+    for t, m in zip(truth, labels, strict=True):
+        for a, b in zip(t.targets, m.targets, strict=True):
+            assert (a is None) == (b is None)
+            differ += a is not None and a != b
+    assert differ > 0, "with recovery, Abs-Q calls some wrong steps Positive: the truth must differ there"

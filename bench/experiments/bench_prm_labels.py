@@ -142,6 +142,10 @@ def both_prms(
             records=outcomes, name=f"outcomes:{SET}:snapshot-{prepared['snapshot']}-train"
         ),
     }
+    if args.ceiling and training == 0:  # one ceiling a seed
+        arms["truth"] = methods.TrainingData(
+            records=truth_examples(db, prepared["snapshot"]), name=f"truth:snapshot-{prepared['snapshot']}-train"
+        )
     out: dict[str, Any] = {"training": training, "training_seed": training_seed, "outcome_solutions": len(outcomes)}
     scored: dict[str, list[list[Step]]] = {}
     for arm, data in arms.items():
@@ -159,6 +163,25 @@ def both_prms(
         flush=True,
     )
     return out
+
+
+def truth_examples(db: Any, snapshot: int) -> list[Any]:
+    """The ceiling's data: the step-label PRM's own training steps (the snapshot's training split,
+    every labelled step of each trajectory), each with the synthetic policy's truth for its target
+    instead of its Monte Carlo label: what the same PRM learns from these trajectories when the
+    labels hold no noise.  Relabelled rows go through the one reader the step-label PRM uses."""
+    from sqlalchemy import select
+
+    from stepq.models.snapshots import TRAIN
+    from stepq.models.trajectories import Chunk
+    from stepq.trainer.prm.step_labels import examples_from_rows
+    from stepq.trainer.snapshots.export import snapshot_records
+
+    rows = snapshot_records(db, snapshot)[TRAIN]
+    with db.session() as session:
+        truth = dict(session.execute(select(Chunk.id, Chunk.ground_truth)).tuples().all())
+    relabelled = [{**r, "label": "Positive" if truth[r["chunk_id"]] else "Negative"} for r in rows]
+    return examples_from_rows(relabelled, "hard")
 
 
 def paired_difference(first: Sequence[Sequence[Step]], second: Sequence[Sequence[Step]], seed: int) -> dict[str, Any]:
@@ -248,9 +271,11 @@ def summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     trainings put the step-label PRM above the outcome PRM with the paired interval clear of 0."""
     trainings = [t for run in runs for t in run.get("trainings", [run])]
     out: dict[str, Any] = {"trainings": len(trainings)}
-    for arm in ("steps", "outcomes"):
+    for arm in ("steps", "outcomes", "truth"):
         for figure in ("step_auc", "within_position_auc"):
-            values = [t[arm][figure] for t in trainings]
+            values = [t[arm][figure] for t in trainings if arm in t]
+            if not values:
+                continue
             out[f"{arm}_{figure}"] = {
                 "mean": statistics.mean(values),
                 "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
@@ -283,6 +308,12 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--trainings", type=int, default=1, help="Trainings of both PRMs a seed, on the same data and backbone."
+    )
+    ap.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="A third PRM, once a seed (training 0): the step-label PRM's training steps with the synthetic "
+        "truth as targets (the figure noiseless labels of these trajectories reach).",
     )
     ap.add_argument("--keep", type=Path, help="Keep the databases and models here (a new folder).")
     ap.add_argument(
