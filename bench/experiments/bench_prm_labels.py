@@ -21,9 +21,13 @@ Per seed:
    95% bootstrap intervals over held-out problems, and the step AUCs' difference with a paired
    interval (both PRMs score the same steps).
 
-    python -m bench.experiments.bench_prm_labels --seed 0   # one seed: about an hour beside other runs on 2 cores
+    python -m bench.experiments.bench_prm_labels --seed 0   # one seed, one training: about an hour on one core
+    python -m bench.experiments.bench_prm_labels --seed 0 --trainings 2 --ceiling --keep runs/prm --reuse
     BENCH=bench_prm_labels bash bench/experiments/seeds_gpu.sh   # three seeds side by side on a lent GPU
     python -m bench.experiments.bench_prm_labels --quick    # a smoke run
+
+The defaults (8,000 annotated problems, 2,000 steps a PRM) are the size of the page's headline;
+the first run's (``--problems 1000 --prm-steps 1000``) are kept there too.
 
 docs/experiments/prm.md ("Step labels against outcomes") holds the figures.  Prints a table,
 then one JSON object on its last line.
@@ -292,7 +296,7 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--seed", type=int, help="One seed (instead of --seeds).")
-    ap.add_argument("--problems", type=int, default=1000, help="Annotated problems (one trajectory each).")
+    ap.add_argument("--problems", type=int, default=8000, help="Annotated problems (one trajectory each).")
     ap.add_argument("--rollouts", type=int, default=8, help="M, rollouts a prefix.")
     ap.add_argument("--recovery-rate", type=float, default=0.3)
     ap.add_argument("--heldout", type=int, default=300, help="Held-out problems (one solution each).")
@@ -300,7 +304,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--pretrain-problems", type=int, default=2000)
     ap.add_argument("--pretrain-steps", type=int, default=1000)
-    ap.add_argument("--prm-steps", type=int, default=1000, help="Steps of each PRM.")
+    ap.add_argument("--prm-steps", type=int, default=2000, help="Steps of each PRM.")
     ap.add_argument("--prm-batch", type=int, default=16, help="Solutions a step.")
     ap.add_argument("--prm-lr", type=float, default=1e-3)
     ap.add_argument(
