@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 import tempfile
 import time
@@ -332,7 +333,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
+    from stepq.log_setup import setup_logging
+
     args = parser().parse_args()
+    # the PRM's progress lines (a PRM trains for minutes); the annotation's stay quiet
+    setup_logging("warning")
+    logging.getLogger("stepq.trainer.prm").setLevel(logging.INFO)
     if args.from_json:
         runs = [r for path in args.from_json for r in json.loads(path.read_text().strip().splitlines()[-1])["runs"]]
         print(json.dumps(summary(runs), indent=1))
