@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bench.experiments.bench_prm_labels import paired_difference, summary, truth_examples
+from bench.experiments.bench_prm_labels import paired_difference, saved_runs, summary, truth_examples
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,6 +41,20 @@ def test_the_summary_counts_every_training_of_every_seed_and_its_spread() -> Non
     # a run saved before --trainings is one training
     legacy = _training(0.5, 0.7, (-0.3, -0.1))
     assert summary([legacy])["outcomes_above_clear_of_zero"] == 1
+    # a run saved before the paired difference: its AUCs count, no difference is made up
+    unpaired = {k: v for k, v in _training(0.9, 0.5, (0.3, 0.5)).items() if k != "step_auc_difference"}
+    out = summary([legacy, unpaired])
+    assert out["steps_step_auc"]["mean"] == pytest.approx(0.70)
+    assert (out["paired_trainings"], out["steps_above"], out["outcomes_above_clear_of_zero"]) == (1, 0, 1)
+
+
+def test_saved_runs_are_read_from_a_json_file_or_a_logs_last_line(tmp_path: Path) -> None:
+    runs = [{"seed": 3, **_training(0.7, 0.6, (0.01, 0.2))}]
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps({"benchmark": "bench_prm_labels", "runs": runs}, indent=1))
+    log = tmp_path / "seed3.log"
+    log.write_text("  seed 3: snapshot 1 holds 9 training steps\n" + json.dumps({"runs": runs}) + "\n")
+    assert saved_runs(saved) == saved_runs(log) == runs
 
 
 def test_the_paired_difference_is_the_difference_of_the_step_aucs_on_the_same_problems() -> None:

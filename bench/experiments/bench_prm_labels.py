@@ -286,11 +286,24 @@ def summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
                 "range": [min(values), max(values)],
             }
-    differences = [t["step_auc_difference"] for t in trainings]
+    # runs saved before the paired difference was measured have none
+    differences = [t["step_auc_difference"] for t in trainings if "step_auc_difference" in t]
+    out["paired_trainings"] = len(differences)
     out["steps_above"] = sum(d["value"] > 0 for d in differences)
     out["steps_above_clear_of_zero"] = sum(d["ci"][0] > 0 for d in differences)
     out["outcomes_above_clear_of_zero"] = sum(d["ci"][1] < 0 for d in differences)
     return out
+
+
+def saved_runs(path: Path) -> list[dict[str, Any]]:
+    """The runs a saved file holds: a JSON file (the docs' ``prm_labels*.json``) or a run's log,
+    whose last line is the benchmark's JSON object."""
+    text = path.read_text().strip()
+    try:
+        saved = json.loads(text)
+    except json.JSONDecodeError:
+        saved = json.loads(text.splitlines()[-1])
+    return list(saved["runs"])
 
 
 def parser() -> argparse.ArgumentParser:
@@ -327,7 +340,12 @@ def parser() -> argparse.ArgumentParser:
         help="With --keep: a seed whose folder holds its preparation is not prepared again; its finished "
         "trainings are taken as they are, so more --trainings add only the new ones.",
     )
-    ap.add_argument("--from-json", type=Path, nargs="+", help="Summarise saved runs (their last lines) instead.")
+    ap.add_argument(
+        "--from-json",
+        type=Path,
+        nargs="+",
+        help="Summarise saved runs instead: a run's log (its last line) or a saved JSON file.",
+    )
     ap.add_argument("--quick", action="store_true", help="A smoke run: tiny sizes, one seed.")
     return ap
 
@@ -340,7 +358,7 @@ def main() -> None:
     setup_logging("warning")
     logging.getLogger("stepq.trainer.prm").setLevel(logging.INFO)
     if args.from_json:
-        runs = [r for path in args.from_json for r in json.loads(path.read_text().strip().splitlines()[-1])["runs"]]
+        runs = [r for path in args.from_json for r in saved_runs(path)]
         print(json.dumps(summary(runs), indent=1))
         return
     if args.reuse and args.keep is None:
