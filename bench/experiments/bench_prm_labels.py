@@ -26,11 +26,10 @@ Per seed:
     BENCH=bench_prm_labels bash bench/experiments/seeds_gpu.sh   # three seeds side by side on a lent GPU
     python -m bench.experiments.bench_prm_labels --quick    # a smoke run
 
-The defaults (8,000 annotated problems, 2,000 steps a PRM) are the size of the page's headline;
-the first run's (``--problems 1000 --prm-steps 1000``) are kept there too.
-
-docs/experiments/prm.md ("Step labels against outcomes") holds the figures.  Prints a table,
-then one JSON object on its last line.
+The defaults (8,000 annotated problems, 2,000 steps a PRM) are the size of docs/experiments/prm.md's
+"Step labels against outcomes at 8,000 trajectories"; the first run's (``--problems 1000
+--prm-steps 1000``) is the section below it.  Prints a table, then one JSON object on its last
+line.
 """
 
 from __future__ import annotations
