@@ -7,6 +7,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, text
@@ -39,3 +40,14 @@ def scratch_pg() -> Iterator[str]:
 def emit(result: dict[str, Any]) -> None:
     """Benchmarks print their figures as one JSON object on the last line."""
     print(json.dumps(result, sort_keys=True))
+
+
+def saved_result(path: Path) -> dict[str, Any]:
+    """What ``emit`` printed, read back for ``--from-json``: a run's log (its last line) or the
+    object saved as a file of its own (the docs' indented JSON)."""
+    text = path.read_text().strip()
+    try:
+        saved: dict[str, Any] = json.loads(text)
+    except json.JSONDecodeError:
+        saved = json.loads(text.splitlines()[-1])
+    return saved

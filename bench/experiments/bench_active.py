@@ -33,7 +33,6 @@ needs matplotlib) and one JSON object on its last line.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -43,7 +42,7 @@ from typing import Any
 
 from sqlalchemy import func, select, text
 
-from bench.common import emit
+from bench.common import emit, saved_result
 from bench.experiments import active_prm, active_sft, active_standin
 from bench.experiments.active_standin import DigitJudge
 from bench.experiments.judge_heldout import write_processbench
@@ -322,7 +321,7 @@ def merged_curves(paths: Sequence[Path]) -> dict[str, dict[int, list[dict[str, A
     """Every seed of the runs' printed JSON (their last lines); a seed in two runs is refused."""
     curves: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for path in paths:
-        saved = json.loads(path.read_text().strip().splitlines()[-1])
+        saved = saved_result(path)
         for strategy, by_seed in saved["curves"].items():
             into = curves.setdefault(strategy, {})
             for seed, curve in by_seed.items():

@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import emit
+from bench.common import emit, saved_result
 from bench.experiments.bench_prm import Step, step_auc
 from bench.experiments.judge_capacity import pretrain_backbone
 from bench.experiments.judge_grpo_eval import prm_recipe
@@ -295,14 +295,8 @@ def summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def saved_runs(path: Path) -> list[dict[str, Any]]:
-    """The runs a saved file holds: a JSON file (the docs' ``prm_labels*.json``) or a run's log,
-    whose last line is the benchmark's JSON object."""
-    text = path.read_text().strip()
-    try:
-        saved = json.loads(text)
-    except json.JSONDecodeError:
-        saved = json.loads(text.splitlines()[-1])
-    return list(saved["runs"])
+    """The runs a saved file holds: the docs' ``prm_labels*.json`` or a run's log."""
+    return list(saved_result(path)["runs"])
 
 
 def parser() -> argparse.ArgumentParser:

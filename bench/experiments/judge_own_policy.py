@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import emit
+from bench.common import emit, saved_result
 from bench.experiments.bench_judge_at_work import accuracy_ci, load_judge, paired_gain, tiny_judge
 from bench.experiments.bench_judge_capacity import OP_ERROR_RATES
 from bench.experiments.stats import bootstrap
@@ -151,7 +151,9 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--from-json", nargs="+", type=Path, help="Runs' JSON lines (their last lines): the summary only.")
+    ap.add_argument(
+        "--from-json", nargs="+", type=Path, help="Runs' logs (their last lines) or saved JSON files: the summary only."
+    )
     ap.add_argument("--judge", type=Path, help="A judge bench_judge_capacity kept (--keep).")
     ap.add_argument("--problems", type=int, default=200, help="Held-out problems.")
     ap.add_argument("--retries", type=int, default=5, help="Regenerations of a rejected chunk (StepWiser: five).")
@@ -162,14 +164,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="A tiny judge and set: checks the chain, measures nothing.")
     args = ap.parse_args()
     if args.from_json:
-        import json
-
-        emit(
-            {
-                "benchmark": "judge_own_policy",
-                **summary([json.loads(p.read_text().splitlines()[-1]) for p in args.from_json]),
-            }
-        )
+        emit({"benchmark": "judge_own_policy", **summary([saved_result(p) for p in args.from_json])})
         return
     from stepq.migrations import upgrade
     from stepq.models import Database
