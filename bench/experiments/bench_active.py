@@ -43,7 +43,7 @@ from typing import Any
 from sqlalchemy import func, select, text
 
 from bench.common import emit, saved_result
-from bench.experiments import active_prm, active_sft, active_standin
+from bench.experiments import active_picks, active_prm, active_sft, active_standin
 from bench.experiments.active_standin import DigitJudge
 from bench.experiments.judge_heldout import write_processbench
 from bench.experiments.lm_training import Device
@@ -117,12 +117,14 @@ def run_arm(
     previous: Path | None = None
     scoring = f",{active_sft.SCORE}" if args.judge == "sft" else ""
     curve = []
+    seen: set[int] = set()
     try:
         for k in range(1, args.rounds + 1):
             target = args.budget * k // args.rounds
             started = time.perf_counter()
             run_in_process(db, runtime, stop=lambda t=target: rollouts_spent(db) >= t)  # type: ignore[misc]
             annotate_s = time.perf_counter() - started
+            picked, seen = active_picks.round_picks(db, seen)
             started = time.perf_counter()
             out = root / f"{strategy}-r{k}"
             judge: Any
@@ -151,6 +153,7 @@ def run_arm(
                 "train_s": train_s,
                 **evaluate(judge, heldout),
                 "eval_s": time.perf_counter() - started - train_s,
+                "picked": picked,
             }
             curve.append(point)
             print(
@@ -333,6 +336,7 @@ def merged_curves(paths: Sequence[Path]) -> dict[str, dict[int, list[dict[str, A
 
 def report(results: dict[str, dict[int, list[dict[str, Any]]]], args: argparse.Namespace) -> None:
     show(results, args)
+    show_picks(results)
     for metric in ("step_auc", "processbench_f1"):
         h = headline(results, metric)
         targets = ", ".join(f"{t:.3f}" for t in h["targets"].values())
@@ -347,6 +351,31 @@ def report(results: dict[str, dict[int, list[dict[str, Any]]]], args: argparse.N
     if args.plot:
         plot(results, args.plot)
         print(f"learning curves: {args.plot}")
+
+
+def show_picks(results: dict[str, dict[int, list[dict[str, Any]]]]) -> None:
+    """What each strategy labelled, round by round (mean over seeds; runs saved before the
+    picks were recorded have none)."""
+    columns = (
+        "trajectories", "wrong_answer_share", "with_error_share", "mean_first_error_step", "dead_prefix_share",
+        "label_noise",
+    )  # fmt: skip
+    if not any("picked" in p for by_seed in results.values() for c in by_seed.values() for p in c):
+        return
+    print("\nwhat each round labelled (mean over seeds): trajectories, wrong answers, with a wrong step,")
+    print("first wrong step, dead prefixes among its labelled chunks, label noise against the truth")
+    for strategy, by_seed in results.items():
+        for k in range(len(next(iter(by_seed.values())))):
+            picks = [c[k]["picked"] for c in by_seed.values() if "picked" in c[k]]
+            means = []
+            for col in columns:
+                values = [p[col] for p in picks if p[col] is not None]
+                means.append(statistics.mean(values) if values else float("nan"))
+            n, wrong, err, first, dead, noise = means
+            print(
+                f"  {strategy:>16} round {k + 1}: {n:>6.0f}  {wrong:>5.1%}  {err:>5.1%}  {first:>4.2f}  "
+                f"{dead:>5.1%}  {noise:>5.1%}"
+            )
 
 
 def show(results: dict[str, dict[int, list[dict[str, Any]]]], args: argparse.Namespace) -> None:
