@@ -234,6 +234,36 @@ def test_hf_backend_keeps_context_and_completion_inside_the_window(tmp_path: Pat
     assert failed.value.permanent
 
 
+def test_hf_backend_batches_contexts_near_the_window_and_ends_each_where_it_would_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A generative judge's prompts are all near a small model's window; one batch each made
+    scoring a pool cost a generation call a chunk.  They share batches now, cut at the
+    tightest room, and a row stopped short of its own room is generated again alone."""
+    from stepq.trainer.tiny_model import build_tiny_model
+
+    backend = HFBackend(str(build_tiny_model(tmp_path / "small", n_positions=48)), batch_size=4)
+    greedy = SamplingParams(temperature=0.0, max_tokens=30)
+    contexts = ["a" * 30, "b" * 34, "c" * 38, "d" * 36]  # rooms 18, 14, 10, 12: all near the window
+    alone = [backend.generate([GenerationRequest(ctx, (1,))], greedy)[0][0] for ctx in contexts]
+    calls: list[tuple[int, int]] = []
+    generate_batch = backend._generate_batch
+
+    def counted(part: Any, params: SamplingParams, max_new: int) -> Any:
+        calls.append((len(part), max_new))
+        return generate_batch(part, params, max_new)
+
+    monkeypatch.setattr(backend, "_generate_batch", counted)
+    together = [row[0] for row in backend.generate([GenerationRequest(ctx, (1,)) for ctx in contexts], greedy)]
+    assert calls[0] == (4, 10), "one batch, cut at the tightest room"
+    rooms = [48 - len(ctx) for ctx in contexts]
+    again = sorted(room for c, room in zip(alone, rooms, strict=True) if room > 10 and c.tokens >= 10)
+    assert again, "the random model wrote past the cut somewhere: the case tests the second call"
+    assert calls[1:] == [(1, room) for room in again], "only a row the cut stopped short goes again, alone"
+    assert [c.text for c in together] == [c.text for c in alone], "each ends where it would alone"
+    assert all(c.tokens <= room for c, room in zip(together, rooms, strict=True))
+
+
 def test_cut_at_stop() -> None:
     assert cut_at_stop("abc</chunk>def", ["</chunk>"]) == ("abc", True)
     assert cut_at_stop("abcdef", ["x", "d"]) == ("abc", True)

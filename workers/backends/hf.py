@@ -98,12 +98,20 @@ class HFBackend:
         fits = [item for item in items if item[2] not in room]
         size = 1 if self.per_sample_seeds else self.batch_size
         parts = [(fits[start : start + size], params.max_tokens) for start in range(0, len(fits), size)]
-        for ctx, left in room.items():  # a context near the window: its samples together, its own cut
-            tight = [item for item in items if item[2] == ctx]
-            parts += [(tight[start : start + size], left) for start in range(0, len(tight), size)]
+        # Contexts near the window, batched by the room they have left, each batch cut at its
+        # tightest: a row the cut stopped short of its own room is generated again alone with
+        # that room, so every completion ends where it would alone (a judge's long prompts are
+        # all near a small model's window: one at a time, they cost a batch each).
+        tight = sorted((item for item in items if item[2] in room), key=lambda item: room[item[2]])
+        for start in range(0, len(tight), size):
+            part = tight[start : start + size]
+            parts.append((part, min(room[ctx] for _, _, ctx, _ in part)))
         for part, max_new in parts:
-            for (r, j, _, _), completion in zip(part, self._generate_batch(part, params, max_new), strict=True):
-                out[r][j] = completion
+            for item, completion in zip(part, self._generate_batch(part, params, max_new), strict=True):
+                own = room.get(item[2], params.max_tokens)
+                if completion.finish_reason == "length" and completion.tokens >= max_new and own > max_new:
+                    completion = self._generate_batch([item], params, own)[0]
+                out[item[0]][item[1]] = completion
         return [[c for c in row if c is not None] for row in out]
 
     def _generate_batch(
