@@ -336,6 +336,7 @@ def merged_curves(paths: Sequence[Path]) -> dict[str, dict[int, list[dict[str, A
 
 def report(results: dict[str, dict[int, list[dict[str, Any]]]], args: argparse.Namespace) -> None:
     show(results, args)
+    show_times(results)
     show_picks(results)
     for metric in ("step_auc", "processbench_f1"):
         h = headline(results, metric)
@@ -351,6 +352,30 @@ def report(results: dict[str, dict[int, list[dict[str, Any]]]], args: argparse.N
     if args.plot:
         plot(results, args.plot)
         print(f"learning curves: {args.plot}")
+
+
+def show_times(results: dict[str, dict[int, list[dict[str, Any]]]]) -> None:
+    """Wall time per round (mean over seeds): annotating (with the scoring jobs that order it),
+    teaching the round's judge, evaluating it; and training's share of the whole run (runs
+    saved before the judge's times were recorded have none)."""
+    if not all("eval_s" in p for by_seed in results.values() for c in by_seed.values() for p in c):
+        return
+    print("\nwall time per round (mean over seeds): annotate (incl. scoring), train the judge, evaluate")
+    total = {"annotate_s": 0.0, "train_s": 0.0, "eval_s": 0.0}
+    for strategy, by_seed in results.items():
+        for k in range(len(next(iter(by_seed.values())))):
+            parts = {key: statistics.mean(c[k][key] for c in by_seed.values()) for key in total}
+            print(
+                f"  {strategy:>16} round {k + 1}: {parts['annotate_s']:>6.0f} s  {parts['train_s']:>6.0f} s  "
+                f"{parts['eval_s']:>5.0f} s"
+            )
+            for key in total:
+                total[key] += sum(c[k][key] for c in by_seed.values())
+    whole = sum(total.values())
+    print(
+        f"  all rounds: {whole:.0f} s, of which annotating {total['annotate_s'] / whole:.0%}, "
+        f"training {total['train_s'] / whole:.0%}, evaluating {total['eval_s'] / whole:.0%}"
+    )
 
 
 def show_picks(results: dict[str, dict[int, list[dict[str, Any]]]]) -> None:
