@@ -81,3 +81,25 @@ def test_a_round_counts_only_what_it_labelled(tmp_path: Path) -> None:
         assert s.scalar(select(func.count(Chunk.id)).where(Chunk.ground_truth.is_(False))) > 0
     assert 0 < first["with_error_share"] <= 1
     db.engine.dispose()
+
+
+@pytest.mark.unit
+def test_the_summary_prints_times_and_picks_and_skips_runs_saved_without_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench.experiments.bench_active import show_picks, show_times
+
+    def point(annotate: float, train: float, evaluate: float, wrong: float) -> dict[str, object]:
+        picked = describe({1: {"outcome": wrong < 0.5, "chunks": [(1, True, True)]}})
+        return {"annotate_s": annotate, "train_s": train, "eval_s": evaluate, "picked": picked}
+
+    results = {"random": {0: [point(10, 20, 10, 1.0)]}, "uncertainty": {0: [point(30, 20, 10, 0.0)]}}
+    show_times(results)
+    show_picks(results)
+    out = capsys.readouterr().out
+    # 100 s in all: annotating 40, training 40, evaluating 20
+    assert "all rounds: 100 s, of which annotating 40%, training 40%, evaluating 20%" in out
+    assert "random round 1:" in out and "what each round labelled" in out
+    show_times({"random": {0: [{"annotate_s": 1.0}]}})  # saved before the judge's times were kept
+    show_picks({"random": {0: [{"annotate_s": 1.0}]}})  # saved before the picks were recorded
+    assert capsys.readouterr().out == ""
