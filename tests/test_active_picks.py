@@ -89,16 +89,16 @@ def test_the_summary_prints_times_and_picks_and_skips_runs_saved_without_them(
 ) -> None:
     from bench.experiments.bench_active import show_picks, show_times
 
-    def point(annotate: float, train: float, evaluate: float, wrong: float) -> dict[str, object]:
-        picked = describe({1: {"outcome": wrong < 0.5, "chunks": [(1, True, True)]}})
+    def point(annotate: float, train: float, evaluate: float, outcome: bool) -> dict[str, object]:
+        picked = describe({1: {"outcome": outcome, "chunks": [(1, True, True)]}})
         return {"annotate_s": annotate, "train_s": train, "eval_s": evaluate, "picked": picked}
 
-    results = {"random": {0: [point(10, 20, 10, 1.0)]}, "uncertainty": {0: [point(30, 20, 10, 0.0)]}}
+    results = {"random": {0: [point(10, 20, 10, False)]}, "uncertainty": {0: [point(30, 20, 10, True)]}}
     show_times(results)
     show_picks(results)
     out = capsys.readouterr().out
     # 100 s in all: annotating 40, training 40, evaluating 20
-    assert "all rounds: 100 s, of which annotating 40%, training 40%, evaluating 20%" in out
+    assert "all rounds of every seed: 100 s, of which annotating 40%, training 40%, evaluating 20%" in out
     assert "random round 1:" in out and "what each round labelled" in out
     show_times({"random": {0: [{"annotate_s": 1.0}]}})  # saved before the judge's times were kept
     show_picks({"random": {0: [{"annotate_s": 1.0}]}})  # saved before the picks were recorded

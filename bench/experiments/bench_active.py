@@ -21,9 +21,10 @@ steps' so far); or ``prm``, stepq's own discriminative PRM trained on the set's 
 labels each round and loaded by the worker's judge factory (``active_prm.py``); or ``sft``, the
 spelled generative judge taught the labels by ``--method sft`` each round (``active_sft.py``,
 on small numbers, its range).  On 2 CPU cores the PRM trains for minutes a round and does not
-learn the check within them, and the sft judge did not learn from the few hundred rows a
-3,200-rollout budget's rounds hold (one GPU run; docs/experiments/active.md), so the
-stand-in measures the ordering given a judge that learns.
+learn the check within them; the sft judge did not learn from the few hundred rows a
+3,200-rollout budget's rounds hold (one GPU run), and learns at ``--pool 4000 --budget 40000
+--rounds 4`` (about 1.6 h a seed on one core; docs/experiments/active.md), where ordering by it
+has so far labelled worse than random order.
 
 Prints a table per round, the headline (rollouts each strategy needs to reach the quality
 ``random`` reaches with the whole budget), writes the learning curves as a PNG (``--plot``,
@@ -373,7 +374,7 @@ def show_times(results: dict[str, dict[int, list[dict[str, Any]]]]) -> None:
                 total[key] += sum(c[k][key] for c in by_seed.values())
     whole = sum(total.values())
     print(
-        f"  all rounds: {whole:.0f} s, of which annotating {total['annotate_s'] / whole:.0%}, "
+        f"  all rounds of every seed: {whole:.0f} s, of which annotating {total['annotate_s'] / whole:.0%}, "
         f"training {total['train_s'] / whole:.0%}, evaluating {total['eval_s'] / whole:.0%}"
     )
 

@@ -100,8 +100,8 @@ class HFBackend:
         parts = [(fits[start : start + size], params.max_tokens) for start in range(0, len(fits), size)]
         # Contexts near the window, batched by the room they have left, each batch cut at its
         # tightest: a row the cut stopped short of its own room is generated again alone with
-        # that room, so every completion ends where it would alone (a judge's long prompts are
-        # all near a small model's window: one at a time, they cost a batch each).
+        # that room, so none is cut shorter than its own room (one call each, as before, cost a
+        # generation call a chunk for a judge whose every prompt is near its window).
         tight = sorted((item for item in items if item[2] in room), key=lambda item: room[item[2]])
         for start in range(0, len(tight), size):
             part = tight[start : start + size]
