@@ -103,3 +103,27 @@ def test_the_summary_prints_times_and_picks_and_skips_runs_saved_without_them(
     show_times({"random": {0: [{"annotate_s": 1.0}]}})  # saved before the judge's times were kept
     show_picks({"random": {0: [{"annotate_s": 1.0}]}})  # saved before the picks were recorded
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.unit
+def test_runs_saved_when_convincing_wrong_had_its_mirror_merge_under_the_mirrored_name(tmp_path: Path) -> None:
+    """Before migration 0021 ``convincing-wrong`` had its mirror: a run saved then (no arms
+    recorded) is summarised as ``convincing-wrong-mirror``, beside a newer run's plain arm."""
+    import json
+
+    from bench.experiments.bench_active import ARMS, merged_curves
+    from stepq.workers.priority.strategies import parse_strategy
+
+    old = {"curves": {"random": {"0": [{"step_auc": 0.7}]}, "convincing-wrong": {"0": [{"step_auc": 0.6}]}}}
+    new = {"arms": {"convincing-wrong": "convincing-wrong"}, "curves": {"convincing-wrong": {"0": [{"step_auc": 0.8}]}}}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "new.json").write_text("a log line\n" + json.dumps(new))
+    merged = merged_curves([tmp_path / "new.json", tmp_path / "old.json"])
+    assert list(merged) == ["random", "convincing-wrong", "convincing-wrong-mirror"]
+    assert merged["convincing-wrong"][0][0]["step_auc"] == 0.8, "the newer run's arm is the plain one"
+    assert merged["convincing-wrong-mirror"][0][0]["step_auc"] == 0.6
+    with pytest.raises(SystemExit, match="more than one"):
+        merged_curves([tmp_path / "old.json", tmp_path / "old.json"])
+    judged = {arm: spelling for arm, spelling in ARMS.items() if arm != "random"}  # random has no judge
+    mirrored = {arm for arm, (name, options) in judged.items() if parse_strategy(f"{name}:run=1{options}").mirror}
+    assert mirrored == {"convincing-wrong-mirror"}

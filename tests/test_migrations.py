@@ -105,3 +105,57 @@ def test_budget_column_widens_under_the_views_and_back(empty_url: str) -> None:
         assert current(empty_url) == ScriptDirectory.from_config(alembic_config(empty_url)).get_current_head()
     finally:
         engine.dispose()
+
+
+def test_convincing_wrong_keeps_its_mirror_across_0021(empty_url: str) -> None:
+    """0021 spells the old ``convincing-wrong`` (which had its mirror) with ``mirror=yes`` on
+    sets and round records, so no set's order changes; a downgrade takes the option off and
+    refuses a set the old spelling cannot express."""
+    from stepq.migrations import upgrade
+    from stepq.workers.priority.strategies import parse_strategy
+
+    upgrade(empty_url, "20261128_0020")
+    engine = create_engine(empty_url)
+    rows = {"cw": "convincing-wrong:run=3", "cwl": "convincing-wrong:lineage=judge,votes=8", "u": "uncertainty:run=3"}
+    try:
+        with engine.begin() as conn:
+            for name, strategy in rows.items():
+                conn.execute(
+                    text(
+                        "INSERT INTO problem_sets (name, budget_policy, backend_config, sampling, priority_strategy) "
+                        "VALUES (:n, 'exhaustive', '{}', '{}', :s)"
+                    ),
+                    {"n": name, "s": strategy},
+                )
+            conn.execute(
+                text(
+                    "INSERT INTO priority_rounds (problem_set_id, strategy, created_at, rollouts_before, "
+                    "labelled_before, covered_to_id, details) SELECT id, priority_strategy, 0, 0, 0, 0, '{}' "
+                    "FROM problem_sets"
+                )
+            )
+        upgrade(empty_url)
+        with engine.connect() as conn:
+            sets = dict(conn.execute(text("SELECT name, priority_strategy FROM problem_sets")).all())
+            rounds = {s for (s,) in conn.execute(text("SELECT strategy FROM priority_rounds"))}
+        assert sets == {
+            "cw": "convincing-wrong:run=3,mirror=yes",
+            "cwl": "convincing-wrong:lineage=judge,votes=8,mirror=yes",
+            "u": "uncertainty:run=3",
+        }
+        assert rounds == set(sets.values())
+        assert all(parse_strategy(s).key == s for s in sets.values()), "the migrated spelling is canonical"
+        assert parse_strategy(sets["cw"]).mirror and not parse_strategy("convincing-wrong:run=3").mirror
+
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE problem_sets SET priority_strategy = 'convincing-wrong:run=4' WHERE name = 'u'"))
+        with pytest.raises(RuntimeError, match="without its mirror"):
+            command.downgrade(alembic_config(empty_url), "20261128_0020")
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE problem_sets SET priority_strategy = 'fifo' WHERE name = 'u'"))
+        command.downgrade(alembic_config(empty_url), "20261128_0020")
+        with engine.connect() as conn:
+            sets = dict(conn.execute(text("SELECT name, priority_strategy FROM problem_sets")).all())
+        assert sets == {"cw": rows["cw"], "cwl": rows["cwl"], "u": "fifo"}
+    finally:
+        engine.dispose()

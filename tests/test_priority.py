@@ -33,10 +33,19 @@ def test_uncertainty_is_the_chunk_nearest_the_threshold() -> None:
 def test_convincing_wrong_rates_the_judge_against_the_answer() -> None:
     assert solution_score([0.9, 0.8, None]) == 0.8
     assert convincing_wrong([0.9, 0.8], outcome=False) == pytest.approx(0.8), "a wrong answer rated highly"
-    assert convincing_wrong([0.9, 0.8], outcome=True) == pytest.approx(0.2), "a right answer rated highly: no news"
-    assert convincing_wrong([0.9, 0.1], outcome=True) == pytest.approx(0.9), "a right answer rated low"
+    assert convincing_wrong([0.9, 0.3], outcome=False) == pytest.approx(0.3), "a wrong answer caught: less"
+    assert convincing_wrong([0.9, 0.1], outcome=True) == 0.0, "PRM800K's strategy: right answers get nothing"
     assert convincing_wrong([0.9], outcome=None) == 0.0
     assert convincing_wrong([None], outcome=False) == 0.0
+
+
+def test_convincing_wrong_with_its_mirror_rates_right_answers_rated_low() -> None:
+    assert convincing_wrong([0.9, 0.8], outcome=True, mirror=True) == pytest.approx(0.2), "rated highly: no news"
+    assert convincing_wrong([0.9, 0.1], outcome=True, mirror=True) == pytest.approx(0.9), "a right answer rated low"
+    assert convincing_wrong([0.9, 0.8], outcome=False, mirror=True) == pytest.approx(0.8), "wrong answers as without"
+    mirrored = parse_strategy("convincing-wrong:run=1,mirror=yes")
+    assert priority(mirrored, 7, [0.9, 0.1], True) == pytest.approx(0.9)
+    assert priority(parse_strategy("convincing-wrong:run=1"), 7, [0.9, 0.1], True) == 0.0
 
 
 def test_random_priority_is_fixed_by_seed_and_trajectory() -> None:
@@ -72,6 +81,9 @@ def test_strategies_are_spelled_one_way() -> None:
     logprob = parse_strategy("uncertainty:run=1,score=logprob")
     assert (logprob.score, logprob.key) == ("logprob", "uncertainty:run=1,score=logprob")
     assert parse_strategy(logprob.key) == logprob
+    mirrored = parse_strategy("convincing-wrong:mirror=yes,run=2")
+    assert (mirrored.mirror, mirrored.key) == (True, "convincing-wrong:run=2,mirror=yes")
+    assert parse_strategy("convincing-wrong:run=2,mirror=no").key == "convincing-wrong:run=2"
 
 
 @pytest.mark.parametrize(
@@ -87,6 +99,8 @@ def test_strategies_are_spelled_one_way() -> None:
         ("uncertainty:run", "not KEY=VALUE"),
         ("uncertainty:run=1,score=loudness", "score 'loudness' is not one of"),
         ("random:score=logprob", "takes no option score"),
+        ("uncertainty:run=1,mirror=yes", "takes no option mirror"),
+        ("convincing-wrong:run=1,mirror=maybe", "mirror is yes or no"),
     ],
 )
 def test_a_bad_strategy_is_a_configuration_error(text: str, message: str) -> None:

@@ -58,7 +58,18 @@ from stepq.workers.data.synthetic_set import synth_set
 from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.runtime import WorkerOptions
 
+ARMS = {
+    "random": ("random", ""),
+    "uncertainty": ("uncertainty", ""),
+    "convincing-wrong": ("convincing-wrong", ""),
+    "convincing-wrong-mirror": ("convincing-wrong", ",mirror=yes"),
+}
+"""Each arm's priority strategy and options beyond its judge (``--priority NAME:run=N...``)."""
 STRATEGIES = ("random", "uncertainty", "convincing-wrong")
+"""The arms run by default."""
+MIRRORED_BEFORE = "convincing-wrong-mirror"
+"""What a run saved before the arms were recorded called ``convincing-wrong``: the strategy
+had its mirror then (migration 0021)."""
 OP_ERROR_RATES = {
     "default": {"Add": 0.05, "Subtract": 0.1, "Multiply by": 0.3},
     "small": {"Add": 0.05, "Subtract": 0.25},  # the spelled judge's range (its drills' numbers)
@@ -164,7 +175,8 @@ def run_arm(
                 flush=True,
             )
             if strategy != "random" and k < args.rounds:
-                configure_annotation(db, "pool", args.rollouts, priority=f"{strategy}:run={run_id}{scoring}")
+                name, options = ARMS[strategy]
+                configure_annotation(db, "pool", args.rollouts, priority=f"{name}:run={run_id}{options}{scoring}")
     finally:
         runtime.close()
         db.engine.dispose()
@@ -278,7 +290,14 @@ def main() -> None:
     ap.add_argument("--prm-steps", type=int, default=active_prm.PRMSettings.steps, help="Training steps a round.")
     ap.add_argument("--prm-lr", type=float, default=active_prm.PRMSettings.lr)
     ap.add_argument("--prm-warm-start", action="store_true", help="Each round continues from the last round's PRM.")
-    ap.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
+    ap.add_argument(
+        "--strategies",
+        nargs="+",
+        default=list(STRATEGIES),
+        choices=sorted(ARMS),
+        help="The arms (convincing-wrong-mirror: convincing-wrong with mirror=yes). Without random the "
+        "run prints its curves only; merge it with a run that has random by --from-json for the headline.",
+    )
     ap.add_argument("--plot", type=Path, default=None, help="Write the learning curves here (PNG).")
     ap.add_argument(
         "--from-json",
@@ -294,8 +313,6 @@ def main() -> None:
         args.seeds, args.rounds = sorted(random_curves), len(next(iter(random_curves.values())))
         report(curves, args)
         return
-    if "random" not in args.strategies:
-        ap.error("--strategies must include random: the headline is measured against it")
     if args.numbers is None:
         args.numbers = "small" if args.judge == "sft" else "default"
     drawn = policy(args.numbers)
@@ -317,28 +334,42 @@ def main() -> None:
                 results[strategy][seed] = run_arm(strategy, seed, root, heldout, args)
     report(results, args)
     print(f"{time.perf_counter() - started:.0f} s")
-    summary = {m: headline(results, m) for m in ("step_auc", "processbench_f1")}
-    emit({"bench": "active", "args": {k: str(v) for k, v in vars(args).items()}, "curves": results, **summary})
+    summary = {m: headline(results, m) for m in ("step_auc", "processbench_f1")} if "random" in results else {}
+    arms = {arm: "".join(ARMS[arm]) for arm in results}
+    emit(
+        {
+            "bench": "active",
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "arms": arms,
+            "curves": results,
+            **summary,
+        }
+    )
 
 
 def merged_curves(paths: Sequence[Path]) -> dict[str, dict[int, list[dict[str, Any]]]]:
-    """Every seed of the runs' printed JSON (their last lines); a seed in two runs is refused."""
+    """Every seed of the runs' printed JSON (their last lines); a seed in two runs is refused.
+    A run saved before the arms were recorded names its arms by their meaning now."""
     curves: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for path in paths:
         saved = saved_result(path)
-        for strategy, by_seed in saved["curves"].items():
+        for arm, by_seed in saved["curves"].items():
+            strategy = MIRRORED_BEFORE if arm == "convincing-wrong" and "arms" not in saved else arm
             into = curves.setdefault(strategy, {})
             for seed, curve in by_seed.items():
                 if int(seed) in into:
                     raise SystemExit(f"seed {seed} of {strategy} is in more than one of {', '.join(map(str, paths))}")
                 into[int(seed)] = curve
-    return curves
+    return {arm: curves[arm] for arm in ARMS if arm in curves}
 
 
 def report(results: dict[str, dict[int, list[dict[str, Any]]]], args: argparse.Namespace) -> None:
     show(results, args)
     show_times(results)
     show_picks(results)
+    if "random" not in results:
+        print("\nno random arm: merge with a run that has one (--from-json A.json B.json) for the headline")
+        return
     for metric in ("step_auc", "processbench_f1"):
         h = headline(results, metric)
         targets = ", ".join(f"{t:.3f}" for t in h["targets"].values())
@@ -349,7 +380,7 @@ def report(results: dict[str, dict[int, list[dict[str, Any]]]], args: argparse.N
             per = ", ".join("never" if v is None else f"{v:.0%}" for v in r["share_per_seed"].values())
             mean = r["mean_share_where_reached"]
             where = "-" if mean is None else f"{mean:.0%}"
-            print(f"  {strategy:>16}: reached on {r['reached']} seeds, mean {where} (per seed: {per})")
+            print(f"  {strategy:>23}: reached on {r['reached']} seeds, mean {where} (per seed: {per})")
     if args.plot:
         plot(results, args.plot)
         print(f"learning curves: {args.plot}")
@@ -367,7 +398,7 @@ def show_times(results: dict[str, dict[int, list[dict[str, Any]]]]) -> None:
         for k in range(len(next(iter(by_seed.values())))):
             parts = {key: statistics.mean(c[k][key] for c in by_seed.values()) for key in total}
             print(
-                f"  {strategy:>16} round {k + 1}: {parts['annotate_s']:>6.0f} s  {parts['train_s']:>6.0f} s  "
+                f"  {strategy:>23} round {k + 1}: {parts['annotate_s']:>6.0f} s  {parts['train_s']:>6.0f} s  "
                 f"{parts['eval_s']:>5.0f} s"
             )
             for key in total:
@@ -399,23 +430,24 @@ def show_picks(results: dict[str, dict[int, list[dict[str, Any]]]]) -> None:
                 means.append(statistics.mean(values) if values else float("nan"))
             n, wrong, err, first, dead, noise = means
             print(
-                f"  {strategy:>16} round {k + 1}: {n:>6.0f}  {wrong:>5.1%}  {err:>5.1%}  {first:>4.2f}  "
+                f"  {strategy:>23} round {k + 1}: {n:>6.0f}  {wrong:>5.1%}  {err:>5.1%}  {first:>4.2f}  "
                 f"{dead:>5.1%}  {noise:>5.1%}"
             )
 
 
 def show(results: dict[str, dict[int, list[dict[str, Any]]]], args: argparse.Namespace) -> None:
-    print(f"\nmean over seeds {args.seeds} [95% interval]")
-    print(f"{'round':>5} {'strategy':>16} {'rollouts':>8} {'step AUC':>24} {'ProcessBench F1':>24}")
+    print(f"\nmean over seeds {args.seeds} [95% interval] (an arm run on fewer seeds says which)")
+    print(f"{'round':>5} {'strategy':>23} {'rollouts':>8} {'step AUC':>24} {'ProcessBench F1':>24}")
     for k in range(args.rounds):
         for strategy, by_seed in results.items():
             curves = list(by_seed.values())
             x = statistics.mean(c[k]["rollouts"] for c in curves)
             auc = mean_ci([c[k]["step_auc"] for c in curves])
             f1 = mean_ci([c[k]["processbench_f1"] for c in curves])
+            fewer = "" if sorted(by_seed) == sorted(args.seeds) else f" (seeds {', '.join(map(str, sorted(by_seed)))})"
             print(
-                f"{k + 1:>5} {strategy:>16} {x:>8.0f} {auc[0]:>8.3f} [{auc[1]:.3f}, {auc[2]:.3f}] "
-                f"{f1[0]:>8.1f} [{f1[1]:.1f}, {f1[2]:.1f}]"
+                f"{k + 1:>5} {strategy:>23} {x:>8.0f} {auc[0]:>8.3f} [{auc[1]:.3f}, {auc[2]:.3f}] "
+                f"{f1[0]:>8.1f} [{f1[1]:.1f}, {f1[2]:.1f}]{fewer}"
             )
 
 

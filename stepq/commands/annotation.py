@@ -50,7 +50,7 @@ from stepq.workers.backends import BACKENDS as BACKEND_NAMES
     metavar="STRATEGY",
     help="Order the set's waiting trajectories: fifo (plan order, the default), random[:seed=S], "
     "uncertainty:run=N|lineage=NAME or convincing-wrong:run=N|lineage=NAME "
-    "(options votes=K, score=logprob, threshold=T). "
+    "(options votes=K, score=logprob, threshold=T; convincing-wrong also mirror=yes). "
     "Given again, it re-scores the waiting work with the judge it names now.",
 )
 @click.option(

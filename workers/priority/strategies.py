@@ -4,9 +4,12 @@ Each strategy turns what the database holds about a waiting trajectory (the curr
 score of each of its chunks, its own graded outcome, its id) into a priority in [0, 1];
 higher goes first (``RolloutWork.dispatch_key``).  PRM800K's second phase chose what to label
 by the current model: "convincing wrong-answer solutions", rated highly by the reward model
-but ending in a wrong answer.  ``convincing-wrong`` is that, with its mirror (right answers
-the judge rates low) included; ``uncertainty`` is classic uncertainty sampling (the chunk
-nearest the judge's decision boundary); ``random`` is the control, and ``fifo`` today's order.
+but ending in a wrong answer.  ``convincing-wrong`` is that (a right answer gets no priority,
+whatever its rating); ``mirror=yes`` adds its mirror, stepq's own (right answers the judge rates low
+rank as high as wrong ones it rates high: the default before 2026-12-02, which migration 0021
+keeps on the sets and rounds that had it); ``uncertainty`` is classic uncertainty sampling (the
+chunk nearest the judge's decision boundary); ``random`` is the control, and ``fifo`` today's
+order.
 
 A strategy is written ``NAME[:key=value,...]``: ``uncertainty:run=3`` (training run 3's
 judge), ``convincing-wrong:lineage=judge`` (the lineage's latest trained judge, renewed by the
@@ -47,6 +50,8 @@ class Strategy:
     threshold: float = 0.5
     seed: int = 0
     score: str = "votes"
+    mirror: bool = False
+    """``convincing-wrong`` only: right answers the judge rates low count too."""
 
     @property
     def key(self) -> str:
@@ -63,6 +68,8 @@ class Strategy:
                 parts.append(f"threshold={self.threshold:g}")
             if self.score != Strategy.score:
                 parts.append(f"score={self.score}")
+        if self.mirror:
+            parts.append("mirror=yes")
         if self.name == RANDOM and self.seed:
             parts.append(f"seed={self.seed}")
         return self.name + (":" + ",".join(parts) if parts else "")
@@ -83,7 +90,8 @@ def parse_strategy(text: str) -> Strategy:
         if not eq or not value:
             raise ConfigError(f"priority option '{part}' is not KEY=VALUE")
         fields[key] = value
-    allowed = {RANDOM: {"seed"}, FIFO: set()}.get(name, {"run", "lineage", "votes", "threshold", "score"})
+    judged = {"run", "lineage", "votes", "threshold", "score"}
+    allowed = {RANDOM: {"seed"}, FIFO: set(), CONVINCING_WRONG: judged | {"mirror"}}.get(name, judged)
     unknown = sorted(set(fields) - allowed)
     if unknown:
         raise ConfigError(f"priority strategy '{name}' takes no option {', '.join(unknown)}")
@@ -96,6 +104,7 @@ def parse_strategy(text: str) -> Strategy:
             threshold=float(fields.get("threshold", Strategy.threshold)),
             seed=int(fields.get("seed", 0)),
             score=fields.get("score", Strategy.score),
+            mirror=_yes_no(fields.get("mirror", "no")),
         )
     except ValueError as exc:
         raise ConfigError(f"priority strategy '{text}': {exc}") from None
@@ -106,6 +115,12 @@ def parse_strategy(text: str) -> Strategy:
     if strategy.score not in SCORES:
         raise ConfigError(f"priority score '{strategy.score}' is not one of: {', '.join(SCORES)}")
     return strategy
+
+
+def _yes_no(value: str) -> bool:
+    if value not in ("yes", "no"):
+        raise ValueError(f"mirror is yes or no, not '{value}'")
+    return value == "yes"
 
 
 def uncertainty(scores: Sequence[float | None], threshold: float = 0.5) -> float:
@@ -124,13 +139,16 @@ def solution_score(scores: Sequence[float | None]) -> float | None:
     return min(known) if known else None
 
 
-def convincing_wrong(scores: Sequence[float | None], outcome: bool | None) -> float:
-    """How far the judge's rating of the solution contradicts its graded answer: a wrong
-    answer rated s scores s, a right answer rated s scores 1 - s.  Ungraded or unscored: 0."""
+def convincing_wrong(scores: Sequence[float | None], outcome: bool | None, mirror: bool = False) -> float:
+    """A wrong answer rated s scores s (the more convincing, the sooner); a right answer 0,
+    or with ``mirror`` 1 - s (how far the rating contradicts the answer either way).
+    Ungraded or unscored: 0."""
     rating = solution_score(scores)
     if rating is None or outcome is None:
         return 0.0
-    return 1.0 - rating if outcome else rating
+    if outcome:
+        return 1.0 - rating if mirror else 0.0
+    return rating
 
 
 def random_priority(seed: int, trajectory_id: int) -> float:
@@ -144,7 +162,7 @@ def priority(strategy: Strategy, trajectory_id: int, scores: Sequence[float | No
     if strategy.name == UNCERTAINTY:
         return uncertainty(scores, strategy.threshold)
     if strategy.name == CONVINCING_WRONG:
-        return convincing_wrong(scores, outcome)
+        return convincing_wrong(scores, outcome, strategy.mirror)
     if strategy.name == RANDOM:
         return random_priority(strategy.seed, trajectory_id)
     return 0.0
