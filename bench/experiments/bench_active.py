@@ -23,8 +23,9 @@ spelled generative judge taught the labels by ``--method sft`` each round (``act
 on small numbers, its range).  On 2 CPU cores the PRM trains for minutes a round and does not
 learn the check within them; the sft judge did not learn from the few hundred rows a
 3,200-rollout budget's rounds hold (one GPU run), and learns at ``--pool 4000 --budget 40000
---rounds 4`` (about 1.6 h a seed on one core; docs/experiments/active.md), where ordering by it
-has so far labelled worse than random order.
+--rounds 4`` (about 1.6 h a seed of three arms on one core; docs/experiments/active.md), where
+ordering by PRM800K's ``convincing-wrong`` reached random order's full-budget quality with 40-42%
+of the rollouts on three seeds, and its mirrored variant did not.
 
 Prints a table per round, the headline (rollouts each strategy needs to reach the quality
 ``random`` reaches with the whole budget), writes the learning curves as a PNG (``--plot``,
@@ -219,11 +220,14 @@ def rollouts_to_reach(curve: Sequence[dict[str, Any]], metric: str, target: floa
 def headline(results: dict[str, dict[int, list[dict[str, Any]]]], metric: str) -> dict[str, Any]:
     """Per seed, the quality ``random`` reaches with the whole budget on that seed's pool, and
     the rollouts each strategy needs to reach it there (paired: the same pool and held-out
-    file), as a share of the budget; None where a strategy never reaches it."""
+    file), as a share of the budget; None where a strategy never reaches it.  A seed random
+    order was not run on has no target and is left out."""
     targets = {seed: curve[-1][metric] for seed, curve in results["random"].items()}
     out: dict[str, Any] = {"targets": targets}
     for strategy, by_seed in results.items():
-        needed = {seed: rollouts_to_reach(curve, metric, targets[seed]) for seed, curve in by_seed.items()}
+        needed = {
+            seed: rollouts_to_reach(curve, metric, targets[seed]) for seed, curve in by_seed.items() if seed in targets
+        }
         shares = {seed: None if v is None else v / by_seed[seed][-1]["rollouts"] for seed, v in needed.items()}
         reached = [v for v in shares.values() if v is not None]
         out[strategy] = {
