@@ -24,8 +24,8 @@ on small numbers, its range).  On 2 CPU cores the PRM trains for minutes a round
 learn the check within them; the sft judge did not learn from the few hundred rows a
 3,200-rollout budget's rounds hold (one GPU run), and learns at ``--pool 4000 --budget 40000
 --rounds 4`` (about 1.6 h a seed of three arms on one core; docs/experiments/active.md), where
-ordering by PRM800K's ``convincing-wrong`` reached random order's full-budget quality with 40-42%
-of the rollouts on three seeds, and its mirrored variant did not.
+ordering by PRM800K's ``convincing-wrong`` reached random order's full-budget quality with less
+than half the rollouts on three seeds, and its mirrored variant did not.
 
 Prints a table per round, the headline (rollouts each strategy needs to reach the quality
 ``random`` reaches with the whole budget), writes the learning curves as a PNG (``--plot``,
@@ -66,8 +66,7 @@ ARMS = {
     "convincing-wrong-mirror": ("convincing-wrong", ",mirror=yes"),
 }
 """Each arm's priority strategy and options beyond its judge (``--priority NAME:run=N...``)."""
-STRATEGIES = ("random", "uncertainty", "convincing-wrong")
-"""The arms run by default."""
+DEFAULT_ARMS = ("random", "uncertainty", "convincing-wrong")
 MIRRORED_BEFORE = "convincing-wrong-mirror"
 """What a run saved before the arms were recorded called ``convincing-wrong``: the strategy
 had its mirror then (migration 0021)."""
@@ -297,7 +296,7 @@ def main() -> None:
     ap.add_argument(
         "--strategies",
         nargs="+",
-        default=list(STRATEGIES),
+        default=list(DEFAULT_ARMS),
         choices=sorted(ARMS),
         help="The arms (convincing-wrong-mirror: convincing-wrong with mirror=yes). Without random the "
         "run prints its curves only; merge it with a run that has random by --from-json for the headline.",
@@ -364,7 +363,7 @@ def merged_curves(paths: Sequence[Path]) -> dict[str, dict[int, list[dict[str, A
                 if int(seed) in into:
                     raise SystemExit(f"seed {seed} of {strategy} is in more than one of {', '.join(map(str, paths))}")
                 into[int(seed)] = curve
-    return {arm: curves[arm] for arm in ARMS if arm in curves}
+    return {**{arm: curves[arm] for arm in ARMS if arm in curves}, **curves}  # ARMS' order, then any other
 
 
 def report(results: dict[str, dict[int, list[dict[str, Any]]]], args: argparse.Namespace) -> None:
