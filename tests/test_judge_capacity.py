@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from bench.experiments.bench_judge_capacity import Cell, equal_rows, prepare, spread, take_rows, training_seed
+from bench.experiments.bench_judge_capacity import (
+    Cell,
+    equal_rows,
+    prepare,
+    selected_training,
+    spread,
+    take_rows,
+    training_seed,
+)
 from bench.experiments.judge_capacity import answer_room, verdict_examples
 from bench.experiments.judge_format import (
     chained_analysis,
@@ -149,6 +157,19 @@ def test_repeated_trainings_differ_in_their_seed_alone_and_report_their_spread()
     assert f1["sd"] == pytest.approx(10.066, abs=1e-3)  # sqrt(((10.667)^2 + (9.333)^2 + (1.333)^2) / 2)
     assert (f1["min"], f1["max"]) == (69.8, 89.8)
     assert spread(trainings)["step_accuracy"]["sd"] == pytest.approx(2.0)
+
+
+def test_the_kept_training_is_chosen_by_the_labels_validation_split_alone() -> None:
+    """The held-out figures (the truth) must not pick the judge: the training with the best
+    ProcessBench F1 here is not the one kept; a tie keeps the first; unmeasured, none."""
+    trainings = [
+        {"validation_balanced_accuracy": 67.4, "processbench_f1": 89.0},
+        {"validation_balanced_accuracy": 76.4, "processbench_f1": 61.5},
+        {"validation_balanced_accuracy": 76.4, "processbench_f1": 70.0},
+    ]
+    assert selected_training(trainings) == 1
+    assert selected_training(trainings[:1]) == 0
+    assert selected_training([{"processbench_f1": 50.0}, {"processbench_f1": 60.0}]) is None
 
 
 @pytest.mark.slow

@@ -365,7 +365,19 @@ def run_cell(
         if len(trainings) > 1:
             result[f"{target}_trainings"] = trainings
             result[f"{target}_spread"] = spread(trainings)
+            result[f"{target}_selected"] = selected_training(trainings)
     return result
+
+
+def selected_training(trainings: list[dict[str, Any]]) -> int | None:
+    """The training a user would keep without the truth: the highest balanced accuracy on the
+    labels' own validation split (the snapshot's held-back problems, what `stepq eval snapshot`
+    measures), the first on a tie; None when no training was measured there. The held-out
+    files (the truth) and the judge at work play no part, so the choice can be tested on them."""
+    measured = [
+        (t["validation_balanced_accuracy"], -k) for k, t in enumerate(trainings) if "validation_balanced_accuracy" in t
+    ]
+    return -max(measured)[1] if measured else None
 
 
 def training_seed(seed: int, k: int) -> int:
@@ -413,6 +425,8 @@ def show(r: dict[str, Any]) -> None:
         several = f"{target}_trainings" in r
         for k, m in enumerate(r.get(f"{target}_trainings", [r[target]])):
             show_training(f"{target}#{k + 1}" if several else target, m)
+        if r.get(f"{target}_selected") is not None:
+            print(f"  {target}: kept by the labels' validation split: #{r[f'{target}_selected'] + 1}", flush=True)
         if f"{target}_spread" in r:
             print(
                 f"  {target} over {len(r[f'{target}_trainings'])} trainings: "

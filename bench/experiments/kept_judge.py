@@ -1,0 +1,175 @@
+"""Which of several trainings of a judge to keep, and what keeping it by the labels' own
+validation split is worth on held-out data and at work.
+
+Trainings of one recipe on the same labels and backbone land far apart (docs/experiments/
+judge_at_work.md: 0.71 and 0.44 of the oracle's chunk-reset gain on one seed). A user has no
+truth to choose by, only the snapshot's validation split (held-back problems, labelled like the
+training rows: what ``stepq eval snapshot`` measures). This reads saved runs and prints, per
+seed and cell, every training's validation balanced accuracy, its ProcessBench F1 on the held-out
+file and, where it was put to work (``bench_judge_at_work``), its share of the oracle's
+chunk-reset gain and Best-of-N over majority vote; the training ``selected_training`` keeps; and
+over every group the kept trainings' figures beside the mean and the worst of all trainings.
+
+    python -m bench.experiments.kept_judge docs/experiments/judge_trainings.json docs/experiments/judge_rules.json
+    python -m bench.experiments.kept_judge docs/experiments/judge_at_work_kept.json
+    # a run's files gathered into one: bench_judge_capacity --trainings K --out's lines and the
+    # bench_judge_at_work logs of its trainings (matched by the judge's folder)
+    python -m bench.experiments.kept_judge --collect OUT.json --judges seed0.jsonl --work work0*.log
+
+Prints a table and one JSON object (the summary) on its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from bench.common import emit, saved_result
+from bench.experiments.bench_judge_at_work import paired_gain
+from bench.experiments.bench_judge_capacity import selected_training, training_seed
+
+TARGET = "label"
+
+
+def judge_folder(run: dict[str, Any], k: int, target: str = TARGET) -> str:
+    """The folder name ``bench_judge_capacity --keep`` gives the k-th training (unsized cells)."""
+    return f"seed{run['seed']}-{run['cell'].replace('/', '_')}-{target}" + (f"-t{k}" if k else "")
+
+
+def at_work_figures(work: dict[str, Any]) -> dict[str, Any]:
+    """The judge's chunk-reset gain as a share of the oracle's, and Best-of-N by its
+    P(Positive) over majority vote per N (paired over the same problems)."""
+    cr = work["chunk_reset"]
+    gain, oracle = cr["judge"]["gain_over_plain"], cr["oracle"]["gain_over_plain"]["gain"]
+    bon = {
+        str(row["n"]): paired_gain(row["outcomes"]["majority"], row["outcomes"]["judge P(Positive)"], 0)
+        for row in work["best_of_n"]
+        if row["n"] > 1
+    }
+    return {
+        "gain": gain["gain"],
+        "gain_ci": gain["ci"],
+        "oracle_gain": oracle,
+        "share": gain["gain"] / oracle if oracle else float("nan"),
+        "tokens_over_plain": cr["judge"]["tokens_over_plain"],
+        "best_of_n_over_majority": bon,
+    }
+
+
+def groups(saved: dict[str, Any]) -> list[dict[str, Any]]:
+    """One group per seed and cell with repeated trainings: each training's figures, the kept one."""
+    out = []
+    for entry in saved.get("seeds", [{"judge": r} for r in saved.get("runs", [])]):
+        run = entry["judge"]
+        trainings = run.get(f"{TARGET}_trainings")
+        if not trainings:
+            continue
+        work = entry.get("at_work", {})
+        rows = []
+        for k, t in enumerate(trainings):
+            row = {
+                "training_seed": t.get("training_seed", training_seed(run["seed"], k)),
+                "validation_balanced_accuracy": t.get("validation_balanced_accuracy"),
+                "processbench_f1": t["processbench_f1"],
+                "thresholded_f1": t["thresholded_f1"],
+            }
+            if judge_folder(run, k) in work:
+                row["at_work"] = at_work_figures(work[judge_folder(run, k)])
+            rows.append(row)
+        out.append({"seed": run["seed"], "cell": run["cell"], "kept": selected_training(trainings), "trainings": rows})
+    return out
+
+
+FIGURES = {
+    "processbench_f1": lambda r: r["processbench_f1"],
+    "thresholded_f1": lambda r: r["thresholded_f1"],
+    "share": lambda r: r["at_work"]["share"] if "at_work" in r else None,
+}
+
+
+def summary(found: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per figure, over the groups: the kept trainings' mean and worst against a training drawn
+    at random (the mean of each group's mean) and the worst of all (a group counts where every
+    training has the figure)."""
+    out: dict[str, Any] = {"groups": len(found)}
+    for name, get in FIGURES.items():
+        usable = [g for g in found if g["kept"] is not None and all(get(r) is not None for r in g["trainings"])]
+        if not usable:
+            continue
+        kept = [get(g["trainings"][g["kept"]]) for g in usable]
+        drawn = [statistics.mean(get(r) for r in g["trainings"]) for g in usable]  # a training drawn at random
+        out[name] = {
+            "groups": len(usable),
+            "kept_mean": statistics.mean(kept),
+            "kept_min": min(kept),
+            "all_mean": statistics.mean(drawn),
+            "all_min": min(get(r) for g in usable for r in g["trainings"]),
+            "kept_is_best": sum(get(g["trainings"][g["kept"]]) == max(get(r) for r in g["trainings"]) for g in usable),
+        }
+    return out
+
+
+def show(found: list[dict[str, Any]], totals: dict[str, Any]) -> None:
+    for g in found:
+        print(f"seed {g['seed']} {g['cell']}:")
+        for k, r in enumerate(g["trainings"]):
+            mark = "kept" if k == g["kept"] else ""
+            line = (
+                f"  {mark:>4} #{k + 1} (training seed {r['training_seed']}): val bal acc "
+                f"{r['validation_balanced_accuracy'] or float('nan'):5.1f}, F1 {r['processbench_f1']:5.1f} / "
+                f"{r['thresholded_f1']:5.1f}"
+            )
+            if "at_work" in r:
+                w = r["at_work"]
+                bon = ", ".join(
+                    f"N={n} {b['gain']:+.0f} [{b['ci'][0]:+.0f}, {b['ci'][1]:+.0f}]"
+                    for n, b in w["best_of_n_over_majority"].items()
+                )
+                line += (
+                    f"; chunk-reset {w['gain']:+.1f} [{w['gain_ci'][0]:+.1f}, {w['gain_ci'][1]:+.1f}] of the "
+                    f"oracle's {w['oracle_gain']:+.1f} ({w['share']:.2f}), Best-of-N over majority {bon}"
+                )
+            print(line)
+    for name, s in totals.items():
+        if isinstance(s, dict):
+            print(
+                f"{name} over {s['groups']} groups: kept mean {s['kept_mean']:.2f} (worst {s['kept_min']:.2f}), "
+                f"a training drawn at random {s['all_mean']:.2f} (worst of all {s['all_min']:.2f}); "
+                f"the kept one is the group's best in {s['kept_is_best']}"
+            )
+
+
+def collect(judges: list[Path], works: list[Path]) -> dict[str, Any]:
+    """A run's judges and the at-work results of their trainings, as one saved file."""
+    runs = [json.loads(line) for path in judges for line in path.read_text().splitlines() if line.strip()]
+    by_folder = {Path(w["judge"]).name: w for w in (saved_result(p) for p in works)}
+    seeds = []
+    for run in runs:
+        folders = [judge_folder(run, k) for k in range(len(run.get(f"{TARGET}_trainings", [run[TARGET]])))]
+        seeds.append({"judge": run, "at_work": {f: by_folder[f] for f in folders if f in by_folder}})
+    return {"benchmark": "kept_judge", "seeds": seeds}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("saved", nargs="*", type=Path, help="Saved runs: a benchmark's JSON with 'runs' or 'seeds'.")
+    ap.add_argument("--collect", type=Path, help="Write the run given by --judges and --work here.")
+    ap.add_argument("--judges", nargs="*", type=Path, default=[], help="bench_judge_capacity --out files.")
+    ap.add_argument("--work", nargs="*", type=Path, default=[], help="bench_judge_at_work logs.")
+    args = ap.parse_args()
+    if args.collect:
+        args.collect.write_text(json.dumps(collect(args.judges, args.work), indent=1, sort_keys=True) + "\n")
+        args.saved = [*args.saved, args.collect]
+    if not args.saved:
+        ap.error("name saved runs, or --collect OUT with --judges and --work")
+    found = [g for path in args.saved for g in groups(saved_result(path))]
+    totals = summary(found)
+    show(found, totals)
+    emit({"benchmark": "kept_judge", "summary": totals, "groups": found})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Keeping one of several trainings by the labels' validation split: which one is kept, what it
+is worth against a training drawn at random, and a run's files gathered by the judge's folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.experiments.kept_judge import at_work_figures, collect, groups, judge_folder, summary
+
+
+def training(val: float, f1: float, seed: int) -> dict:
+    return {
+        "validation_balanced_accuracy": val,
+        "processbench_f1": f1,
+        "thresholded_f1": f1 + 10,
+        "training_seed": seed,
+    }
+
+
+def work(
+    judge: str, judge_right: list[bool], plain_right: list[bool], oracle_gain: float, majority: list[bool]
+) -> dict:
+    n = len(judge_right)
+    gain = 100.0 * (sum(judge_right) - sum(plain_right)) / n
+    return {
+        "judge": judge,
+        "chunk_reset": {
+            "judge": {"gain_over_plain": {"gain": gain, "ci": [gain - 5, gain + 5]}, "tokens_over_plain": 2.0},
+            "oracle": {"gain_over_plain": {"gain": oracle_gain, "ci": [0, 0]}},
+        },
+        "best_of_n": [
+            {"n": 1, "outcomes": {"majority": plain_right, "judge P(Positive)": plain_right}},
+            {"n": 4, "outcomes": {"majority": majority, "judge P(Positive)": judge_right}},
+        ],
+    }
+
+
+def test_the_validation_split_keeps_a_training_and_the_summary_weighs_it_against_a_random_draw() -> None:
+    saved = {
+        "runs": [
+            {"seed": 0, "cell": "a/b", "label_trainings": [training(70.0, 40.0, 0), training(75.0, 60.0, 1000)]},
+            {"seed": 1, "cell": "a/b", "label_trainings": [training(74.0, 50.0, 1), training(73.0, 80.0, 1001)]},
+            {"seed": 2, "cell": "a/b", "label": training(70.0, 1.0, 2)},  # one training: nothing to keep
+        ]
+    }
+    found = groups(saved)
+    assert [(g["seed"], g["kept"]) for g in found] == [(0, 1), (1, 0)]
+    f1 = summary(found)["processbench_f1"]
+    assert f1["kept_mean"] == pytest.approx(55.0)  # (60 + 50) / 2
+    assert f1["kept_min"] == 50.0
+    assert f1["all_mean"] == pytest.approx(57.5)  # (50 + 65) / 2: a training drawn at random, group by group
+    assert f1["all_min"] == 40.0
+    assert f1["kept_is_best"] == 1  # seed 1's kept training is not its best on the held-out file
+    assert "share" not in summary(found)  # no training was put to work
+
+
+def test_at_work_the_share_is_of_the_oracles_gain_and_best_of_n_is_paired_against_majority() -> None:
+    judge = [True, True, True, False]
+    plain = [False, True, False, False]
+    figures = at_work_figures(work("x", judge, plain, oracle_gain=100.0, majority=[False, True, True, False]))
+    assert figures["gain"] == pytest.approx(50.0)
+    assert figures["share"] == pytest.approx(0.5)
+    assert list(figures["best_of_n_over_majority"]) == ["4"]  # N = 1 has nothing to choose
+    assert figures["best_of_n_over_majority"]["4"]["gain"] == pytest.approx(25.0)  # one problem of four
+
+
+def test_a_runs_files_are_gathered_by_the_judges_folder(tmp_path: Path) -> None:
+    run = {"seed": 3, "cell": "spelled/first-dead/2/2000/8/abs-q/medium"}
+    run["label_trainings"] = [training(66.0, 40.0, 3), training(75.0, 60.0, 1003)]
+    run["label"] = run["label_trainings"][0]
+    (tmp_path / "seed3.jsonl").write_text(json.dumps(run) + "\n")
+    assert judge_folder(run, 1) == "seed3-spelled_first-dead_2_2000_8_abs-q_medium-label-t1"
+    logs = []
+    for k, right in enumerate(([True, False], [True, True])):
+        log = tmp_path / f"work{k}.log"
+        result = work(f"/runs/{judge_folder(run, k)}", right, [False, False], oracle_gain=100.0, majority=[True, False])
+        log.write_text("a table first\n" + json.dumps(result) + "\n")
+        logs.append(log)
+    saved = collect([tmp_path / "seed3.jsonl"], list(reversed(logs)))
+    (found,) = groups(saved)
+    assert found["kept"] == 1
+    assert [r["at_work"]["share"] for r in found["trainings"]] == pytest.approx([0.5, 1.0])
+    share = summary([found])["share"]
+    assert (share["kept_mean"], share["all_mean"], share["all_min"]) == pytest.approx((1.0, 0.75, 0.5))
