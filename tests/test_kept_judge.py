@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.experiments.kept_judge import at_work_figures, collect, groups, judge_folder, summary
+from bench.experiments.kept_judge import at_work_figures, collect, groups, run_folder, summary
 
 
 def training(val: float, f1: float, seed: int) -> dict:
@@ -72,11 +72,11 @@ def test_a_runs_files_are_gathered_by_the_judges_folder(tmp_path: Path) -> None:
     run["label_trainings"] = [training(66.0, 40.0, 3), training(75.0, 60.0, 1003)]
     run["label"] = run["label_trainings"][0]
     (tmp_path / "seed3.jsonl").write_text(json.dumps(run) + "\n")
-    assert judge_folder(run, 1) == "seed3-spelled_first-dead_2_2000_8_abs-q_medium-label-t1"
+    assert run_folder(run, 1) == "seed3-spelled_first-dead_2_2000_8_abs-q_medium-label-t1"
     logs = []
     for k, right in enumerate(([True, False], [True, True])):
         log = tmp_path / f"work{k}.log"
-        result = work(f"/runs/{judge_folder(run, k)}", right, [False, False], oracle_gain=100.0, majority=[True, False])
+        result = work(f"/runs/{run_folder(run, k)}", right, [False, False], oracle_gain=100.0, majority=[True, False])
         log.write_text("a table first\n" + json.dumps(result) + "\n")
         logs.append(log)
     saved = collect([tmp_path / "seed3.jsonl"], list(reversed(logs)))

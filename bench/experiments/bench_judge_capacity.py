@@ -338,8 +338,7 @@ def run_cell(
         trainings = []
         for k in range(args.trainings):
             started = time.perf_counter()
-            sized = f"-rows{len(train)}" if train_rows is not None else ""
-            folder = models / (f"seed{seed}-{cell.name.replace('/', '_')}{sized}-{target}" + (f"-t{k}" if k else ""))
+            folder = models / judge_folder(seed, cell.name, target, k, len(train) if train_rows is not None else None)
             kept = kept_verdict(folder) if args.rescore else None
             judge, loss = kept or teach_verdict(
                 backbone, folder, train, target=target, analysis=cell.analysis, steps=args.steps,
@@ -378,6 +377,13 @@ def selected_training(trainings: list[dict[str, Any]]) -> int | None:
         (t["validation_balanced_accuracy"], -k) for k, t in enumerate(trainings) if "validation_balanced_accuracy" in t
     ]
     return -max(measured)[1] if measured else None
+
+
+def judge_folder(seed: int, cell: str, target: str, k: int = 0, rows: int | None = None) -> str:
+    """The folder ``--keep`` gives the k-th training of a cell's judge (``rows``: taught on that
+    many rows by ``--equal-rows``); ``kept_judge`` finds the trainings' at-work logs by it."""
+    sized = f"-rows{rows}" if rows is not None else ""
+    return f"seed{seed}-{cell.replace('/', '_')}{sized}-{target}" + (f"-t{k}" if k else "")
 
 
 def training_seed(seed: int, k: int) -> int:

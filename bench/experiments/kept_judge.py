@@ -29,14 +29,15 @@ from typing import Any
 
 from bench.common import emit, saved_result
 from bench.experiments.bench_judge_at_work import paired_gain
-from bench.experiments.bench_judge_capacity import selected_training, training_seed
+from bench.experiments.bench_judge_capacity import judge_folder, selected_training, training_seed
 
 TARGET = "label"
 
 
-def judge_folder(run: dict[str, Any], k: int, target: str = TARGET) -> str:
-    """The folder name ``bench_judge_capacity --keep`` gives the k-th training (unsized cells)."""
-    return f"seed{run['seed']}-{run['cell'].replace('/', '_')}-{target}" + (f"-t{k}" if k else "")
+def run_folder(run: dict[str, Any], k: int) -> str:
+    """The k-th training's folder, as ``bench_judge_capacity --keep`` named it (cells taught on
+    every row of their snapshot; an ``--equal-rows`` run names the rows too and is not matched)."""
+    return judge_folder(run["seed"], run["cell"], TARGET, k)
 
 
 def at_work_figures(work: dict[str, Any]) -> dict[str, Any]:
@@ -76,8 +77,8 @@ def groups(saved: dict[str, Any]) -> list[dict[str, Any]]:
                 "processbench_f1": t["processbench_f1"],
                 "thresholded_f1": t["thresholded_f1"],
             }
-            if judge_folder(run, k) in work:
-                row["at_work"] = at_work_figures(work[judge_folder(run, k)])
+            if run_folder(run, k) in work:
+                row["at_work"] = at_work_figures(work[run_folder(run, k)])
             rows.append(row)
         out.append({"seed": run["seed"], "cell": run["cell"], "kept": selected_training(trainings), "trainings": rows})
     return out
@@ -117,9 +118,10 @@ def show(found: list[dict[str, Any]], totals: dict[str, Any]) -> None:
         print(f"seed {g['seed']} {g['cell']}:")
         for k, r in enumerate(g["trainings"]):
             mark = "kept" if k == g["kept"] else ""
+            val = r["validation_balanced_accuracy"]
             line = (
                 f"  {mark:>4} #{k + 1} (training seed {r['training_seed']}): val bal acc "
-                f"{r['validation_balanced_accuracy'] or float('nan'):5.1f}, F1 {r['processbench_f1']:5.1f} / "
+                f"{float('nan') if val is None else val:5.1f}, F1 {r['processbench_f1']:5.1f} / "
                 f"{r['thresholded_f1']:5.1f}"
             )
             if "at_work" in r:
@@ -148,7 +150,7 @@ def collect(judges: list[Path], works: list[Path]) -> dict[str, Any]:
     by_folder = {Path(w["judge"]).name: w for w in (saved_result(p) for p in works)}
     seeds = []
     for run in runs:
-        folders = [judge_folder(run, k) for k in range(len(run.get(f"{TARGET}_trainings", [run[TARGET]])))]
+        folders = [run_folder(run, k) for k in range(len(run.get(f"{TARGET}_trainings", [run[TARGET]])))]
         seeds.append({"judge": run, "at_work": {f: by_folder[f] for f in folders if f in by_folder}})
     return {"benchmark": "kept_judge", "seeds": seeds}
 
