@@ -15,6 +15,7 @@ import pytest
 from bench.experiments.bench_judge_capacity import (
     Cell,
     equal_rows,
+    joined_runs,
     prepare,
     selected_training,
     spread,
@@ -157,6 +158,44 @@ def test_repeated_trainings_differ_in_their_seed_alone_and_report_their_spread()
     assert f1["sd"] == pytest.approx(10.066, abs=1e-3)  # sqrt(((10.667)^2 + (9.333)^2 + (1.333)^2) / 2)
     assert (f1["min"], f1["max"]) == (69.8, 89.8)
     assert spread(trainings)["step_accuracy"]["sd"] == pytest.approx(2.0)
+
+
+def capacity_run(seed: int, trainings: list[dict], **data: object) -> dict:
+    run = {"seed": seed, "cell": "a/b", "train_rows": 100, "snapshot_rows": 300, "backbone_drill_accuracy": 91.0}
+    run.update(data)
+    return {**run, "label": trainings[0], **({"label_trainings": trainings} if len(trainings) > 1 else {})}
+
+
+def test_runs_that_taught_different_trainings_join_into_one_line_and_refuse_a_training_taught_twice() -> None:
+    """--skip-trainings' run of the third training joins the run of the first two: the trainings
+    in order of their seed, the spread and the kept one over all three; other data are refused."""
+    first = [
+        {"training_seed": 0, "processbench_f1": 60.0, "thresholded_f1": 80.0, "step_accuracy": 80.0,
+         "validation_balanced_accuracy": 70.0},
+        {"training_seed": 1000, "processbench_f1": 66.0, "thresholded_f1": 90.0, "step_accuracy": 85.0,
+         "validation_balanced_accuracy": 72.0},
+    ]  # fmt: skip
+    third = {"training": 2, "training_seed": 2000, "processbench_f1": 90.0, "thresholded_f1": 96.0,
+             "step_accuracy": 97.0, "validation_balanced_accuracy": 75.0}  # fmt: skip
+    other_seed = capacity_run(1, [{**third, "training_seed": 2001}])
+    (joined, alone) = joined_runs([capacity_run(0, [third]), other_seed, capacity_run(0, first)])
+    assert [t["training_seed"] for t in joined["label_trainings"]] == [0, 1000, 2000]
+    assert joined["label"]["training_seed"] == 0  # the first training stays the run's headline figure
+    assert joined["label_spread"]["processbench_f1"]["mean"] == pytest.approx(72.0)
+    assert joined["label_selected"] == 2  # the third, by its validation accuracy
+    assert alone == other_seed and "label_spread" not in alone  # one training of seed 1: nothing joined
+    with pytest.raises(ValueError, match="training seeds \\[1000\\]"):
+        joined_runs([capacity_run(0, first), capacity_run(0, [first[1]])])
+    with pytest.raises(ValueError, match="backbone_drill_accuracy"):
+        joined_runs([capacity_run(0, first), capacity_run(0, [third], backbone_drill_accuracy=93.0)])
+
+
+def test_skipping_every_training_is_refused() -> None:
+    from bench.experiments.bench_judge_capacity import parser, run
+
+    for argv in (["--trainings", "2", "--skip-trainings", "2"], ["--skip-trainings", "-1"]):
+        with pytest.raises(SystemExit, match="leaves none"):
+            run(parser().parse_args(argv))
 
 
 def test_the_kept_training_is_chosen_by_the_labels_validation_split_alone() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.experiments.kept_judge import at_work_figures, collect, groups, run_folder, summary
+from bench.experiments.kept_judge import at_work_figures, by_cell, collect, groups, paired, run_folder, summary
 
 
 def training(val: float, f1: float, seed: int) -> dict:
@@ -85,3 +85,37 @@ def test_a_runs_files_are_gathered_by_the_judges_folder(tmp_path: Path) -> None:
     assert [r["at_work"]["share"] for r in found["trainings"]] == pytest.approx([0.5, 1.0])
     share = summary([found])["share"]
     assert (share["kept_mean"], share["all_mean"], share["all_min"]) == pytest.approx((1.0, 0.75, 0.5))
+
+
+def test_a_saved_files_trainings_and_a_later_runs_are_joined_then_pooled_by_cell_and_paired_by_training(
+    tmp_path: Path,
+) -> None:
+    """The rules' comparison: a saved file holds two trainings a seed and cell, a later run the
+    third; each cell's trainings pooled over seeds, and each cell paired against the first by
+    seed and training seed (a pair the first cell lacks is left out)."""
+
+    def run(seed: int, cell: str, trainings: list[dict]) -> dict:
+        out = {"seed": seed, "cell": cell, "train_rows": 10, "snapshot_rows": 10, "label": trainings[0]}
+        return {**out, "label_trainings": trainings} if len(trainings) > 1 else out
+
+    saved = {"runs": [run(0, "abs", [training(70.0, 40.0, 0), training(72.0, 50.0, 1000)]),
+                      run(0, "rel", [training(71.0, 60.0, 0), training(73.0, 45.0, 1000)])]}  # fmt: skip
+    (tmp_path / "saved.json").write_text(json.dumps(saved, indent=1))
+    later = [run(0, "abs", [{**training(74.0, 60.0, 2000), "training": 2}]),
+             run(0, "rel", [{**training(60.0, 90.0, 2000), "training": 2}]),
+             run(1, "rel", [training(60.0, 99.0, 1), training(61.0, 98.0, 1001)])]  # fmt: skip
+    (tmp_path / "t3.jsonl").write_text("".join(json.dumps(r) + "\n" for r in later))
+    found = groups(collect([tmp_path / "saved.json", tmp_path / "t3.jsonl"], []))
+    assert [(g["cell"], g["seed"], len(g["trainings"]), g["kept"]) for g in found] == [
+        ("abs", 0, 3, 2),
+        ("rel", 0, 3, 1),
+        ("rel", 1, 2, 1),
+    ]
+    cells = by_cell(found)
+    assert cells["abs"]["processbench_f1"]["mean"] == pytest.approx(50.0)  # (40 + 50 + 60) / 3
+    assert cells["abs"]["processbench_f1"]["sd"] == pytest.approx(10.0)
+    assert cells["rel"]["trainings"] == 5 and cells["rel"]["seeds"] == [0, 1]
+    assert (cells["rel"]["processbench_f1"]["min"], cells["rel"]["processbench_f1"]["max"]) == (45.0, 99.0)
+    rel = paired(found)["rel"]
+    assert rel["against"] == "abs" and rel["pairs"] == 3  # seed 1 has no abs to pair with
+    assert rel["processbench_f1"] == {"above": 2, "min": -5.0, "max": 30.0}  # +20, -5, +30

@@ -336,7 +336,7 @@ def run_cell(
     }  # fmt: skip
     for target in args.targets.split(","):
         trainings = []
-        for k in range(args.trainings):
+        for k in range(args.skip_trainings, args.trainings):
             started = time.perf_counter()
             folder = models / judge_folder(seed, cell.name, target, k, len(train) if train_rows is not None else None)
             kept = kept_verdict(folder) if args.rescore else None
@@ -354,6 +354,7 @@ def run_cell(
             trainings.append(
                 {
                     **figures,
+                    "training": k,
                     "training_seed": training_seed(seed, k),
                     "loss": loss,
                     "train_s": round(train_s),
@@ -361,8 +362,9 @@ def run_cell(
                 }
             )
         result[target] = trainings[0]
-        if len(trainings) > 1:
+        if args.trainings > 1:  # the list names every training by its seed, skipped ones absent
             result[f"{target}_trainings"] = trainings
+        if len(trainings) > 1:
             result[f"{target}_spread"] = spread(trainings)
             result[f"{target}_selected"] = selected_training(trainings)
     return result
@@ -392,6 +394,42 @@ def training_seed(seed: int, k: int) -> int:
     return seed + 1000 * k
 
 
+def joined_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The lines of runs that taught different trainings of one seed and cell (``--skip-trainings``)
+    as one line each: the trainings in order of their seed, the spread and the kept training taken
+    over all of them. Lines whose data differ (snapshot rows, rows taught, the backbone's drills)
+    are not the same setup and are refused, as is a training taught in two runs (its figures
+    would count twice)."""
+    joined: dict[tuple[int, str, int | None], dict[str, Any]] = {}
+    for run in runs:
+        key = (run["seed"], run["cell"], run.get("train_rows"))
+        if key not in joined:
+            joined[key] = json.loads(json.dumps(run))  # a copy: the caller's lines stay as read
+            continue
+        into = joined[key]
+        for name in ("snapshot_rows", "backbone_drill_accuracy", "label_truth_agreement"):
+            if into.get(name) != run.get(name):
+                raise ValueError(
+                    f"seed {key[0]} {key[1]}: {name} {into.get(name)} in one run, {run.get(name)} in another"
+                )
+        for target in (t for t in TARGETS if t in run):
+            ours = into.get(f"{target}_trainings", [into[target]])
+            theirs = run.get(f"{target}_trainings", [run[target]])
+            taught = {t["training_seed"] for t in ours}
+            twice = sorted(taught & {t["training_seed"] for t in theirs})
+            if twice:
+                raise ValueError(f"seed {key[0]} {key[1]} {target}: training seeds {twice} in two runs")
+            into[f"{target}_trainings"] = sorted(ours + theirs, key=lambda t: t["training_seed"])
+    for run in joined.values():
+        for target in (t for t in TARGETS if f"{t}_trainings" in run):
+            trainings = run[f"{target}_trainings"]
+            run[target] = trainings[0]
+            if len(trainings) > 1:
+                run[f"{target}_spread"] = spread(trainings)
+                run[f"{target}_selected"] = selected_training(trainings)
+    return list(joined.values())
+
+
 SPREAD_FIGURES = ("processbench_f1", "thresholded_f1", "step_accuracy")
 
 
@@ -400,7 +438,7 @@ def spread(trainings: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     on the same data: what training alone moves, which the per-problem intervals leave out
     (``kinds_...``: on the held-out file of errors a step alone does not show)."""
     out = {}
-    names = [(n, n, False) for n in SPREAD_FIGURES]
+    names = [(n, n, False) for n in SPREAD_FIGURES if all(n in t for t in trainings)]
     names += [(f"kinds_{n}", n, True) for n in SPREAD_FIGURES[:2] if all("kinds" in t for t in trainings)]
     for label, name, on_kinds in names:
         values = [(t["kinds"] if on_kinds else t)[name] for t in trainings]
@@ -430,7 +468,7 @@ def show(r: dict[str, Any]) -> None:
     for target in (t for t in TARGETS if t in r):
         several = f"{target}_trainings" in r
         for k, m in enumerate(r.get(f"{target}_trainings", [r[target]])):
-            show_training(f"{target}#{k + 1}" if several else target, m)
+            show_training(f"{target}#{m.get('training', k) + 1}" if several else target, m)
         if r.get(f"{target}_selected") is not None:
             print(f"  {target}: kept by the labels' validation split: #{r[f'{target}_selected'] + 1}", flush=True)
         if f"{target}_spread" in r:
@@ -504,6 +542,13 @@ def parser() -> argparse.ArgumentParser:
         "their spread is what training alone moves a figure.",
     )
     ap.add_argument(
+        "--skip-trainings",
+        type=int,
+        default=0,
+        help="Teach only the trainings after the first N of --trainings (an earlier run holds those; "
+        "kept_judge --collect joins the runs' lines).",
+    )
+    ap.add_argument(
         "--equal-rows",
         action="store_true",
         help="Teach every cell of a seed on as many rows as its smallest snapshot holds (drawn under the seed): "
@@ -530,6 +575,8 @@ def run(args: argparse.Namespace, device: Device = CPU, benchmark: str = "judge_
             args.cells = "none/first-dead/1/40/4,recompute/all/1/40/4"
     seeds = [int(s) for s in args.seeds.split(",")]
     cells = [Cell.parse(c) for c in args.cells.split(",")]
+    if not 0 <= args.skip_trainings < args.trainings:
+        raise SystemExit(f"--skip-trainings {args.skip_trainings}: leaves none of --trainings {args.trainings}")
     unknown = set(args.targets.split(",")) - set(TARGETS)
     if unknown:
         raise SystemExit(f"--targets: {', '.join(sorted(unknown))} not one of {', '.join(TARGETS)}")

@@ -15,6 +15,8 @@ over every group the kept trainings' figures beside the mean and the worst of al
     # a run's files gathered into one: bench_judge_capacity --trainings K --out's lines and the
     # bench_judge_at_work logs of its trainings (matched by the judge's folder)
     python -m bench.experiments.kept_judge --collect OUT.json --judges seed0.jsonl --work work0*.log
+    # a saved run's trainings and a later run's (--skip-trainings) joined, seed by seed and cell
+    python -m bench.experiments.kept_judge --collect OUT.json --judges docs/experiments/judge_rules.json seed*-t3.jsonl
 
 Prints a table and one JSON object (the summary) on its last line.
 """
@@ -29,7 +31,7 @@ from typing import Any
 
 from bench.common import emit, saved_result
 from bench.experiments.bench_judge_at_work import paired_gain
-from bench.experiments.bench_judge_capacity import judge_folder, selected_training, training_seed
+from bench.experiments.bench_judge_capacity import joined_runs, judge_folder, selected_training, training_seed
 
 TARGET = "label"
 
@@ -77,8 +79,11 @@ def groups(saved: dict[str, Any]) -> list[dict[str, Any]]:
                 "processbench_f1": t["processbench_f1"],
                 "thresholded_f1": t["thresholded_f1"],
             }
-            if run_folder(run, k) in work:
-                row["at_work"] = at_work_figures(work[run_folder(run, k)])
+            if "kinds" in t:  # the held-out file of errors a step alone does not show
+                row["kinds_processbench_f1"] = t["kinds"]["processbench_f1"]
+            folder = run_folder(run, t.get("training", k))
+            if folder in work:
+                row["at_work"] = at_work_figures(work[folder])
             rows.append(row)
         out.append({"seed": run["seed"], "cell": run["cell"], "kept": selected_training(trainings), "trainings": rows})
     return out
@@ -113,6 +118,49 @@ def summary(found: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def by_cell(found: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per cell, every training of every seed pooled: the mean, the standard deviation between
+    trainings, the least and the most of each held-out figure (what a recipe gives, seeds and
+    trainings together; the per-problem intervals are in the runs)."""
+    out: dict[str, dict[str, Any]] = {}
+    for cell in dict.fromkeys(g["cell"] for g in found):
+        rows = [r for g in found if g["cell"] == cell for r in g["trainings"]]
+        figures: dict[str, Any] = {
+            "trainings": len(rows),
+            "seeds": sorted({g["seed"] for g in found if g["cell"] == cell}),
+        }
+        for name in ("processbench_f1", "thresholded_f1", "kinds_processbench_f1"):
+            values = [r[name] for r in rows if name in r]
+            if len(values) == len(rows) > 1:
+                figures[name] = {
+                    "mean": statistics.mean(values),
+                    "sd": statistics.stdev(values),
+                    "min": min(values),
+                    "max": max(values),
+                }
+        out[cell] = figures
+    return out
+
+
+def paired(found: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each cell against the first cell read, training by training on the same seed and training
+    seed (the same backbone and held-out files): how many pairs it is above on, and the least and
+    most difference. Pairs one cell lacks are left out, not guessed."""
+    cells = list(dict.fromkeys(g["cell"] for g in found))
+    by_key = {(g["cell"], g["seed"], r["training_seed"]): r for g in found for r in g["trainings"]}
+    out: dict[str, dict[str, Any]] = {}
+    for cell in cells[1:]:
+        keys = [(s, t) for (c, s, t) in by_key if c == cell and (cells[0], s, t) in by_key]
+        if not keys:
+            continue
+        figures: dict[str, Any] = {"against": cells[0], "pairs": len(keys)}
+        for name in ("processbench_f1", "thresholded_f1"):
+            diffs = [by_key[(cell, *k)][name] - by_key[(cells[0], *k)][name] for k in keys]
+            figures[name] = {"above": sum(d > 0 for d in diffs), "min": min(diffs), "max": max(diffs)}
+        out[cell] = figures
+    return out
+
+
 def show(found: list[dict[str, Any]], totals: dict[str, Any]) -> None:
     for g in found:
         print(f"seed {g['seed']} {g['cell']}:")
@@ -135,8 +183,26 @@ def show(found: list[dict[str, Any]], totals: dict[str, Any]) -> None:
                     f"oracle's {w['oracle_gain']:+.1f} ({w['share']:.2f}), Best-of-N over majority {bon}"
                 )
             print(line)
+    for cell, figures in totals.get("by_cell", {}).items():
+        print(
+            f"{cell} over {figures['trainings']} trainings (seeds {','.join(map(str, figures['seeds']))}): "
+            + "; ".join(
+                f"{name} {v['mean']:.1f} (sd {v['sd']:.1f}, {v['min']:.1f}-{v['max']:.1f})"
+                for name, v in figures.items()
+                if isinstance(v, dict)
+            )
+        )
+    for cell, p in totals.get("paired", {}).items():
+        print(
+            f"{cell} against {p['against']}, paired over {p['pairs']} trainings: "
+            + "; ".join(
+                f"{name} above on {v['above']} ({v['min']:+.1f} to {v['max']:+.1f})"
+                for name, v in p.items()
+                if isinstance(v, dict)
+            )
+        )
     for name, s in totals.items():
-        if isinstance(s, dict):
+        if isinstance(s, dict) and name in FIGURES:
             print(
                 f"{name} over {s['groups']} groups: kept mean {s['kept_mean']:.2f} (worst {s['kept_min']:.2f}), "
                 f"a training drawn at random {s['all_mean']:.2f} (worst of all {s['all_min']:.2f}); "
@@ -144,13 +210,22 @@ def show(found: list[dict[str, Any]], totals: dict[str, Any]) -> None:
             )
 
 
+def judge_lines(path: Path) -> list[dict[str, Any]]:
+    """``bench_judge_capacity --out``'s lines, or the runs of a saved file (the docs' JSON)."""
+    if path.suffix == ".json":
+        return list(saved_result(path)["runs"])
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def collect(judges: list[Path], works: list[Path]) -> dict[str, Any]:
-    """A run's judges and the at-work results of their trainings, as one saved file."""
-    runs = [json.loads(line) for path in judges for line in path.read_text().splitlines() if line.strip()]
+    """A run's judges and the at-work results of their trainings, as one saved file; the lines of
+    runs that taught different trainings of one seed and cell joined (a saved file's runs too)."""
+    runs = joined_runs([run for path in judges for run in judge_lines(path)])
     by_folder = {Path(w["judge"]).name: w for w in (saved_result(p) for p in works)}
     seeds = []
     for run in runs:
-        folders = [run_folder(run, k) for k in range(len(run.get(f"{TARGET}_trainings", [run[TARGET]])))]
+        trainings = run.get(f"{TARGET}_trainings", [run[TARGET]])
+        folders = [run_folder(run, t.get("training", k)) for k, t in enumerate(trainings)]
         seeds.append({"judge": run, "at_work": {f: by_folder[f] for f in folders if f in by_folder}})
     return {"benchmark": "kept_judge", "seeds": seeds}
 
@@ -168,7 +243,7 @@ def main() -> None:
     if not args.saved:
         ap.error("name saved runs, or --collect OUT with --judges and --work")
     found = [g for path in args.saved for g in groups(saved_result(path))]
-    totals = summary(found)
+    totals = {**summary(found), "by_cell": by_cell(found), "paired": paired(found)}
     show(found, totals)
     emit({"benchmark": "kept_judge", "summary": totals, "groups": found})
 
