@@ -188,6 +188,11 @@ def test_runs_that_taught_different_trainings_join_into_one_line_and_refuse_a_tr
         joined_runs([capacity_run(0, first), capacity_run(0, [first[1]])])
     with pytest.raises(ValueError, match="backbone_drill_accuracy"):
         joined_runs([capacity_run(0, first), capacity_run(0, [third], backbone_drill_accuracy=93.0)])
+    # the same drills from another backbone (another processor's build): its hash tells them apart
+    hashed = capacity_run(0, first, backbone_sha256="aa")
+    with pytest.raises(ValueError, match="backbone_sha256"):
+        joined_runs([hashed, capacity_run(0, [third], backbone_sha256="bb")])
+    assert len(joined_runs([hashed, capacity_run(0, [third], backbone_sha256="aa")])[0]["label_trainings"]) == 3
 
 
 def test_skipping_every_training_is_refused() -> None:

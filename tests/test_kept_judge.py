@@ -116,6 +116,9 @@ def test_a_saved_files_trainings_and_a_later_runs_are_joined_then_pooled_by_cell
     assert cells["abs"]["processbench_f1"]["sd"] == pytest.approx(10.0)
     assert cells["rel"]["trainings"] == 5 and cells["rel"]["seeds"] == [0, 1]
     assert (cells["rel"]["processbench_f1"]["min"], cells["rel"]["processbench_f1"]["max"]) == (45.0, 99.0)
+    # the third training read alone (--skip-trainings' line lists it): a group with nothing to choose
+    alone = groups({"runs": [{**later[0], "label_trainings": [later[0]["label"]]}]})
+    assert len(alone) == 1 and "processbench_f1" not in summary(alone)
     rel = paired(found)["rel"]
     assert rel["against"] == "abs" and rel["pairs"] == 3  # seed 1 has no abs to pair with
     assert rel["processbench_f1"] == {"above": 2, "min": -5.0, "max": 30.0}  # +20, -5, +30

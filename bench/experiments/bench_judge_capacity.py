@@ -73,7 +73,7 @@ from bench.experiments.judge_capacity import (
 )
 from bench.experiments.judge_format import ANALYSES, DRILLED, row_local_truth, step_truth
 from bench.experiments.judge_heldout import write_processbench
-from bench.experiments.neural_policy import DEFAULT_CACHE, POLICIES, policy_model
+from bench.experiments.neural_policy import DEFAULT_CACHE, POLICIES, policy_model, processor_name, weights_sha256
 from bench.experiments.stats import random_guess_f1
 from stepq.workers.labelling.labels import RULES
 
@@ -333,6 +333,8 @@ def run_cell(
         "random_guess_f1": random_guess_f1(heldout, seed), "random_guess_f1_kinds": random_guess_f1(kinds[0], seed),
         "pretrain_s": round(pretrain_s),
         "backbone_drill_accuracy": drilled,
+        # the same command on another processor builds another backbone (the data stay the same)
+        "backbone_sha256": weights_sha256(backbone), "processor": processor_name(),
     }  # fmt: skip
     for target in args.targets.split(","):
         trainings = []
@@ -397,9 +399,9 @@ def training_seed(seed: int, k: int) -> int:
 def joined_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The lines of runs that taught different trainings of one seed and cell (``--skip-trainings``)
     as one line each: the trainings in order of their seed, the spread and the kept training taken
-    over all of them. Lines whose data differ (snapshot rows, rows taught, the backbone's drills)
-    are not the same setup and are refused, as is a training taught in two runs (its figures
-    would count twice)."""
+    over all of them. Lines whose data or backbone differ (snapshot rows, rows taught, the
+    backbone's hash, or its drills where a run has no hash) are not the same setup and are
+    refused, as is a training taught in two runs (its figures would count twice)."""
     joined: dict[tuple[int, str, int | None], dict[str, Any]] = {}
     for run in runs:
         key = (run["seed"], run["cell"], run.get("train_rows"))
@@ -407,7 +409,10 @@ def joined_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             joined[key] = json.loads(json.dumps(run))  # a copy: the caller's lines stay as read
             continue
         into = joined[key]
-        for name in ("snapshot_rows", "backbone_drill_accuracy", "label_truth_agreement"):
+        same = ["snapshot_rows", "backbone_drill_accuracy", "label_truth_agreement"]
+        if "backbone_sha256" in into and "backbone_sha256" in run:  # runs before it was recorded: the drills
+            same.append("backbone_sha256")
+        for name in same:
             if into.get(name) != run.get(name):
                 raise ValueError(
                     f"seed {key[0]} {key[1]}: {name} {into.get(name)} in one run, {run.get(name)} in another"

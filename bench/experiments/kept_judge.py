@@ -98,11 +98,15 @@ FIGURES = {
 
 def summary(found: list[dict[str, Any]]) -> dict[str, Any]:
     """Per figure, over the groups: the kept trainings' mean and worst against a training drawn
-    at random (the mean of each group's mean) and the worst of all (a group counts where every
-    training has the figure)."""
+    at random (the mean of each group's mean) and the worst of all (a group counts where it has
+    more than one training and every training has the figure)."""
     out: dict[str, Any] = {"groups": len(found)}
     for name, get in FIGURES.items():
-        usable = [g for g in found if g["kept"] is not None and all(get(r) is not None for r in g["trainings"])]
+        usable = [
+            g
+            for g in found
+            if len(g["trainings"]) > 1 and g["kept"] is not None and all(get(r) is not None for r in g["trainings"])
+        ]  # a group of one training has nothing to choose
         if not usable:
             continue
         kept = [get(g["trainings"][g["kept"]]) for g in usable]

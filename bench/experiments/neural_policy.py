@@ -24,6 +24,7 @@ import argparse
 import hashlib
 import json
 import os
+import platform
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -266,8 +267,6 @@ def _keep(
     path: Path, recipe: Recipe, model: Any, tokenizer: Any, history: list[tuple[int, int]], seconds: float
 ) -> Path:
     """Save a recipe's weights as they are at this check, with the record that identifies them."""
-    import platform
-
     import tokenizers
     import torch
     import transformers
@@ -287,7 +286,7 @@ def _keep(
         "libraries": {m.__name__: m.__version__ for m in (torch, transformers, tokenizers)},
         "torch_threads": torch.get_num_threads(),
         "device": torch.cuda.get_device_name(on) if on.type == "cuda" else "cpu",
-        "processor": _processor() or platform.processor(),
+        "processor": processor_name(),
     }
     (path / RECORD).write_text(json.dumps(record, indent=1))
     print(f"neural policy: kept {recipe.key} at step {step} ({right}/{CHECK_PROBLEMS}) in {path}", flush=True)
@@ -416,15 +415,16 @@ def _band(recipe: Recipe) -> str:
     return f"{recipe.band[0]:.0%}-{recipe.band[1]:.0%}"
 
 
-def _processor() -> str | None:
-    """The CPU's model name (Linux), which decides the float kernels a build runs on."""
+def processor_name() -> str:
+    """The CPU's model name (Linux's, else the platform's), which decides the float kernels a
+    build runs on: the same recipe built on another processor gives other weights."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return None
+    return platform.processor()
 
 
 def trace(recipe: Recipe, workdir: Path, device: str | None = None, emit: Callable[[str], None] = print) -> None:
