@@ -267,7 +267,7 @@ def test_the_gpu_script_says_when_there_is_no_gpu() -> None:
 
 
 @pytest.mark.slow
-def test_a_kept_judge_is_scored_again_without_teaching(tmp_path: Path) -> None:
+def test_a_kept_judge_is_scored_again_without_teaching(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--rescore takes the judge an earlier run taught, with its loss, and refuses a folder
     whose run never finished (it is taught again instead); the judge at work finds the model in
     the kept folder."""
@@ -286,6 +286,8 @@ def test_a_kept_judge_is_scored_again_without_teaching(tmp_path: Path) -> None:
         backbone, out, rows, target="label", analysis="none", steps=4, batch=2, lr=1e-3, seed=0
     )  # fmt: skip
     assert kept_verdict(out) == (model, loss) and (model / "config.json").exists()
+    monkeypatch.chdir(tmp_path)  # --keep given as a relative path: the run recorded the absolute one
+    assert kept_verdict(Path("judge"))[1] == loss
     # put to work (judge_own_policy --judge FOLDER): the taught model with the settings its run saved
     verdicts = load_judge(out, max_tokens=8).judge.judge([StepItem(PROBLEM, (), RIGHT)])
     assert len(verdicts) == 1 and verdicts[0] in (True, False, None)

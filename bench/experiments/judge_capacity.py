@@ -158,7 +158,7 @@ def kept_verdict(out: Path) -> tuple[Path, float] | None:
     db = Database(f"sqlite:///{out / 'runs.db'}")
     try:
         with db.session() as session:
-            run = queries.run_by_output(session, str(out / "sft"))
+            run = queries.run_by_output(session, str((out / "sft").resolve()))  # as the run recorded it
             logged = queries.run_metrics(session, run.id) if run else []
     finally:
         db.dispose()
