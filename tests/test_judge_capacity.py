@@ -346,15 +346,18 @@ def test_a_neural_policy_cell_is_taught_that_policys_own_samples(tmp_path: Path)
     """The neural branch samples the trajectories from the policy and rolls out with it (the hf
     backend), not the synthetic policy: a 200-step build writes the format without the
     arithmetic, so the checker cannot read most of its steps, where it reads every step the
-    synthetic policy writes; such a step is taught as wrong, never dropped or crashed on."""
+    synthetic policy writes; such a step is taught as wrong, never dropped or crashed on. The
+    neural cell's rows are kept unbalanced: whether a 0/100 build answers any rollout right by
+    chance depends on the processor, and with none balancing would leave no row to read."""
     from bench.experiments.bench_judge_capacity import parser, policy_dir, prepare_labels
     from stepq.workers.backends.synthetic_policy import step_is_right
 
     args = parser().parse_args(["--quick"])
     for text in ("none/all/1/12/2/abs-q/medium", "none/all/1/12/2"):
         cell = Cell.parse(text)
-        info = prepare_labels(tmp_path / "seed0", 0, [cell], 0.05, policy_dir(cell.policy, args, tmp_path))
         neural = cell.policy == "medium"
+        where = policy_dir(cell.policy, args, tmp_path)
+        info = prepare_labels(tmp_path / "seed0", 0, [cell], 0.05, where, balanced=not neural)
         assert ("sample_s" in info) == neural
         rows = [r for name in ("train", "validation") for r in _rows(tmp_path / "seed0" / cell.data_key / name)]
         unreadable = [r for r in rows if step_is_right(r["problem"], r["history"], r["chunk"]) is None]

@@ -155,7 +155,12 @@ def _load(path: Path) -> Any:
 
 
 def prepare_labels(
-    where: Path, seed: int, cells: list[Cell], recovery_rate: float, policy_dir: Path | None = None
+    where: Path,
+    seed: int,
+    cells: list[Cell],
+    recovery_rate: float,
+    policy_dir: Path | None = None,
+    balanced: bool = True,
 ) -> dict[str, Any]:
     """Annotate one set through the real task code (SQLite, in process) and write each cell's
     snapshot rows (``where / cell.data_key``), each with its Monte Carlo label and its synthetic
@@ -163,7 +168,8 @@ def prepare_labels(
     as ``stepq run --rule`` plans it (the stored rollouts reused, only what that rule still needs
     sampled), Abs-Q first.  ``policy_dir``: the cells' neural policy, whose own samples are the
     trajectories and whose continuations the rollouts (``stepq generate`` and the hf backend),
-    instead of the synthetic policy's."""
+    instead of the synthetic policy's.  ``balanced=False`` keeps every labelled row (a policy
+    that never answers right labels every step Negative, which balancing empties)."""
     from stepq.embedded import annotate_in_process
     from stepq.migrations import upgrade
     from stepq.models import Database
@@ -205,7 +211,12 @@ def prepare_labels(
             info[f"annotate_s_{rule}"] = round(time.perf_counter() - started, 1)
             for cell in {c.data_key: c for c in cells if c.rule == rule}.values():
                 spec = SnapshotSpec(
-                    ("judge",), rule, val_fraction=0.2, seed=seed, until_first_error=cell.form == "first-dead"
+                    ("judge",),
+                    rule,
+                    val_fraction=0.2,
+                    seed=seed,
+                    balanced=balanced,
+                    until_first_error=cell.form == "first-dead",
                 )
                 records = snapshot_records(db, create_snapshot(db, spec))
                 out = where / cell.data_key
