@@ -165,6 +165,11 @@ def paired(found: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def each_figure(figures: dict[str, Any], shown: Any) -> str:
+    """The named figures of a summary (its dict-valued entries), each as ``shown`` writes it."""
+    return "; ".join(f"{name} {shown(v)}" for name, v in figures.items() if isinstance(v, dict))
+
+
 def show(found: list[dict[str, Any]], totals: dict[str, Any]) -> None:
     for g in found:
         print(f"seed {g['seed']} {g['cell']}:")
@@ -188,23 +193,12 @@ def show(found: list[dict[str, Any]], totals: dict[str, Any]) -> None:
                 )
             print(line)
     for cell, figures in totals.get("by_cell", {}).items():
-        print(
-            f"{cell} over {figures['trainings']} trainings (seeds {','.join(map(str, figures['seeds']))}): "
-            + "; ".join(
-                f"{name} {v['mean']:.1f} (sd {v['sd']:.1f}, {v['min']:.1f}-{v['max']:.1f})"
-                for name, v in figures.items()
-                if isinstance(v, dict)
-            )
-        )
+        seeds = ",".join(map(str, figures["seeds"]))
+        each = each_figure(figures, lambda v: f"{v['mean']:.1f} (sd {v['sd']:.1f}, {v['min']:.1f}-{v['max']:.1f})")
+        print(f"{cell} over {figures['trainings']} trainings (seeds {seeds}): {each}")
     for cell, p in totals.get("paired", {}).items():
-        print(
-            f"{cell} against {p['against']}, paired over {p['pairs']} trainings: "
-            + "; ".join(
-                f"{name} above on {v['above']} ({v['min']:+.1f} to {v['max']:+.1f})"
-                for name, v in p.items()
-                if isinstance(v, dict)
-            )
-        )
+        each = each_figure(p, lambda v: f"above on {v['above']} ({v['min']:+.1f} to {v['max']:+.1f})")
+        print(f"{cell} against {p['against']}, paired over {p['pairs']} trainings: {each}")
     for name, s in totals.items():
         if isinstance(s, dict) and name in FIGURES:
             print(
