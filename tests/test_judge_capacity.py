@@ -373,3 +373,23 @@ def _rows(stem: Path) -> list[dict]:
 
     with gzip.open(stem.with_name(stem.name + ".json.gz"), "rt") as f:
         return json.load(f)
+
+
+def test_a_later_runs_trainings_are_numbered_by_their_index_not_their_place(capsys: pytest.CaptureFixture) -> None:
+    """--skip-trainings 1 --trainings 3 teaches trainings #2 and #3: the printout and the kept
+    one name them so, not #1 and #2."""
+    from bench.experiments.bench_judge_capacity import show
+
+    def taught(k: int, val: float) -> dict:
+        figures = {name: 50.0 for name in ("processbench_f1", "thresholded_f1", "step_accuracy")}
+        cis = {f"{name}_ci": [40.0, 60.0] for name in figures}
+        return {**figures, **cis, "training": k, "training_seed": 1000 * k, "validation_balanced_accuracy": val,
+                "no_verdict": 0, "train_s": 1, "eval_s": 1}  # fmt: skip
+
+    trainings = [taught(1, 70.0), taught(2, 75.0)]
+    run = capacity_run(0, trainings, positive_share=0.5, label_truth_agreement=0.9, random_guess_f1=16.0)
+    run["label_selected"] = selected_training(trainings)
+    show(run)
+    out = capsys.readouterr().out
+    assert "taught label#2" in out and "taught label#3" in out and "label#1" not in out
+    assert "kept by the labels' validation split: #3" in out

@@ -485,8 +485,10 @@ def show(r: dict[str, Any]) -> None:
         several = f"{target}_trainings" in r
         for k, m in enumerate(r.get(f"{target}_trainings", [r[target]])):
             show_training(f"{target}#{m.get('training', k) + 1}" if several else target, m)
-        if r.get(f"{target}_selected") is not None:
-            print(f"  {target}: kept by the labels' validation split: #{r[f'{target}_selected'] + 1}", flush=True)
+        if r.get(f"{target}_selected") is not None:  # a position in the list; a skipped run's starts later
+            kept = r[f"{target}_selected"]
+            number = r[f"{target}_trainings"][kept].get("training", kept) + 1
+            print(f"  {target}: kept by the labels' validation split: #{number}", flush=True)
         if f"{target}_spread" in r:
             print(
                 f"  {target} over {len(r[f'{target}_trainings'])} trainings: "
