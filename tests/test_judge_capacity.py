@@ -12,16 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.experiments.bench_judge_capacity import (
-    Cell,
-    equal_rows,
-    joined_runs,
-    prepare,
-    selected_training,
-    spread,
-    take_rows,
-    training_seed,
-)
+from bench.experiments.bench_judge_capacity import Cell, equal_rows, prepare, take_rows
 from bench.experiments.judge_capacity import answer_room, verdict_examples
 from bench.experiments.judge_format import (
     chained_analysis,
@@ -35,6 +26,7 @@ from bench.experiments.judge_format import (
     step_local_truth,
     step_truth,
 )
+from bench.experiments.judge_trainings import joined_runs, selected_training, spread, training_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEM = "Start with 45. Subtract 7. Add 3. What is the result?"

@@ -31,7 +31,7 @@ from typing import Any
 
 from bench.common import emit, saved_result
 from bench.experiments.bench_judge_at_work import paired_gain
-from bench.experiments.bench_judge_capacity import joined_runs, judge_folder, selected_training, training_seed
+from bench.experiments.judge_trainings import figure_spread, joined_runs, judge_folder, selected_training, training_seed
 
 TARGET = "label"
 
@@ -136,12 +136,7 @@ def by_cell(found: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for name in ("processbench_f1", "thresholded_f1", "kinds_processbench_f1"):
             values = [r[name] for r in rows if name in r]
             if len(values) == len(rows) > 1:
-                figures[name] = {
-                    "mean": statistics.mean(values),
-                    "sd": statistics.stdev(values),
-                    "min": min(values),
-                    "max": max(values),
-                }
+                figures[name] = figure_spread(values)
         out[cell] = figures
     return out
 
