@@ -59,6 +59,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.experiments.judge_backbone import BackboneRecipe, built_backbone
 from bench.experiments.judge_capacity import (
     CPU,
     TARGETS,
@@ -67,13 +68,12 @@ from bench.experiments.judge_capacity import (
     drill_accuracy,
     evaluate_capacity,
     kept_verdict,
-    pretrain_backbone,
     teach_verdict,
 )
 from bench.experiments.judge_format import ANALYSES, DRILLED, row_local_truth, step_truth
 from bench.experiments.judge_heldout import write_processbench
 from bench.experiments.judge_trainings import judge_folder, selected_training, spread, training_seed
-from bench.experiments.neural_policy import DEFAULT_CACHE, POLICIES, policy_model, processor_name, weights_sha256
+from bench.experiments.neural_policy import DEFAULT_CACHE, POLICIES, policy_model, processor_name
 from bench.experiments.stats import random_guess_f1
 from stepq.workers.labelling.labels import RULES
 
@@ -321,17 +321,21 @@ def run_cell(
     kinds = [json.loads((where / f"{name}-kinds.json").read_text()) for name in ("heldout", "tune")]
     # as many drill documents as solutions, for the analyses in the drills' spelling
     drills = args.pretrain_problems if cell.analysis in DRILLED else 0
-    backbone = models / (f"seed{seed}-layers{cell.layers}" + ("-drills" if drills else ""))
-    pretrain_s = 0.0
-    if not (backbone / "config.json").exists():
-        started = time.perf_counter()
-        loss = pretrain_backbone(
-            backbone, seed, layers=cell.layers, width=args.width, problems=args.pretrain_problems,
-            steps=args.pretrain_steps, numbers="small", batch=args.batch, device=device, drills=drills,
-        )  # fmt: skip
-        pretrain_s = time.perf_counter() - started
-        print(f"  backbone seed {seed}, {cell.layers} layers: loss {loss:.3f}, {pretrain_s:.0f} s", flush=True)
-    drilled = drill_accuracy(backbone, seed, device=device) if drills else None
+    recipe = BackboneRecipe(
+        seed, cell.layers, args.width, args.pretrain_problems, args.pretrain_steps, "small", batch=args.batch,
+        drills=drills, drill_floor=args.drill_floor if drills else 0.0, threads=args.backbone_threads,
+    )  # fmt: skip
+    backbone = models / recipe.folder_name()
+    fresh = not (backbone / "config.json").exists()
+    started = time.perf_counter()
+    record = built_backbone(backbone, recipe, device)  # built here, or verified against its record
+    pretrain_s = time.perf_counter() - started if fresh else 0.0
+    if fresh:
+        print(f"  backbone seed {seed}, {cell.layers} layers: {record['steps']} steps, loss {record['loss']:.3f}, "
+              f"{pretrain_s:.0f} s", flush=True)  # fmt: skip
+    drilled = None
+    if drills:  # a recorded build's last drills, under its numerics; a folder without a record is measured
+        drilled = record["drills"][-1][1] if record["drills"] else drill_accuracy(backbone, seed, device=device)
     max_new = answer_room(train, cell.analysis)
     result: dict[str, Any] = {
         "seed": seed, "cell": cell.name, **asdict(cell), "snapshot_rows": len(snapshot), "train_rows": len(train),
@@ -344,8 +348,10 @@ def run_cell(
         "random_guess_f1": random_guess_f1(heldout, seed), "random_guess_f1_kinds": random_guess_f1(kinds[0], seed),
         "pretrain_s": round(pretrain_s),
         "backbone_drill_accuracy": drilled,
+        "backbone_steps": record["steps"], "backbone_drills": record["drills"],
         # the same command on another processor builds another backbone (the data stay the same)
-        "backbone_sha256": weights_sha256(backbone), "processor": processor_name(),
+        "backbone_sha256": record["weights_sha256"], "backbone_processor": record["processor"],
+        "processor": processor_name(),
     }  # fmt: skip
     for target in args.targets.split(","):
         trainings = []
@@ -459,6 +465,16 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--pretrain-problems", type=int, default=2000)
     ap.add_argument("--pretrain-steps", type=int, default=3000)
+    ap.add_argument(
+        "--drill-floor", type=float, default=0.0,
+        help="Pretrain the backbone on (up to 3 rounds of 1,000 steps) until it computes this share (percent) of its "
+        "drills; 0: the first 3,000-step build (analyses without drills ignore it). A deviation from the runs "
+        "documented before 2026-12-03, named in their folder (-floorN).",
+    )  # fmt: skip
+    ap.add_argument(
+        "--backbone-threads", type=int, default=1,
+        help="torch's CPU threads while a backbone is built, whatever OMP_NUM_THREADS (the weights depend on it).",
+    )  # fmt: skip
     ap.add_argument("--steps", type=int, default=3000, help="Cross-entropy steps teaching the verdict.")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-3)

@@ -83,10 +83,18 @@ def pretrain_backbone(
     so it computes the steps it will judge, and on ``drills`` documents of arithmetic drills in
     the compact analysis's spelling (8 lines each), mixed in.  Returns the last loss."""
     from stepq.trainer.tiny_model import build_tiny_llama
+
+    build_tiny_llama(path, seed=seed, max_positions=1024, hidden_size=width, num_layers=layers)
+    solutions = backbone_texts(seed, problems, numbers, drills)
+    return lm_train(path, solutions, steps, batch, 1e-3, seed, device=device, log_every=1000)
+
+
+def backbone_texts(seed: int, problems: int, numbers: str, drills: int) -> list[tuple[str, str]]:
+    """The pretraining documents: ``problems`` correct solutions and ``drills`` drill
+    documents, shuffled under ``seed``."""
     from stepq.workers.backends.synthetic_policy import SyntheticPolicy, make_problem
     from stepq.workers.data.synthetic_set import NUMBERS
 
-    build_tiny_llama(path, seed=seed, max_positions=1024, hidden_size=width, num_layers=layers)
     policy = SyntheticPolicy(error_rate=0.0, recovery_rate=0.0)
     solutions = []
     for i in range(problems):
@@ -95,7 +103,7 @@ def pretrain_backbone(
     rng = random.Random(derive_seed("judge-drills", seed))
     solutions += [("Drill:\n", drill_lines(rng, 8)) for _ in range(drills)]
     random.Random(seed).shuffle(solutions)
-    return lm_train(path, solutions, steps, batch, 1e-3, seed, device=device, log_every=1000)
+    return solutions
 
 
 def drill_accuracy(path: Path, seed: int, count: int = 300, device: Device = CPU) -> float:
