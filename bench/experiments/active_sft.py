@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.experiments.judge_capacity import CPU, Device, pretrain_backbone, sft_recipe, verdict_examples
+from bench.experiments.judge_backbone import BackboneRecipe, built_backbone
+from bench.experiments.judge_capacity import CPU, Device, sft_recipe, verdict_examples
 from stepq.models import Database
 
 ANALYSIS = "spelled"
@@ -50,11 +51,11 @@ class SFTSettings:
 def build_backbone(root: Path, settings: SFTSettings, seed: int, device: Device = CPU) -> Path:
     """The seed's backbone, pretrained on correct solutions and the spelling's drills, once."""
     base = root / f"sft-base-w{settings.width}-l{settings.layers}"
-    if not (base / "config.json").is_file():
-        pretrain_backbone(
-            base, seed, layers=settings.layers, width=settings.width, problems=settings.pretrain_problems,
-            steps=settings.pretrain_steps, numbers="small", device=device, drills=settings.pretrain_problems,
-        )  # fmt: skip
+    recipe = BackboneRecipe(
+        seed, settings.layers, settings.width, settings.pretrain_problems, settings.pretrain_steps, "small",
+        drills=settings.pretrain_problems,
+    )  # fmt: skip
+    built_backbone(base, recipe, device)  # or verified against its record
     return base
 
 

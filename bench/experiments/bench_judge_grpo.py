@@ -50,7 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import emit
-from bench.experiments.judge_capacity import lm_train, pretrain_backbone
+from bench.experiments.judge_backbone import BackboneRecipe, built_backbone
+from bench.experiments.judge_capacity import lm_train
 from bench.experiments.judge_format import ANALYSES, DRILLED, JUDGE_TEMPLATE, judge_answer
 from bench.experiments.judge_grpo_eval import evaluate, evaluate_kept, kept_seed, outcome_prm
 from bench.experiments.judge_heldout import write_processbench
@@ -76,10 +77,11 @@ def base_judge(root: Path, train_rows: Sequence[dict[str, Any]], args: argparse.
         if args.backbone != "llama":
             raise SystemExit(f"--analysis {args.analysis} needs the llama backbone")
         base = root / "base"
-        loss = pretrain_backbone(
-            base, seed, layers=args.layers, width=args.width, problems=args.pretrain_problems,
-            steps=args.pretrain_steps, numbers=args.numbers, drills=args.pretrain_problems,
+        recipe = BackboneRecipe(
+            seed, args.layers, args.width, args.pretrain_problems, args.pretrain_steps, args.numbers,
+            drills=args.pretrain_problems,
         )  # fmt: skip
+        loss = built_backbone(base, recipe)["loss"]
         return _format_stage(root, base, loss, train_rows, args, seed)
     if args.backbone == "llama":
         base = build_tiny_llama(

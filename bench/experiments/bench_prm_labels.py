@@ -46,7 +46,7 @@ from typing import Any
 
 from bench.common import emit, saved_result
 from bench.experiments.bench_prm import Step, step_auc
-from bench.experiments.judge_capacity import pretrain_backbone
+from bench.experiments.judge_backbone import BackboneRecipe, built_backbone
 from bench.experiments.judge_grpo_eval import prm_recipe
 from bench.experiments.judge_heldout import write_processbench
 from bench.experiments.lm_training import Device
@@ -83,10 +83,8 @@ def prepare(seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     write_processbench(root / "heldout.json", args.heldout, seed, truth_policy, seen, "small")
     write_processbench(root / "tune.json", args.heldout // 2, seed + 1000, truth_policy, seen, "small")
     backbone = root / "backbone"
-    loss = pretrain_backbone(
-        backbone, seed, layers=args.layers, width=args.width, problems=args.pretrain_problems,
-        steps=args.pretrain_steps, numbers="small", device=Device(args.device),
-    )  # fmt: skip
+    recipe = BackboneRecipe(seed, args.layers, args.width, args.pretrain_problems, args.pretrain_steps, "small")
+    loss = built_backbone(backbone, recipe, Device(args.device))["loss"]
     db.engine.dispose()
     (root / PREPARED).write_text(json.dumps({"pretrain_loss": loss, "prepare_s": round(time.perf_counter() - started)}))
     return load_prepared(root)

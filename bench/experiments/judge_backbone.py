@@ -108,7 +108,14 @@ def verified_backbone(path: Path, recipe: BackboneRecipe) -> dict[str, Any]:
     digest = weights_sha256(path)
     if not (path / RECORD).exists():
         print(f"  backbone {path.name}: no record (built before records were kept), weights {digest[:12]}")
-        return {"recipe": None, "steps": None, "drills": [], "weights_sha256": digest, "processor": None}
+        return {
+            "recipe": None,
+            "steps": None,
+            "loss": float("nan"),
+            "drills": [],
+            "weights_sha256": digest,
+            "processor": None,
+        }
     record: dict[str, Any] = json.loads((path / RECORD).read_text())
     if digest != record["weights_sha256"]:
         raise BackboneRefused(
