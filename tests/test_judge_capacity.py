@@ -334,6 +334,7 @@ def test_a_cell_names_the_policy_whose_labels_it_teaches() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # a 200-step build and an hf annotation: 190-230 s on 2 cores, past 300 when they are shared
 def test_a_neural_policy_cell_is_taught_that_policys_own_samples(tmp_path: Path) -> None:
     """The neural branch samples the trajectories from the policy and rolls out with it (the hf
     backend), not the synthetic policy: a 200-step build writes the format without the

@@ -29,7 +29,8 @@ file.  Each cell of the sweep varies one thing that decides learnability:
 Beside the labels (``--targets``), the same judge taught the synthetic truth on the same rows:
 ``truth`` (the step and every step before it right) or ``local`` (the step alone right, from
 the value written before it; the same on every step ProcessBench scores): the ceiling, what the
-backbone can learn at all.  Every figure comes with its run time.
+backbone can learn at all.  Every figure comes with its run time.  A backbone is built once per
+seed and depth (``judge_backbone.built_backbone``: fixed numerics, recorded, verified when kept).
 
     OMP_NUM_THREADS=2 python -m bench.experiments.bench_judge_capacity                     # the sweep, seed 0
     OMP_NUM_THREADS=2 python -m bench.experiments.bench_judge_capacity --seeds 0,1,2 \
@@ -40,6 +41,8 @@ spelled/first-dead/2/16000/8/rel-effective                                   # t
     python -m bench.experiments.bench_judge_capacity --seeds 0,1,2 --cells recompute/first-dead/2/600/8
     OMP_NUM_THREADS=1 python -m bench.experiments.bench_judge_capacity --seeds 0 --targets label \
         --cells spelled/first-dead/2/2000/8/abs-q/medium --keep runs             # the neural policy's labels
+    OMP_NUM_THREADS=1 python -m bench.experiments.bench_judge_capacity --seeds 2 --targets label \
+        --cells spelled/first-dead/2/2000/8/abs-q/medium --drill-floor 80 --keep runs   # a backbone to a skill
     python -m bench.experiments.bench_judge_capacity --quick                               # a smoke run
     python -m bench.experiments.bench_judge_capacity --prepare-only --data DIR ...  # for judge_gpu.py
 
