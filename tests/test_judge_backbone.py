@@ -53,3 +53,21 @@ def test_a_build_below_its_floor_trains_on_then_is_refused(tmp_path: Path, capsy
         built_backbone(path, recipe)
     assert capsys.readouterr().out.count("below the floor") == 2, "one more round each time it fell short"
     assert not path.exists(), "a refused build leaves nothing a later run would take"
+
+
+def test_a_build_runs_on_its_own_thread_count_and_builds_the_same_weights_again(tmp_path: Path) -> None:
+    """The build sets the recipe's thread count, whatever the caller's, and gives it back
+    afterwards; two builds of one recipe hash the same here, another seed's do not."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        first = built_backbone(tmp_path / "a", TINY)
+        assert first["torch_threads"] == TINY.threads == 1 and torch.get_num_threads() == 2
+        second = built_backbone(tmp_path / "b", replace(TINY, threads=2))
+        assert second["torch_threads"] == 2
+    finally:
+        torch.set_num_threads(before)
+    again = built_backbone(tmp_path / "c", TINY)
+    assert again["weights_sha256"] == first["weights_sha256"], "one recipe, one machine: the same weights"
+    other = built_backbone(tmp_path / "d", replace(TINY, seed=1))
+    assert other["weights_sha256"] != first["weights_sha256"], "the hash tells builds apart"

@@ -61,8 +61,11 @@ def built_backbone(path: Path, recipe: BackboneRecipe, device: Device = CPU) -> 
         return verified_backbone(path, recipe)
     if recipe.drill_floor and not recipe.drills:
         raise BackboneRefused("a drill floor needs drills in the pretraining (an analysis in the drills' spelling)")
+    import torch
+
     started = time.perf_counter()
     with fixed_numerics(recipe.threads):
+        threads = torch.get_num_threads()  # what the build ran on, to record
         loss = pretrain_backbone(
             path, recipe.seed, layers=recipe.layers, width=recipe.width, problems=recipe.problems,
             steps=recipe.steps, numbers=recipe.numbers, batch=recipe.batch, device=device, drills=recipe.drills,
@@ -94,6 +97,7 @@ def built_backbone(path: Path, recipe: BackboneRecipe, device: Device = CPU) -> 
         "seconds": round(time.perf_counter() - started),
         "weights_sha256": weights_sha256(path),
         "libraries": _libraries(),
+        "torch_threads": threads,
         "processor": processor_name(),
         "device": device.name,
     }
