@@ -472,7 +472,8 @@ def parser() -> argparse.ArgumentParser:
         "--drill-floor", type=float, default=0.0,
         help="Pretrain the backbone on (up to 3 rounds of 1,000 steps) until it computes this share (percent) of its "
         "drills; 0: the first 3,000-step build (analyses without drills ignore it). A deviation from the runs "
-        "documented before 2026-12-03, named in their folder (-floorN).",
+        "documented before 2026-12-03, named in the backbone's folder (-floorN) but not in its judges': give "
+        "such a run its own --keep.",
     )  # fmt: skip
     ap.add_argument(
         "--backbone-threads", type=int, default=1,
