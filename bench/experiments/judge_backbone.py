@@ -72,10 +72,11 @@ def built_backbone(path: Path, recipe: BackboneRecipe, device: Device = CPU) -> 
         )  # fmt: skip
         steps = recipe.steps
         history = [(steps, drill_accuracy(path, recipe.seed, device=device))] if recipe.drills else []
-        texts = backbone_texts(recipe.seed, recipe.problems, recipe.numbers, recipe.drills)
+        texts: list[tuple[str, str]] = []
         for more in range(1, recipe.max_rounds + 1):
             if not history or history[-1][1] >= recipe.drill_floor:
                 break
+            texts = texts or backbone_texts(recipe.seed, recipe.problems, recipe.numbers, recipe.drills)
             print(f"  backbone seed {recipe.seed}: {history[-1][1]:.0f}% of drills after {steps} steps, "
                   f"below the floor {recipe.drill_floor:g}%: {recipe.round_steps} more", flush=True)  # fmt: skip
             seed = derive_seed("judge-backbone-round", recipe.seed, more)
