@@ -27,10 +27,17 @@ def acquire_lock(session: Session, name: str, owner: str, ttl: float) -> bool:
     """Take or renew a named lease; True when ``owner`` holds it afterwards (taking it, not
     renewing it, records when)."""
     now = epoch()
-    insert_ignore(session, Lock, [{"name": name, "lease_owner": owner, "lease_expires_at": now + ttl}])
-    held = session.execute(
-        select(Lock.lease_owner, Lock.lease_expires_at, Lock.acquired_at).where(Lock.name == name)
-    ).one()
+    for _ in range(3):
+        insert_ignore(session, Lock, [{"name": name, "lease_owner": owner, "lease_expires_at": now + ttl}])
+        held = session.execute(
+            select(Lock.lease_owner, Lock.lease_expires_at, Lock.acquired_at).where(Lock.name == name)
+        ).first()
+        if held is not None:
+            break
+        # The holder released it (deleted the row) between our insert, which met its row, and
+        # this read: the name is free now, so insert again.
+    else:
+        return False
     renewing = held.lease_owner == owner and held.lease_expires_at >= now and held.acquired_at is not None
     leases.take(session, Lock, Lock.name == name, owner, ttl, reentrant=True)
     if session.scalar(select(Lock.lease_owner).where(Lock.name == name)) != owner:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import signal
 import time
+from typing import Any
+
+from sqlalchemy import event
 
 from stepq.models import Database, queries
 from stepq.settings import Settings
@@ -40,6 +43,32 @@ def test_a_dispatcher_that_lost_its_lock_publishes_nothing(any_db: Database) -> 
         assert queries.work_counts(s) == {"pending": 6}, "nothing marked queued either"
     standby = Dispatcher(any_db, outlets(lambda ids: sent.extend(ids)), name="standby")
     assert standby.cycle().published == len(sent) > 0, "the holder publishes (up to the broker's bound)"
+
+
+def test_a_lock_released_between_a_takers_statements_is_taken(pg: Database) -> None:
+    """The holder's release commits after a taker's insert met the holder's row and before
+    the taker reads the row back: the taker takes the now-free lock. Under load this window
+    made a second ``stepq dispatch --once`` exit with NoResultFound."""
+    with pg.session() as s:
+        assert queries.acquire_lock(s, LOCK_NAME, "holder", 60.0)
+    releases: list[str] = []
+
+    def release_in_between(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if not releases and statement.lstrip().startswith("SELECT locks.lease_owner"):
+            releases.append(statement)
+            with pg.session() as other:  # another connection: commits before the read runs
+                queries.release_lock(other, LOCK_NAME, "holder")
+
+    event.listen(pg.engine, "before_cursor_execute", release_in_between)
+    try:
+        with pg.session() as s:
+            assert queries.acquire_lock(s, LOCK_NAME, "taker", 60.0)
+    finally:
+        event.remove(pg.engine, "before_cursor_execute", release_in_between)
+    assert releases, "the release ran between the taker's insert and its read"
+    with pg.session() as s:
+        assert queries.lock_holder(s, LOCK_NAME) == "taker"
+        assert queries.lock_state(s, LOCK_NAME)["since"] is not None, "taking (not renewing) records when"
 
 
 def test_a_sigtermed_dispatcher_releases_its_lock(cluster: Cluster, pg: Database) -> None:
