@@ -117,6 +117,13 @@ def sqlite(tmp_path: Path) -> Iterator[Database]:
     db.dispose()
 
 
+@pytest.fixture(scope="session")
+def quick_policies(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the benchmarks' ``--quick`` policy (``neural_policy.QUICK``, about a minute to
+    build) is kept for the session: the first test builds it, the others verify it."""
+    return tmp_path_factory.mktemp("quick-policies")
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def any_db(request: pytest.FixtureRequest) -> Database:
     """The same test on the embedded default and on PostgreSQL."""
@@ -158,7 +165,7 @@ def cluster(pg_url: str, pg: Database, redis_client: redis.Redis, tmp_path: Path
 # --- test tiers -------------------------------------------------------------------------
 SERVICES = {"pg", "pg_url", "any_db", "redis_client", "cluster"}
 """Fixtures that need PostgreSQL or Redis: a test using one is ``integration``."""
-LOCAL = {"sqlite", "tmp_path", "tmp_path_factory", "tiny_model"}
+LOCAL = {"sqlite", "tmp_path", "tmp_path_factory", "tiny_model", "quick_policies"}
 """Fixtures of tests that write files, start ``stepq`` processes or load models: not unit."""
 
 

@@ -33,6 +33,7 @@ def _under_way(
 def test_a_killed_dispatcher_is_replaced_and_nothing_is_lost(cluster: Cluster, pg: Database) -> None:
     """The dispatcher SIGKILLed mid-run (its lock left behind): a second one waits for the lock
     to expire, takes over, recovers what the first had queued, and the set ends exact."""
+    cluster.env["STEPQ_DB_LOCK_TIMEOUT_S"] = "2"  # the lock's lease: 14 s, not the default's 30 s of waiting
     first = _under_way(cluster, pg, "dk", problems=40, seed=6, past=200)
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=30)

@@ -53,11 +53,11 @@ def test_paired_gain_counts_problems_won_and_lost() -> None:
     assert paired_gain(plain, [True, True, True, True], 0)["gain"] == 50.0
 
 
-def _quick(module: str) -> dict[str, Any]:
+def _quick(module: str, *args: str) -> dict[str, Any]:
     """A benchmark's ``--quick`` run as a real process: its JSON result."""
     env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, "-m", f"bench.experiments.{module}", "--quick"],
+        [sys.executable, "-m", f"bench.experiments.{module}", "--quick", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -70,8 +70,8 @@ def _quick(module: str) -> dict[str, Any]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # 134 s alone on 2 cores; past 300 s when they are shared
-def test_the_chain_runs_at_tiny_size() -> None:
-    result = _quick("bench_judge_at_work")
+def test_the_chain_runs_at_tiny_size(quick_policies: Path) -> None:
+    result = _quick("bench_judge_at_work", "--policy-cache", str(quick_policies))
     runs = result["chunk_reset"]
     assert set(runs) == {"plain", "judge", "oracle"}
     assert runs["plain"]["rejected_chunks"] == 0 and runs["plain"]["problems"] == result["problems"]

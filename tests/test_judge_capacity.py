@@ -334,8 +334,8 @@ def test_a_cell_names_the_policy_whose_labels_it_teaches() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # a 200-step build and an hf annotation: 190-230 s on 2 cores, past 300 when they are shared
-def test_a_neural_policy_cell_is_taught_that_policys_own_samples(tmp_path: Path) -> None:
+@pytest.mark.timeout(600)  # the quick build (unless a test before built it: 25 s) and an hf annotation: 190-440 s
+def test_a_neural_policy_cell_is_taught_that_policys_own_samples(tmp_path: Path, quick_policies: Path) -> None:
     """The neural branch samples the trajectories from the policy and rolls out with it (the hf
     backend), not the synthetic policy: a 200-step build writes the format without the
     arithmetic, so the checker cannot read most of its steps, where it reads every step the
@@ -345,7 +345,7 @@ def test_a_neural_policy_cell_is_taught_that_policys_own_samples(tmp_path: Path)
     from bench.experiments.bench_judge_capacity import parser, policy_dir, prepare_labels
     from stepq.workers.backends.synthetic_policy import step_is_right
 
-    args = parser().parse_args(["--quick"])
+    args = parser().parse_args(["--quick", "--policy-cache", str(quick_policies)])
     for text in ("none/all/1/12/2/abs-q/medium", "none/all/1/12/2"):
         cell = Cell.parse(text)
         neural = cell.policy == "medium"

@@ -206,7 +206,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--judge", type=Path, help="The trained judge's directory.")
     ap.add_argument("--policy", choices=sorted(STRENGTHS), default="weak")
-    ap.add_argument("--policy-cache", type=Path, default=DEFAULT_CACHE)
+    ap.add_argument(
+        "--policy-cache",
+        type=Path,
+        default=None,
+        help="Where the policy's build is kept (default ~/.cache/stepq/bench-neural-policy; with --quick, a scratch "
+        "folder unless named).",
+    )
     ap.add_argument("--problems", type=int, default=300, help="Held-out problems.")
     ap.add_argument("--retries", type=int, default=5, help="Regenerations of a rejected chunk (StepWiser: five).")
     ap.add_argument("--n", default="1,2,4,8", help="Best-of-N sizes.")
@@ -222,13 +228,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         if args.quick:
             args.problems, ns = 6, [1, 2]
-            policy_dir = build(QUICK, Path(scratch) / "policy")
+            policy_dir = build(QUICK, args.policy_cache or Path(scratch) / "policy")
             args.judge = args.judge or tiny_judge(Path(scratch) / "judge")
         else:
             if args.judge is None:
                 ap.error("--judge DIR is needed (or --quick)")
             recipe = STRENGTHS[args.policy]
-            policy_dir = build(recipe, args.policy_cache)
+            policy_dir = build(recipe, args.policy_cache or DEFAULT_CACHE)
         backend = HFBackend.from_config({"model": str(policy_dir), "batch_size": 64})
         built = load_judge(args.judge, args.judge_tokens)
         problems = held_out_problems(args.problems, args.seed)

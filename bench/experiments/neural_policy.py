@@ -163,16 +163,18 @@ def build_all(
     return out
 
 
-def policy_model(policy: str, cache: Path, quick: bool = False, scratch: Path | None = None) -> Path | None:
+def policy_model(policy: str, cache: Path | None, quick: bool = False, scratch: Path | None = None) -> Path | None:
     """A judge benchmark's policy: None for the synthetic one, else the strength's build
-    (verified, or built in its band); ``quick`` takes ``QUICK``'s build, kept in ``scratch``."""
+    (verified, or built in its band) in ``cache`` (None: ``DEFAULT_CACHE``); ``quick`` takes
+    ``QUICK``'s build, kept in ``scratch`` unless a ``cache`` is named (runs that share one
+    build it once: the test suite's)."""
     if policy not in POLICIES:
         raise ValueError(f"policy {policy!r} is not one of {POLICIES}")
     if policy == "synthetic":
         return None
     if quick:
-        return build(QUICK, scratch or cache)
-    return build(STRENGTHS[policy], cache)
+        return build(QUICK, cache or scratch or DEFAULT_CACHE)
+    return build(STRENGTHS[policy], cache or DEFAULT_CACHE)
 
 
 def kept_build(recipe: Recipe, cache: Path) -> Path:
