@@ -36,7 +36,13 @@ from typing import Any
 
 from bench.common import emit
 from bench.experiments.judge_format import JUDGE_TEMPLATE
-from bench.experiments.neural_policy import DEFAULT_CACHE, MAX_TOKENS, PROMPT, QUICK, STRENGTHS, build
+from bench.experiments.neural_policy import (
+    MAX_TOKENS,
+    PROMPT,
+    STRENGTHS,
+    add_policy_cache_option,
+    policy_model,
+)
 from bench.experiments.stats import bootstrap
 
 HELDOUT_TAG = "judge-at-work"
@@ -206,13 +212,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--judge", type=Path, help="The trained judge's directory.")
     ap.add_argument("--policy", choices=sorted(STRENGTHS), default="weak")
-    ap.add_argument(
-        "--policy-cache",
-        type=Path,
-        default=None,
-        help="Where the policy's build is kept (default ~/.cache/stepq/bench-neural-policy; with --quick, a scratch "
-        "folder unless named).",
-    )
+    add_policy_cache_option(ap)
     ap.add_argument("--problems", type=int, default=300, help="Held-out problems.")
     ap.add_argument("--retries", type=int, default=5, help="Regenerations of a rejected chunk (StepWiser: five).")
     ap.add_argument("--n", default="1,2,4,8", help="Best-of-N sizes.")
@@ -228,13 +228,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         if args.quick:
             args.problems, ns = 6, [1, 2]
-            policy_dir = build(QUICK, args.policy_cache or Path(scratch) / "policy")
             args.judge = args.judge or tiny_judge(Path(scratch) / "judge")
-        else:
-            if args.judge is None:
-                ap.error("--judge DIR is needed (or --quick)")
-            recipe = STRENGTHS[args.policy]
-            policy_dir = build(recipe, args.policy_cache or DEFAULT_CACHE)
+        elif args.judge is None:
+            ap.error("--judge DIR is needed (or --quick)")
+        policy_dir = policy_model(args.policy, args.policy_cache, args.quick, Path(scratch) / "policy")
+        assert policy_dir is not None  # --policy is a neural strength
         backend = HFBackend.from_config({"model": str(policy_dir), "batch_size": 64})
         built = load_judge(args.judge, args.judge_tokens)
         problems = held_out_problems(args.problems, args.seed)

@@ -76,7 +76,7 @@ from bench.experiments.judge_capacity import (
 from bench.experiments.judge_format import ANALYSES, DRILLED, row_local_truth, step_truth
 from bench.experiments.judge_heldout import write_processbench
 from bench.experiments.judge_trainings import judge_folder, selected_training, spread, training_seed
-from bench.experiments.neural_policy import POLICIES, policy_model, processor_name
+from bench.experiments.neural_policy import POLICIES, add_policy_cache_option, policy_model, processor_name
 from bench.experiments.stats import random_guess_f1
 from stepq.workers.labelling.labels import RULES
 
@@ -462,13 +462,7 @@ def parser() -> argparse.ArgumentParser:
         "--heldout", type=int, default=300, help="Held-out ProcessBench samples (and half as many to tune on)."
     )
     ap.add_argument("--recovery-rate", type=float, default=0.05)
-    ap.add_argument(
-        "--policy-cache",
-        type=Path,
-        default=None,
-        help="Where cells of a neural policy find its build (default ~/.cache/stepq/bench-neural-policy; with "
-        "--quick, a scratch folder unless named).",
-    )
+    add_policy_cache_option(ap)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--pretrain-problems", type=int, default=2000)
     ap.add_argument("--pretrain-steps", type=int, default=3000)

@@ -55,7 +55,7 @@ from bench.experiments.judge_capacity import lm_train
 from bench.experiments.judge_format import ANALYSES, DRILLED, JUDGE_TEMPLATE, judge_answer
 from bench.experiments.judge_grpo_eval import evaluate, evaluate_kept, kept_seed, outcome_prm
 from bench.experiments.judge_heldout import write_processbench
-from bench.experiments.neural_policy import POLICIES, policy_model
+from bench.experiments.neural_policy import POLICIES, add_policy_cache_option, policy_model
 from bench.experiments.stats import random_guess_f1
 
 # steps of different difficulty: an error rate per operation, for each range of numbers
@@ -389,13 +389,7 @@ def parser() -> argparse.ArgumentParser:
         help="Whose trajectories and rollouts are labelled: the synthetic policy, or a neural policy's strength "
         "(its own samples, small numbers).",
     )
-    ap.add_argument(
-        "--policy-cache",
-        type=Path,
-        default=None,
-        help="Where a neural policy's build is (default ~/.cache/stepq/bench-neural-policy; with --quick, a scratch "
-        "folder unless named).",
-    )
+    add_policy_cache_option(ap)
     ap.add_argument("--heldout", type=int, default=300, help="Held-out ProcessBench samples.")
     ap.add_argument(
         "--backbone",

@@ -163,6 +163,17 @@ def build_all(
     return out
 
 
+def add_policy_cache_option(ap: argparse.ArgumentParser) -> None:
+    """The judge benchmarks' ``--policy-cache``, read by ``policy_model``."""
+    ap.add_argument(
+        "--policy-cache",
+        type=Path,
+        default=None,
+        help=f"Where the neural policies' builds are kept (default {DEFAULT_CACHE}; with --quick, a scratch folder "
+        "unless named).",
+    )
+
+
 def policy_model(policy: str, cache: Path | None, quick: bool = False, scratch: Path | None = None) -> Path | None:
     """A judge benchmark's policy: None for the synthetic one, else the strength's build
     (verified, or built in its band) in ``cache`` (None: ``DEFAULT_CACHE``); ``quick`` takes
