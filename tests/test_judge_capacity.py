@@ -187,6 +187,25 @@ def test_runs_that_taught_different_trainings_join_into_one_line_and_refuse_a_tr
     assert len(joined_runs([hashed, capacity_run(0, [third], backbone_sha256="aa")])[0]["label_trainings"]) == 3
 
 
+def test_rows_taught_on_another_seeds_backbone_are_kept_apart_from_their_own() -> None:
+    """--backbone-seed: the judge's folder names the other backbone (a crossed judge never lands
+    in, nor is reused as, the folder of the rows' own), and runs of one seed's rows on two
+    backbones stay two lines instead of being joined or refused as one setup."""
+    from bench.experiments.judge_trainings import judge_folder
+
+    own = judge_folder(2, "spelled/first-dead/2/2000/8/abs-q/medium", "label", 1)
+    crossed = judge_folder(2, "spelled/first-dead/2/2000/8/abs-q/medium", "label", 1, backbone_seed=0)
+    assert own == "seed2-spelled_first-dead_2_2000_8_abs-q_medium-label-t1"
+    assert crossed == "seed2-spelled_first-dead_2_2000_8_abs-q_medium-backbone0-label-t1"
+    assert judge_folder(2, "a/b", "label", backbone_seed=2) == judge_folder(2, "a/b", "label")  # its own: unnamed
+    t = {"training_seed": 2, "processbench_f1": 50.0, "thresholded_f1": 60.0, "step_accuracy": 70.0}
+    lines = joined_runs(
+        [capacity_run(2, [t], backbone_seed=2, backbone_sha256="aa"),
+         capacity_run(2, [t], backbone_seed=0, backbone_sha256="bb")]
+    )  # fmt: skip
+    assert sorted(line["backbone_seed"] for line in lines) == [0, 2]
+
+
 def test_skipping_every_training_is_refused() -> None:
     from bench.experiments.bench_judge_capacity import parser, run
 

@@ -73,6 +73,9 @@ def test_a_runs_files_are_gathered_by_the_judges_folder(tmp_path: Path) -> None:
     run["label"] = run["label_trainings"][0]
     (tmp_path / "seed3.jsonl").write_text(json.dumps(run) + "\n")
     assert run_folder(run, 1) == "seed3-spelled_first-dead_2_2000_8_abs-q_medium-label-t1"
+    # a run on another seed's backbone (--backbone-seed 0) finds its own trainings' logs, not these
+    crossed = run_folder({**run, "backbone_seed": 0}, 1)
+    assert crossed == "seed3-spelled_first-dead_2_2000_8_abs-q_medium-backbone0-label-t1"
     logs = []
     for k, right in enumerate(([True, False], [True, True])):
         log = tmp_path / f"work{k}.log"

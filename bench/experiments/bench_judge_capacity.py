@@ -43,6 +43,8 @@ spelled/first-dead/2/16000/8/rel-effective                                   # t
         --cells spelled/first-dead/2/2000/8/abs-q/medium --keep runs             # the neural policy's labels
     OMP_NUM_THREADS=1 python -m bench.experiments.bench_judge_capacity --seeds 2 --targets label \
         --cells spelled/first-dead/2/2000/8/abs-q/medium --drill-floor 80 --keep runs   # a backbone to a skill
+    OMP_NUM_THREADS=1 python -m bench.experiments.bench_judge_capacity --seeds 2 --targets label \
+        --cells spelled/first-dead/2/2000/8/abs-q/medium --backbone-seed 0 --keep runs  # rows on another's backbone
     python -m bench.experiments.bench_judge_capacity --quick                               # a smoke run
     python -m bench.experiments.bench_judge_capacity --prepare-only --data DIR ...  # for judge_gpu.py
 
@@ -324,8 +326,9 @@ def run_cell(
     kinds = [json.loads((where / f"{name}-kinds.json").read_text()) for name in ("heldout", "tune")]
     # as many drill documents as solutions, for the analyses in the drills' spelling
     drills = args.pretrain_problems if cell.analysis in DRILLED else 0
+    backbone_seed = seed if args.backbone_seed is None else args.backbone_seed
     recipe = BackboneRecipe(
-        seed, cell.layers, args.width, args.pretrain_problems, args.pretrain_steps, "small", batch=args.batch,
+        backbone_seed, cell.layers, args.width, args.pretrain_problems, args.pretrain_steps, "small", batch=args.batch,
         drills=drills, drill_floor=args.drill_floor if drills else 0.0, threads=args.backbone_threads,
     )  # fmt: skip
     backbone = models / recipe.folder_name()
@@ -334,11 +337,12 @@ def run_cell(
     record = built_backbone(backbone, recipe, device)  # built here, or verified against its record
     pretrain_s = time.perf_counter() - started if fresh else 0.0
     if fresh:
-        print(f"  backbone seed {seed}, {cell.layers} layers: {record['steps']} steps, loss {record['loss']:.3f}, "
-              f"{pretrain_s:.0f} s", flush=True)  # fmt: skip
+        print(f"  backbone seed {backbone_seed}, {cell.layers} layers: {record['steps']} steps, "
+              f"loss {record['loss']:.3f}, {pretrain_s:.0f} s", flush=True)  # fmt: skip
     drilled = None
     if drills:  # a recorded build's last drills, under its numerics; a folder without a record is measured
-        drilled = record["drills"][-1][1] if record["drills"] else drill_accuracy(backbone, seed, device=device)
+        measured = record["drills"] or [(None, drill_accuracy(backbone, backbone_seed, device=device))]
+        drilled = measured[-1][1]
     max_new = answer_room(train, cell.analysis)
     result: dict[str, Any] = {
         "seed": seed, "cell": cell.name, **asdict(cell), "snapshot_rows": len(snapshot), "train_rows": len(train),
@@ -351,7 +355,7 @@ def run_cell(
         "random_guess_f1": random_guess_f1(heldout, seed), "random_guess_f1_kinds": random_guess_f1(kinds[0], seed),
         "pretrain_s": round(pretrain_s),
         "backbone_drill_accuracy": drilled,
-        "backbone_steps": record["steps"], "backbone_drills": record["drills"],
+        "backbone_seed": backbone_seed, "backbone_steps": record["steps"], "backbone_drills": record["drills"],
         # the same command on another processor builds another backbone (the data stay the same)
         "backbone_sha256": record["weights_sha256"], "backbone_processor": record["processor"],
         "processor": processor_name(),
@@ -360,7 +364,8 @@ def run_cell(
         trainings = []
         for k in range(args.skip_trainings, args.trainings):
             started = time.perf_counter()
-            folder = models / judge_folder(seed, cell.name, target, k, len(train) if train_rows is not None else None)
+            rows = len(train) if train_rows is not None else None
+            folder = models / judge_folder(seed, cell.name, target, k, rows, backbone_seed)
             kept = kept_verdict(folder) if args.rescore else None
             judge, loss = kept or teach_verdict(
                 backbone, folder, train, target=target, analysis=cell.analysis, steps=args.steps,
@@ -472,6 +477,12 @@ def parser() -> argparse.ArgumentParser:
         "drills; 0: the first 3,000-step build (analyses without drills ignore it). A deviation from the runs "
         "documented before 2026-12-03, named in the backbone's folder (-floorN) but not in its judges': give "
         "such a run its own --keep.",
+    )  # fmt: skip
+    ap.add_argument(
+        "--backbone-seed", type=int, default=None,
+        help="Teach every seed's rows on the backbone this seed builds instead of its own (a deviation that "
+        "separates what the rows bring from what the backbone's pretraining seed brings); named in the judges' "
+        "folders (-backboneN).",
     )  # fmt: skip
     ap.add_argument(
         "--backbone-threads", type=int, default=1,

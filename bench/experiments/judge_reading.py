@@ -1,0 +1,163 @@
+"""What a spelled judge reads: whether it writes the check right, and whether its verdict follows
+the marks it wrote.
+
+A ``spelled`` judge (``judge_format.py``) writes the judged step's arithmetic redone, the step's
+claim beside it, the two numbers digit by digit with each pair marked ``=`` or ``#``, then its
+verdict.  The analysis is a program's, taught by imitation; the verdict is what the labels teach.
+So a judge that scores low on the held-out file can fail in two places, which ProcessBench's F1
+does not tell apart:
+
+- **the check**: its written analysis is not the program's (a wrong sum, a claim copied wrong);
+- **the verdict**: the check is right, but the verdict does not follow its own marks (a ``#``
+  and Positive, or no ``#`` and Negative).
+
+On the held-out file's steps (up to each solution's first wrong step, what ProcessBench scores,
+where a step is right exactly when its own arithmetic is) this reads every step's answer greedily
+and counts both; on the snapshot's validation rows (the policy's own steps, where a step can be
+wrong with right arithmetic: an operand copied wrong) it also says how the verdict meets the
+labels where the marks are clean and where they are not.  Pure counting beside one greedy pass
+of the judge (``judge_capacity.LocalJudge``, as ``evaluate_capacity`` asks it).
+
+    python -m bench.experiments.judge_reading --data runs/data --seed 2 \\
+        --cell spelled/first-dead/2/2000/8/abs-q/medium \\
+        --judges runs/seed2-spelled_first-dead_2_2000_8_abs-q_medium-label
+
+Prints a line a judge and one JSON object on its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.experiments.judge_format import judge_prompt, row_local_truth, spelled_analysis
+
+_MARKS = re.compile(r"^\S[=#]\S( \S[=#]\S)*$")
+
+
+def written_check(answer: str) -> str | None:
+    """The analysis a judge wrote (between ``Analysis:`` and its last box), None when the answer
+    is not in that form."""
+    head, box = answer.find("Analysis:\n"), answer.rfind("\n\\boxed{")
+    if head < 0 or box < head:
+        return None
+    return answer[head + len("Analysis:\n") : box]
+
+
+def marks_verdict(check: str | None) -> bool | None:
+    """The verdict a check's own marks imply: Positive when its digit line has no ``#``; None
+    when it has no digit line (its last line)."""
+    if check is None:
+        return None
+    last = check.split("\n")[-1]
+    return "#" not in last if _MARKS.match(last) else None
+
+
+def _share(hits: int, n: int) -> dict[str, Any]:
+    return {"n": n, "percent": 100.0 * hits / n if n else float("nan")}
+
+
+def reading(rows: Sequence[Mapping[str, Any]], answers: Sequence[str], verdicts: Sequence[bool | None]) -> dict:
+    """Over the steps whose check the program can write (``spelled_analysis``): the check written
+    right; the verdict following the judge's own marks (where it wrote marks and a verdict); the
+    verdict against the step's own truth where the check is right and where it is wrong; and,
+    for rows with a Monte Carlo label, the verdict against the label by the judge's marks."""
+    right = follows = marked = 0
+    truth_hits: dict[bool, list[int]] = {True: [0, 0], False: [0, 0]}
+    label_hits: dict[str, list[int]] = {}
+    checked = 0
+    for row, answer, verdict in zip(rows, answers, verdicts, strict=True):
+        expected = spelled_analysis(row["chunk"])
+        if not expected:  # a step the checker cannot read (a model's malformed step)
+            continue
+        checked += 1
+        written = written_check(answer)
+        ok = written == expected
+        right += ok
+        implied = marks_verdict(written)
+        if implied is not None and verdict is not None:
+            marked += 1
+            follows += verdict is implied
+        truth_hits[ok][0] += verdict is row_local_truth(row)
+        truth_hits[ok][1] += 1
+        if "label" in row and implied is not None:
+            key = "clean marks" if implied else "a # mark"
+            hit = label_hits.setdefault(key, [0, 0])
+            hit[0] += verdict is (row["label"] == "Positive")
+            hit[1] += 1
+    return {
+        "steps": checked,
+        "check_right": _share(right, checked),
+        "verdict_follows_marks": _share(follows, marked),
+        "verdict_right_where_check_right": _share(*truth_hits[True]),
+        "verdict_right_where_check_wrong": _share(*truth_hits[False]),
+        **({"verdict_agrees_with_label": {k: _share(*v) for k, v in label_hits.items()}} if label_hits else {}),
+    }
+
+
+def heldout_steps(samples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A ProcessBench file's steps up to each solution's first wrong one (all of a right one)."""
+    return [
+        {"problem": s["problem"], "history": s["steps"][:k], "chunk": s["steps"][k]}
+        for s in samples
+        for k in range(len(s["steps"]))
+        if s["label"] == -1 or k <= s["label"]
+    ]
+
+
+def read_judge(judge: Path, rows: Sequence[Mapping[str, Any]], max_new: int) -> dict[str, Any]:
+    from bench.experiments.judge_capacity import LocalJudge, kept_verdict
+    from stepq.trainer.generative_judge.prompt import parse_verdict
+
+    kept = kept_verdict(judge)
+    model = LocalJudge(kept[0] if kept else judge)
+    answers = model.answers([judge_prompt(r["problem"], r["history"], r["chunk"]) for r in rows], max_new)
+    return reading(rows, answers, [parse_verdict(a) for a in answers])
+
+
+def show(name: str, where: str, r: Mapping[str, Any]) -> None:
+    line = (
+        f"{name} on {where}: {r['steps']} steps, check right {r['check_right']['percent']:.1f}%, verdict follows "
+        f"its marks {r['verdict_follows_marks']['percent']:.1f}%, verdict right where the check is right "
+        f"{r['verdict_right_where_check_right']['percent']:.1f}% / wrong "
+        f"{r['verdict_right_where_check_wrong']['percent']:.1f}% (n {r['verdict_right_where_check_wrong']['n']})"
+    )
+    for key, v in r.get("verdict_agrees_with_label", {}).items():
+        line += f"; agrees with the label where it wrote {key} {v['percent']:.1f}% (n {v['n']})"
+    print(line, flush=True)
+
+
+def main() -> None:
+    from bench.common import emit
+    from bench.experiments.bench_judge_capacity import Cell, _load
+    from bench.experiments.judge_capacity import answer_room
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, required=True, help="bench_judge_capacity's --data folder.")
+    ap.add_argument("--seed", type=int, required=True, help="Whose held-out file and validation rows.")
+    ap.add_argument("--cell", required=True, help="The cell whose rows taught the judges (its answer room).")
+    ap.add_argument("--judges", nargs="+", type=Path, required=True, help="Judge folders (--keep's).")
+    args = ap.parse_args()
+    cell = Cell.parse(args.cell)
+    if cell.analysis != "spelled":
+        ap.error("only a spelled judge writes marks to follow")
+    where = args.data / f"seed{args.seed}"
+    train, val = (_load(where / cell.data_key / f"{n}.json.gz") for n in ("train", "validation"))
+    heldout = heldout_steps(json.loads((where / "heldout.json").read_text()))
+    max_new = answer_room(train, cell.analysis)
+    out = []
+    for judge in args.judges:
+        found = {"judge": str(judge)}
+        for name, rows in (("heldout", heldout), ("validation", val)):
+            found[name] = read_judge(judge, rows, max_new)
+            show(judge.name, f"seed {args.seed}'s {name} rows", found[name])
+        out.append(found)
+    emit({"benchmark": "judge_reading", "seed": args.seed, "cell": cell.name, "judges": out})
+
+
+if __name__ == "__main__":
+    main()

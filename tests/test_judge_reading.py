@@ -1,0 +1,87 @@
+"""What a spelled judge reads: its written check against the program's, and its verdict against
+its own marks, counted on hand-written answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.experiments.judge_format import judge_answer
+from bench.experiments.judge_reading import heldout_steps, marks_verdict, reading, written_check
+
+PROBLEM = "Start with 45. Subtract 7. Add 3. What is the result?"
+RIGHT = "Step 1: 45 - 7 = 38.\n\n"
+WRONG = "Step 1: 45 - 7 = 37.\n\n"  # its own arithmetic off by one
+COPIED = "Step 1: 45 - 9 = 36.\n\n"  # right arithmetic on an operand the problem does not hold
+
+
+def row(chunk: str, **more: object) -> dict:
+    return {"problem": PROBLEM, "history": [], "chunk": chunk, **more}
+
+
+def test_the_check_and_its_marks_are_read_from_the_answer() -> None:
+    answer = judge_answer(row(WRONG), "Negative", "spelled")
+    assert written_check(answer) == "45-7=38 vs 37\n3=3 8#7"
+    assert marks_verdict(written_check(answer)) is False
+    assert marks_verdict(written_check(judge_answer(row(RIGHT), "Positive", "spelled"))) is True
+    assert written_check(" \\boxed{Positive}") is None and marks_verdict(None) is None
+    assert marks_verdict("45-7=38 vs 37") is None  # no digit line: nothing to follow
+
+
+def test_a_wrong_check_and_a_verdict_against_its_marks_are_counted_apart() -> None:
+    rows = [row(RIGHT), row(WRONG), row(WRONG), row("Step 1: forty five.\n\n")]
+    answers = [
+        judge_answer(rows[0], "Positive", "spelled"),  # right check, follows its marks, right
+        judge_answer(rows[1], "Positive", "spelled"),  # right check, a # and Positive: wrong
+        " Analysis:\n45-7=37 vs 37\n3=3 7=7\n\\boxed{Positive}",  # wrong check, follows it, wrong
+        " \\boxed{Negative}",  # a step the checker cannot read: not counted
+    ]
+    verdicts = [True, True, True, False]
+    r = reading(rows, answers, verdicts)
+    assert r["steps"] == 3
+    assert r["check_right"] == {"n": 3, "percent": pytest.approx(200 / 3)}
+    assert r["verdict_follows_marks"] == {"n": 3, "percent": pytest.approx(200 / 3)}
+    assert r["verdict_right_where_check_right"] == {"n": 2, "percent": 50.0}
+    assert r["verdict_right_where_check_wrong"] == {"n": 1, "percent": 0.0}
+    assert "verdict_agrees_with_label" not in r
+
+
+def test_against_the_labels_a_clean_check_can_still_be_a_negative_step() -> None:
+    """A copied operand: the arithmetic is right, the marks clean, the label Negative; a judge
+    that follows its marks disagrees with that label, and the count says where."""
+    rows = [row(COPIED, label="Negative", local=False), row(WRONG, label="Negative", local=False)]
+    answers = [judge_answer(r, "Positive" if k == 0 else "Negative", "spelled") for k, r in enumerate(rows)]
+    r = reading(rows, answers, [True, False])
+    assert r["verdict_follows_marks"]["percent"] == 100.0
+    assert r["verdict_agrees_with_label"] == {
+        "clean marks": {"n": 1, "percent": 0.0},
+        "a # mark": {"n": 1, "percent": 100.0},
+    }
+
+
+def test_the_heldout_steps_stop_at_each_solutions_first_wrong_step() -> None:
+    samples = [
+        {"problem": PROBLEM, "steps": ["a", "b", "c"], "label": 1},
+        {"problem": PROBLEM, "steps": ["d", "e"], "label": -1},
+    ]
+    assert [s["chunk"] for s in heldout_steps(samples)] == ["a", "b", "d", "e"]
+    assert heldout_steps(samples)[1]["history"] == ["a"]
+
+
+@pytest.mark.slow
+def test_a_kept_judge_is_read_through_its_greedy_answers(tmp_path: Path) -> None:
+    """The glue: the folder ``--keep`` kept is asked as ``evaluate_capacity`` asks it, and every
+    readable step is counted once (a tiny judge: what it writes is not the point)."""
+    from bench.experiments.judge_capacity import pretrain_backbone, teach_verdict
+    from bench.experiments.judge_reading import read_judge
+
+    backbone = tmp_path / "backbone"
+    pretrain_backbone(backbone, 0, layers=1, width=64, problems=20, steps=3, numbers="small", drills=5)
+    rows = [row(RIGHT, label="Positive", truth=True), row(WRONG, label="Negative", truth=False)]
+    teach_verdict(
+        backbone, tmp_path / "judge", rows, target="label", analysis="spelled", steps=4, batch=2, lr=1e-3, seed=0
+    )
+    r = read_judge(tmp_path / "judge", [*rows, row("Step 1: forty five.\n\n")], max_new=40)
+    assert r["steps"] == 2
+    assert r["verdict_right_where_check_right"]["n"] + r["verdict_right_where_check_wrong"]["n"] == 2
