@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench.experiments.judge_format import judge_answer
-from bench.experiments.judge_reading import heldout_steps, marks_verdict, reading, written_check
+from bench.experiments.judge_reading import check_parts, heldout_steps, marks_verdict, reading, written_check
 
 PROBLEM = "Start with 45. Subtract 7. Add 3. What is the result?"
 RIGHT = "Step 1: 45 - 7 = 38.\n\n"
@@ -45,6 +45,21 @@ def test_a_wrong_check_and_a_verdict_against_its_marks_are_counted_apart() -> No
     assert r["verdict_right_where_check_right"] == {"n": 2, "percent": 50.0}
     assert r["verdict_right_where_check_wrong"] == {"n": 1, "percent": 0.0}
     assert "verdict_agrees_with_label" not in r
+    # the wrong check wrote the step's claim as its own sum: its sum is wrong, its copies right
+    assert {k: v["percent"] for k, v in r["check_parts_right"].items()} == pytest.approx(
+        {"operands": 100.0, "sum": 200 / 3, "claim": 100.0, "marks": 100.0}
+    )
+
+
+def test_each_part_of_a_written_check_is_read_against_the_programs() -> None:
+    expected = "45-7=38 vs 37\n3=3 8#7"
+    assert check_parts(expected, expected) == {"operands": True, "sum": True, "claim": True, "marks": True}
+    assert check_parts("45-9=36 vs 37\n3=3 6#7", expected) == {
+        "operands": False, "sum": True, "claim": True, "marks": True
+    }  # fmt: skip
+    assert check_parts("45-7=38 vs 38\n3=3 8=8", expected)["claim"] is False
+    assert check_parts("45-7=38 vs 37\n3=3 8=7", expected)["marks"] is False  # a mark against its own digits
+    assert check_parts("45-7=38", expected) is None and check_parts(None, expected) is None
 
 
 def test_against_the_labels_a_clean_check_can_still_be_a_negative_step() -> None:

@@ -353,7 +353,7 @@ def run_cell(
         / max(1, len(train)),
         "truth_local_agreement": sum(r["truth"] == row_local_truth(r) for r in train) / max(1, len(train)),
         "random_guess_f1": random_guess_f1(heldout, seed), "random_guess_f1_kinds": random_guess_f1(kinds[0], seed),
-        "pretrain_s": round(pretrain_s),
+        "pretrain_s": round(pretrain_s), "teach_steps": args.steps,
         "backbone_drill_accuracy": drilled,
         "backbone_seed": backbone_seed, "backbone_steps": record["steps"], "backbone_drills": record["drills"],
         # the same command on another processor builds another backbone (the data stay the same)

@@ -15,8 +15,10 @@ On the held-out file's steps (up to each solution's first wrong step, what Proce
 where a step is right exactly when its own arithmetic is) this reads every step's answer greedily
 and counts both; on the snapshot's validation rows (the policy's own steps, where a step can be
 wrong with right arithmetic: an operand copied wrong) it also says how the verdict meets the
-labels where the marks are clean and where they are not.  Pure counting beside one greedy pass
-of the judge (``judge_capacity.LocalJudge``, as ``evaluate_capacity`` asks it).
+labels where the marks are clean and where they are not; on its own training rows, whether a
+check it gets wrong on new steps was learnt at all (underfitting) or only not carried over.
+Pure counting beside one greedy pass of the judge (``judge_capacity.LocalJudge``, as
+``evaluate_capacity`` asks it).
 
     python -m bench.experiments.judge_reading --data runs/data --seed 2 \\
         --cell spelled/first-dead/2/2000/8/abs-q/medium \\
@@ -57,6 +59,33 @@ def marks_verdict(check: str | None) -> bool | None:
     return "#" not in last if _MARKS.match(last) else None
 
 
+_FIRST_LINE = re.compile(r"^(-?\d+)([+*-])(\d+)=(-?\d+) vs (-?\d+)$")
+CHECK_PARTS = ("operands", "sum", "claim", "marks")
+"""Where a written check can go wrong: the step's operands copied, the judge's own sum of what
+it copied, the step's claimed result copied, and the digit line spelled from the two numbers
+it wrote."""
+
+
+def check_parts(written: str | None, expected: str) -> dict[str, bool] | None:
+    """Each part of a written check right or not, against the program's check of the same step;
+    None when the written check is not in the check's form (two lines, the first an equation
+    and a claim)."""
+    from bench.experiments.judge_format import spelled_digits
+
+    lines = (written or "").split("\n")
+    m, e = _FIRST_LINE.match(lines[0]), _FIRST_LINE.match(expected.split("\n")[0])
+    if m is None or e is None or len(lines) != 2:
+        return None
+    a, op, b, result, claim = m.groups()
+    exact = {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
+    return {
+        "operands": (a, op, b) == e.groups()[:3],
+        "sum": int(result) == exact,
+        "claim": claim == e.group(5),
+        "marks": lines[1] == spelled_digits(result, claim),
+    }
+
+
 def _share(hits: int, n: int) -> dict[str, Any]:
     return {"n": n, "percent": 100.0 * hits / n if n else float("nan")}
 
@@ -70,6 +99,8 @@ def reading(rows: Sequence[Mapping[str, Any]], answers: Sequence[str], verdicts:
     truth_hits: dict[bool, list[int]] = {True: [0, 0], False: [0, 0]}
     label_hits: dict[str, list[int]] = {}
     checked = 0
+    parts_right = dict.fromkeys(CHECK_PARTS, 0)
+    parsed = 0
     for row, answer, verdict in zip(rows, answers, verdicts, strict=True):
         expected = spelled_analysis(row["chunk"])
         if not expected:  # a step the checker cannot read (a model's malformed step)
@@ -78,6 +109,11 @@ def reading(rows: Sequence[Mapping[str, Any]], answers: Sequence[str], verdicts:
         written = written_check(answer)
         ok = written == expected
         right += ok
+        parts = check_parts(written, expected)
+        if parts is not None:
+            parsed += 1
+            for name, good in parts.items():
+                parts_right[name] += good
         implied = marks_verdict(written)
         if implied is not None and verdict is not None:
             marked += 1
@@ -92,6 +128,7 @@ def reading(rows: Sequence[Mapping[str, Any]], answers: Sequence[str], verdicts:
     return {
         "steps": checked,
         "check_right": _share(right, checked),
+        "check_parts_right": {name: _share(hits, parsed) for name, hits in parts_right.items()},
         "verdict_follows_marks": _share(follows, marked),
         "verdict_right_where_check_right": _share(*truth_hits[True]),
         "verdict_right_where_check_wrong": _share(*truth_hits[False]),
@@ -121,7 +158,9 @@ def read_judge(judge: Path, rows: Sequence[Mapping[str, Any]], max_new: int) -> 
 
 def show(name: str, where: str, r: Mapping[str, Any]) -> None:
     line = (
-        f"{name} on {where}: {r['steps']} steps, check right {r['check_right']['percent']:.1f}%, verdict follows "
+        f"{name} on {where}: {r['steps']} steps, check right {r['check_right']['percent']:.1f}% ("
+        + ", ".join(f"{k} {v['percent']:.1f}%" for k, v in r["check_parts_right"].items())
+        + f" of {r['check_parts_right']['sum']['n']} in form), verdict follows "
         f"its marks {r['verdict_follows_marks']['percent']:.1f}%, verdict right where the check is right "
         f"{r['verdict_right_where_check_right']['percent']:.1f}% / wrong "
         f"{r['verdict_right_where_check_wrong']['percent']:.1f}% (n {r['verdict_right_where_check_wrong']['n']})"
@@ -152,7 +191,7 @@ def main() -> None:
     out = []
     for judge in args.judges:
         found = {"judge": str(judge)}
-        for name, rows in (("heldout", heldout), ("validation", val)):
+        for name, rows in (("heldout", heldout), ("validation", val), ("train", train)):
             found[name] = read_judge(judge, rows, max_new)
             show(judge.name, f"seed {args.seed}'s {name} rows", found[name])
         out.append(found)
