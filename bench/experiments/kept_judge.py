@@ -78,6 +78,7 @@ def groups(saved: dict[str, Any]) -> list[dict[str, Any]]:
                 "validation_balanced_accuracy": t.get("validation_balanced_accuracy"),
                 "processbench_f1": t["processbench_f1"],
                 "thresholded_f1": t["thresholded_f1"],
+                "loss": t.get("loss"),  # the last logged training loss: how well the taught answers were learnt
             }
             if "kinds" in t:  # the held-out file of errors a step alone does not show
                 row["kinds_processbench_f1"] = t["kinds"]["processbench_f1"]
@@ -171,8 +172,10 @@ def show(found: list[dict[str, Any]], totals: dict[str, Any]) -> None:
         for k, r in enumerate(g["trainings"]):
             mark = "kept" if k == g["kept"] else ""
             val = r["validation_balanced_accuracy"]
+            loss = r.get("loss")
             line = (
-                f"  {mark:>4} #{k + 1} (training seed {r['training_seed']}): val bal acc "
+                f"  {mark:>4} #{k + 1} (training seed {r['training_seed']}): training loss "
+                f"{float('nan') if loss is None else loss:.4f}, val bal acc "
                 f"{float('nan') if val is None else val:5.1f}, F1 {r['processbench_f1']:5.1f} / "
                 f"{r['thresholded_f1']:5.1f}"
             )
