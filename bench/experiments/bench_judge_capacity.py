@@ -488,7 +488,11 @@ def parser() -> argparse.ArgumentParser:
         "--backbone-threads", type=int, default=1,
         help="torch's CPU threads while a backbone is built, whatever OMP_NUM_THREADS (the weights depend on it).",
     )  # fmt: skip
-    ap.add_argument("--steps", type=int, default=3000, help="Cross-entropy steps teaching the verdict.")
+    ap.add_argument(
+        "--steps", type=int, default=3000,
+        help="Cross-entropy steps teaching the verdict; recorded on every line but not named in the judges' "
+        "folders: give another count its own --keep.",
+    )  # fmt: skip
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument(
