@@ -77,8 +77,8 @@ def test_against_the_labels_a_clean_check_can_still_be_a_negative_step() -> None
 
 def test_the_heldout_steps_stop_at_each_solutions_first_wrong_step() -> None:
     samples = [
-        {"problem": PROBLEM, "steps": ["a", "b", "c"], "label": 1},
-        {"problem": PROBLEM, "steps": ["d", "e"], "label": -1},
+        {"id": "x", "problem": PROBLEM, "steps": ["a", "b", "c"], "label": 1},
+        {"id": "y", "problem": PROBLEM, "steps": ["d", "e"], "label": -1},
     ]
     assert [s["chunk"] for s in heldout_steps(samples)] == ["a", "b", "d", "e"]
     assert heldout_steps(samples)[1]["history"] == ["a"]

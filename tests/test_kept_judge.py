@@ -125,3 +125,17 @@ def test_a_saved_files_trainings_and_a_later_runs_are_joined_then_pooled_by_cell
     rel = paired(found)["rel"]
     assert rel["against"] == "abs" and rel["pairs"] == 3  # seed 1 has no abs to pair with
     assert rel["processbench_f1"] == {"above": 2, "min": -5.0, "max": 30.0}  # +20, -5, +30
+
+
+def test_each_training_carries_its_last_training_loss_and_shows_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """The loss sorts trainings of one recipe (docs/experiments/judge_at_work.md): each row keeps
+    its own, a run without one reads None, and the table prints it beside the validation figure."""
+    from bench.experiments.kept_judge import show
+
+    first, second = training(70.0, 40.0, 0), training(75.0, 60.0, 1000)
+    first["loss"] = 0.0184
+    (found,) = groups({"runs": [{"seed": 0, "cell": "a/b", "label_trainings": [first, second]}]})
+    assert [r["loss"] for r in found["trainings"]] == [0.0184, None]
+    show([found], {})
+    out = capsys.readouterr().out
+    assert "training loss 0.0184" in out and "training loss nan" in out

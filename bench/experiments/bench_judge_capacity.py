@@ -341,8 +341,8 @@ def run_cell(
               f"loss {record['loss']:.3f}, {pretrain_s:.0f} s", flush=True)  # fmt: skip
     drilled = None
     if drills:  # a recorded build's last drills, under its numerics; a folder without a record is measured
-        measured = record["drills"] or [(None, drill_accuracy(backbone, backbone_seed, device=device))]
-        drilled = measured[-1][1]
+        recorded = record["drills"]
+        drilled = recorded[-1][1] if recorded else drill_accuracy(backbone, backbone_seed, device=device)
     max_new = answer_room(train, cell.analysis)
     result: dict[str, Any] = {
         "seed": seed, "cell": cell.name, **asdict(cell), "snapshot_rows": len(snapshot), "train_rows": len(train),

@@ -306,7 +306,8 @@ class LocalJudge:
         return [parse_verdict(a) for a in answers], self.p_positive(prompts, answers)
 
 
-def _steps(samples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def processbench_steps(samples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every step of a ProcessBench file's samples as a judged item (its sample, index and history)."""
     return [
         {"sample": s["id"], "k": k, "problem": s["problem"], "history": s["steps"][:k], "chunk": s["steps"][k]}
         for s in samples
@@ -335,7 +336,7 @@ def evaluate_capacity(
     from stepq.trainer.evaluation.processbench import choose_threshold, predictions_at
 
     judge = LocalJudge(model_dir, device, batch)
-    items, tune_items = _steps(heldout), _steps(tune)
+    items, tune_items = processbench_steps(heldout), processbench_steps(tune)
     verdicts, scores = judge.judge(items, max_new)
     _, tune_scores = judge.judge(tune_items, max_new)
     val_verdicts, _ = judge.judge(val_rows, max_new) if val_rows else ([], [])

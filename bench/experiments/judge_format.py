@@ -49,7 +49,8 @@ ANALYSES = ("none", "recompute", "resolve", "compact", "compare", "spelled", "ch
 DRILLED = ("compact", "compare", "spelled", "chain")
 """The analyses in the compact spelling, which the backbone learns from drills in pretraining."""
 EQUATION = re.compile(r"Step \d+: (-?\d+) ([+*-]) (\d+) = (-?\d+)\.")
-_APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+"""Each operation a step writes, computed right (``judge_reading`` checks a judge's own sum by it)."""
 
 
 def judge_prompt(problem: str, history: Sequence[str], chunk: str) -> str:
@@ -65,7 +66,7 @@ def _recomputed(chunk: str) -> tuple[int, str, int, int, str] | None:
     if not m:
         return None
     a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
-    return a, op, b, _APPLY[op](a, b), m.group(4)
+    return a, op, b, APPLY[op](a, b), m.group(4)
 
 
 def recomputed_analysis(chunk: str) -> str:
@@ -123,7 +124,7 @@ def drill_lines(rng: random.Random, count: int, low: int = -20, high: int = 100)
     lines = []
     for _ in range(count):
         a, op, b = rng.randint(low, high), rng.choice("+-"), rng.randint(1, 9)
-        lines.append(f"{a}{op}{b}={_APPLY[op](a, b)}")
+        lines.append(f"{a}{op}{b}={APPLY[op](a, b)}")
     return "\n".join(lines)
 
 

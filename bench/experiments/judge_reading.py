@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.experiments.judge_format import judge_prompt, row_local_truth, spelled_analysis
+from bench.experiments.judge_format import APPLY, judge_prompt, row_local_truth, spelled_analysis, spelled_digits
 
 _MARKS = re.compile(r"^\S[=#]\S( \S[=#]\S)*$")
 
@@ -70,17 +70,14 @@ def check_parts(written: str | None, expected: str) -> dict[str, bool] | None:
     """Each part of a written check right or not, against the program's check of the same step;
     None when the written check is not in the check's form (two lines, the first an equation
     and a claim)."""
-    from bench.experiments.judge_format import spelled_digits
-
     lines = (written or "").split("\n")
     m, e = _FIRST_LINE.match(lines[0]), _FIRST_LINE.match(expected.split("\n")[0])
     if m is None or e is None or len(lines) != 2:
         return None
     a, op, b, result, claim = m.groups()
-    exact = {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
     return {
         "operands": (a, op, b) == e.groups()[:3],
-        "sum": int(result) == exact,
+        "sum": int(result) == APPLY[op](int(a), int(b)),
         "claim": claim == e.group(5),
         "marks": lines[1] == spelled_digits(result, claim),
     }
@@ -138,11 +135,13 @@ def reading(rows: Sequence[Mapping[str, Any]], answers: Sequence[str], verdicts:
 
 def heldout_steps(samples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """A ProcessBench file's steps up to each solution's first wrong one (all of a right one)."""
+    from bench.experiments.judge_capacity import processbench_steps
+
+    first_wrong = {s["id"]: s["label"] for s in samples}
     return [
-        {"problem": s["problem"], "history": s["steps"][:k], "chunk": s["steps"][k]}
-        for s in samples
-        for k in range(len(s["steps"]))
-        if s["label"] == -1 or k <= s["label"]
+        it
+        for it in processbench_steps(samples)
+        if first_wrong[it["sample"]] == -1 or it["k"] <= first_wrong[it["sample"]]
     ]
 
 

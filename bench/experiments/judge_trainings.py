@@ -54,7 +54,9 @@ def joined_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     as one line each: the trainings in order of their seed, the spread and the kept training taken
     over all of them. Lines whose data or backbone differ (snapshot rows, rows taught, the
     backbone's hash, or its drills where a run has no hash) are not the same setup and are
-    refused, as is a training taught in two runs (its figures would count twice)."""
+    refused, as is a training taught in two runs (its figures would count twice). Lines that name
+    different backbone seeds (``--backbone-seed``) are different setups by design: kept apart,
+    neither joined nor refused."""
     joined: dict[tuple[int, str, int | None, int], dict[str, Any]] = {}
     for run in runs:
         key = (run["seed"], run["cell"], run.get("train_rows"), run.get("backbone_seed", run["seed"]))
