@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from bench.experiments.judge_format import judge_answer
-from bench.experiments.judge_reading import check_parts, heldout_steps, marks_verdict, reading, written_check
+from bench.experiments.judge_reading import (
+    check_parts,
+    heldout_steps,
+    marks_verdict,
+    reading,
+    sum_is_claim,
+    written_check,
+)
 
 PROBLEM = "Start with 45. Subtract 7. Add 3. What is the result?"
 RIGHT = "Step 1: 45 - 7 = 38.\n\n"
@@ -49,6 +56,13 @@ def test_a_wrong_check_and_a_verdict_against_its_marks_are_counted_apart() -> No
     assert {k: v["percent"] for k, v in r["check_parts_right"].items()} == pytest.approx(
         {"operands": 100.0, "sum": 200 / 3, "claim": 100.0, "marks": 100.0}
     )
+    # its sum is right on the right step, wrong on one of the two wrong ones, and that wrong sum
+    # is the step's claim: the shortcut, not a slip
+    assert r["sum_right_by_step"] == {
+        "right steps": {"n": 1, "percent": 100.0},
+        "wrong steps": {"n": 2, "percent": 50.0},
+    }
+    assert r["wrong_sum_is_claim"] == {"n": 1, "percent": 100.0}
 
 
 def test_each_part_of_a_written_check_is_read_against_the_programs() -> None:
@@ -58,6 +72,10 @@ def test_each_part_of_a_written_check_is_read_against_the_programs() -> None:
         "operands": False, "sum": True, "claim": True, "marks": True
     }  # fmt: skip
     assert check_parts("45-7=38 vs 38\n3=3 8=8", expected)["claim"] is False
+    # a wrong sum that is the step's claim, one that is a slip of its own, and no check at all
+    assert sum_is_claim("45-7=37 vs 37\n3=3 7=7", expected) is True
+    assert sum_is_claim("45-7=39 vs 37\n3=3 9#7", expected) is False
+    assert sum_is_claim(None, expected) is None
     assert check_parts("45-7=38 vs 37\n3=3 8=7", expected)["marks"] is False  # a mark against its own digits
     assert check_parts("45-7=38", expected) is None and check_parts(None, expected) is None
 

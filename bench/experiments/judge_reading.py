@@ -11,6 +11,11 @@ does not tell apart:
 - **the verdict**: the check is right, but the verdict does not follow its own marks (a ``#``
   and Positive, or no ``#`` and Negative).
 
+A wrong sum is read once more: its sum on right and on wrong steps apart, and whether a wrong
+sum is the step's own claim.  On a right step the claim is the right sum, so a judge can score
+well on most steps by writing the claim back; a judge that does so gets its sum wrong exactly
+on the wrong steps, and its marks never show a ``#``.
+
 On the held-out file's steps (up to each solution's first wrong step, what ProcessBench scores,
 where a step is right exactly when its own arithmetic is) this reads every step's answer greedily
 and counts both; on the snapshot's validation rows (the policy's own steps, where a step can be
@@ -83,6 +88,16 @@ def check_parts(written: str | None, expected: str) -> dict[str, bool] | None:
     }
 
 
+def sum_is_claim(written: str | None, expected: str) -> bool | None:
+    """Whether the judge's own sum is the result the step claims (the program's claim, not the
+    one the judge copied): the shortcut a check can take, since on most steps the claim is the
+    right sum; None when the written check is not in the check's form."""
+    m, e = _FIRST_LINE.match((written or "").split("\n")[0]), _FIRST_LINE.match(expected.split("\n")[0])
+    if m is None or e is None:
+        return None
+    return int(m.group(4)) == int(e.group(5))
+
+
 def _share(hits: int, n: int) -> dict[str, Any]:
     return {"n": n, "percent": 100.0 * hits / n if n else float("nan")}
 
@@ -96,6 +111,9 @@ def reading(rows: Sequence[Mapping[str, Any]], answers: Sequence[str], verdicts:
     truth_hits: dict[bool, list[int]] = {True: [0, 0], False: [0, 0]}
     label_hits: dict[str, list[int]] = {}
     checked = 0
+    # by the step's own truth: [sums right, in form]; a wrong sum: [it is the step's claim, wrong sums]
+    sum_by_truth: dict[bool, list[int]] = {True: [0, 0], False: [0, 0]}
+    wrong_sum_claim = [0, 0]
     parts_right = dict.fromkeys(CHECK_PARTS, 0)
     parsed = 0
     for row, answer, verdict in zip(rows, answers, verdicts, strict=True):
@@ -111,6 +129,12 @@ def reading(rows: Sequence[Mapping[str, Any]], answers: Sequence[str], verdicts:
             parsed += 1
             for name, good in parts.items():
                 parts_right[name] += good
+            local = row_local_truth(row)
+            sum_by_truth[local][0] += parts["sum"]
+            sum_by_truth[local][1] += 1
+            if not parts["sum"]:
+                wrong_sum_claim[0] += bool(sum_is_claim(written, expected))
+                wrong_sum_claim[1] += 1
         implied = marks_verdict(written)
         if implied is not None and verdict is not None:
             marked += 1
@@ -126,6 +150,8 @@ def reading(rows: Sequence[Mapping[str, Any]], answers: Sequence[str], verdicts:
         "steps": checked,
         "check_right": _share(right, checked),
         "check_parts_right": {name: _share(hits, parsed) for name, hits in parts_right.items()},
+        "sum_right_by_step": {"right steps": _share(*sum_by_truth[True]), "wrong steps": _share(*sum_by_truth[False])},
+        "wrong_sum_is_claim": _share(*wrong_sum_claim),
         "verdict_follows_marks": _share(follows, marked),
         "verdict_right_where_check_right": _share(*truth_hits[True]),
         "verdict_right_where_check_wrong": _share(*truth_hits[False]),
@@ -163,6 +189,12 @@ def show(name: str, where: str, r: Mapping[str, Any]) -> None:
         f"its marks {r['verdict_follows_marks']['percent']:.1f}%, verdict right where the check is right "
         f"{r['verdict_right_where_check_right']['percent']:.1f}% / wrong "
         f"{r['verdict_right_where_check_wrong']['percent']:.1f}% (n {r['verdict_right_where_check_wrong']['n']})"
+    )
+    by_step, copied = r["sum_right_by_step"], r["wrong_sum_is_claim"]
+    line += (
+        f"; its sum right on right steps {by_step['right steps']['percent']:.1f}% (n {by_step['right steps']['n']}), "
+        f"on wrong ones {by_step['wrong steps']['percent']:.1f}% (n {by_step['wrong steps']['n']}); "
+        f"a wrong sum is the step's claim {copied['percent']:.1f}% (n {copied['n']})"
     )
     for key, v in r.get("verdict_agrees_with_label", {}).items():
         line += f"; agrees with the label where it wrote {key} {v['percent']:.1f}% (n {v['n']})"
