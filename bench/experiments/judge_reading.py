@@ -14,7 +14,7 @@ does not tell apart:
 A wrong sum is read once more: its sum on right and on wrong steps apart, and whether a wrong
 sum is the step's own claim.  On a right step the claim is the right sum, so a judge can score
 well on most steps by writing the claim back; a judge that does so gets its sum wrong exactly
-on the wrong steps, and its marks never show a ``#``.
+on the steps whose arithmetic is wrong, and its marks never show a ``#`` there.
 
 On the held-out file's steps (up to each solution's first wrong step, what ProcessBench scores,
 where a step is right exactly when its own arithmetic is) this reads every step's answer greedily
@@ -105,7 +105,8 @@ def _share(hits: int, n: int) -> dict[str, Any]:
 def reading(rows: Sequence[Mapping[str, Any]], answers: Sequence[str], verdicts: Sequence[bool | None]) -> dict:
     """Over the steps whose check the program can write (``spelled_analysis``): the check written
     right; the verdict following the judge's own marks (where it wrote marks and a verdict); the
-    verdict against the step's own truth where the check is right and where it is wrong; and,
+    verdict against the step's own truth where the check is right and where it is wrong; its sum
+    on right and on wrong steps, and how many wrong sums are the step's claim; and,
     for rows with a Monte Carlo label, the verdict against the label by the judge's marks."""
     right = follows = marked = 0
     truth_hits: dict[bool, list[int]] = {True: [0, 0], False: [0, 0]}
