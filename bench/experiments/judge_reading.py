@@ -76,7 +76,7 @@ def check_parts(written: str | None, expected: str) -> dict[str, bool] | None:
     None when the written check is not in the check's form (two lines, the first an equation
     and a claim)."""
     lines = (written or "").split("\n")
-    m, e = _FIRST_LINE.match(lines[0]), _FIRST_LINE.match(expected.split("\n")[0])
+    m, e = _first_lines(written, expected)
     if m is None or e is None or len(lines) != 2:
         return None
     a, op, b, result, claim = m.groups()
@@ -92,10 +92,15 @@ def sum_is_claim(written: str | None, expected: str) -> bool | None:
     """Whether the judge's own sum is the result the step claims (the program's claim, not the
     one the judge copied): the shortcut a check can take, since on most steps the claim is the
     right sum; None when the written check is not in the check's form."""
-    m, e = _FIRST_LINE.match((written or "").split("\n")[0]), _FIRST_LINE.match(expected.split("\n")[0])
+    m, e = _first_lines(written, expected)
     if m is None or e is None:
         return None
     return int(m.group(4)) == int(e.group(5))
+
+
+def _first_lines(written: str | None, expected: str) -> tuple[re.Match[str] | None, re.Match[str] | None]:
+    """The equation-and-claim lines of a written check and of the program's, each parsed."""
+    return _FIRST_LINE.match((written or "").split("\n")[0]), _FIRST_LINE.match(expected.split("\n")[0])
 
 
 def _share(hits: int, n: int) -> dict[str, Any]:
@@ -122,6 +127,7 @@ def reading(rows: Sequence[Mapping[str, Any]], answers: Sequence[str], verdicts:
         if not expected:  # a step the checker cannot read (a model's malformed step)
             continue
         checked += 1
+        local = row_local_truth(row)
         written = written_check(answer)
         ok = written == expected
         right += ok
@@ -130,7 +136,6 @@ def reading(rows: Sequence[Mapping[str, Any]], answers: Sequence[str], verdicts:
             parsed += 1
             for name, good in parts.items():
                 parts_right[name] += good
-            local = row_local_truth(row)
             sum_by_truth[local][0] += parts["sum"]
             sum_by_truth[local][1] += 1
             if not parts["sum"]:
@@ -140,7 +145,7 @@ def reading(rows: Sequence[Mapping[str, Any]], answers: Sequence[str], verdicts:
         if implied is not None and verdict is not None:
             marked += 1
             follows += verdict is implied
-        truth_hits[ok][0] += verdict is row_local_truth(row)
+        truth_hits[ok][0] += verdict is local
         truth_hits[ok][1] += 1
         if "label" in row and implied is not None:
             key = "clean marks" if implied else "a # mark"
