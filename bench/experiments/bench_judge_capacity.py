@@ -75,6 +75,7 @@ from bench.experiments.judge_capacity import (
     kept_verdict,
     teach_verdict,
 )
+from bench.experiments.judge_check_rows import check_rows
 from bench.experiments.judge_format import ANALYSES, DRILLED, row_local_truth, step_truth
 from bench.experiments.judge_heldout import write_processbench
 from bench.experiments.judge_trainings import judge_folder, selected_training, spread, training_seed
@@ -309,6 +310,18 @@ def take_rows(rows: list[dict[str, Any]], n: int | None, seed: int) -> list[dict
     return [rows[i] for i in kept]
 
 
+def taught_elsewhere(where: Path, seed: int, rows: list[dict[str, Any]]) -> frozenset[str]:
+    """The problems check rows must not come from: the snapshot's, the held-out and tuning
+    files', and those the judge is put to work on (``bench_judge_at_work``, its first 1,000)."""
+    from bench.experiments.bench_judge_at_work import held_out_problems
+
+    seen = {r["problem"] for r in rows}
+    for name in ("heldout", "tune", "heldout-kinds", "tune-kinds"):
+        seen.update(s["problem"] for s in json.loads((where / f"{name}.json").read_text()))
+    seen.update(q for q, _ in held_out_problems(1000, seed))
+    return frozenset(seen)
+
+
 def run_cell(
     data: Path,
     models: Path,
@@ -343,7 +356,8 @@ def run_cell(
     if drills:  # a recorded build's last drills, under its numerics; a folder without a record is measured
         recorded = record["drills"]
         drilled = recorded[-1][1] if recorded else drill_accuracy(backbone, backbone_seed, device=device)
-    max_new = answer_room(train, cell.analysis)
+    check = check_rows(seed, args.check_rows, taught_elsewhere(where, seed, snapshot + val)) if args.check_rows else []
+    max_new = answer_room([*train, *check], cell.analysis)
     result: dict[str, Any] = {
         "seed": seed, "cell": cell.name, **asdict(cell), "snapshot_rows": len(snapshot), "train_rows": len(train),
         "validation_rows": len(val),
@@ -353,7 +367,7 @@ def run_cell(
         / max(1, len(train)),
         "truth_local_agreement": sum(r["truth"] == row_local_truth(r) for r in train) / max(1, len(train)),
         "random_guess_f1": random_guess_f1(heldout, seed), "random_guess_f1_kinds": random_guess_f1(kinds[0], seed),
-        "pretrain_s": round(pretrain_s), "teach_steps": args.steps,
+        "pretrain_s": round(pretrain_s), "teach_steps": args.steps, "check_rows": len(check),
         "backbone_drill_accuracy": drilled,
         "backbone_seed": backbone_seed, "backbone_steps": record["steps"], "backbone_drills": record["drills"],
         # the same command on another processor builds another backbone (the data stay the same)
@@ -365,11 +379,11 @@ def run_cell(
         for k in range(args.skip_trainings, args.trainings):
             started = time.perf_counter()
             rows = len(train) if train_rows is not None else None
-            folder = models / judge_folder(seed, cell.name, target, k, rows, backbone_seed)
+            folder = models / judge_folder(seed, cell.name, target, k, rows, backbone_seed, len(check))
             kept = kept_verdict(folder) if args.rescore else None
             judge, loss = kept or teach_verdict(
                 backbone, folder, train, target=target, analysis=cell.analysis, steps=args.steps,
-                batch=args.batch, lr=args.lr, seed=training_seed(seed, k), device=device,
+                batch=args.batch, lr=args.lr, seed=training_seed(seed, k), device=device, check=check,
             )  # fmt: skip
             train_s = time.perf_counter() - started
             figures = evaluate_capacity(
@@ -410,6 +424,7 @@ def show(r: dict[str, Any]) -> None:
             if r["backbone_drill_accuracy"] is not None
             else ""
         )
+        + (f"; {r['check_rows']} check rows taught beside them" if r.get("check_rows") else "")
     )
     for target in (t for t in TARGETS if t in r):
         several = f"{target}_trainings" in r
@@ -492,6 +507,12 @@ def parser() -> argparse.ArgumentParser:
         "--steps", type=int, default=3000,
         help="Cross-entropy steps teaching the verdict; recorded on every line but not named in the judges' "
         "folders: give another count its own --keep.",
+    )  # fmt: skip
+    ap.add_argument(
+        "--check-rows", type=int, default=0,
+        help="Teach this many of judge_check_rows' rows beside the labels' (fresh steps, the claim changed on half, "
+        "their verdict the check's own): a deviation from the label-taught recipe, named in the judges' folders "
+        "(-checkN).",
     )  # fmt: skip
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-3)

@@ -129,12 +129,15 @@ def teach_verdict(
     lr: float,
     seed: int,
     device: Device = CPU,
+    check: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[Path, float]:
     """The verdict (after its analysis) taught by cross-entropy through stepq's supervised
     method (``stepq train --method sft``: TRL's SFT trainer, the loss on the answer only), as a
     training run recorded in a throwaway ``out/runs.db``; ``target`` one of
-    ``TARGETS``.  The judge is asked afterwards with the benchmark's prompt (``JUDGE_TEMPLATE``,
-    kept beside it).  Returns the judge's model folder and its last logged loss."""
+    ``TARGETS``.  ``check``: rows taught beside them with their ``local`` truth whatever the
+    target (``judge_check_rows``: the check taught where copying the claim does not pay).  The
+    judge is asked afterwards with the benchmark's prompt (``JUDGE_TEMPLATE``, kept beside it).
+    Returns the judge's model folder and its last logged loss."""
     from stepq.migrations import upgrade
     from stepq.models import Database
     from stepq.trainer import methods
@@ -143,7 +146,8 @@ def teach_verdict(
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    records = [{"prompt": p, "completion": a} for p, a in verdict_examples(rows, target, analysis)]
+    examples = [*verdict_examples(rows, target, analysis), *verdict_examples(check, "local", analysis)]
+    records = [{"prompt": p, "completion": a} for p, a in examples]
     upgrade(f"sqlite:///{out / 'runs.db'}")
     db = Database(f"sqlite:///{out / 'runs.db'}")
     try:

@@ -1,0 +1,54 @@
+"""The check rows (``bench/experiments/judge_check_rows.py``): fresh steps whose claim is
+changed on half of them, taught with what the check's own marks say."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.experiments.judge_capacity import verdict_examples
+from bench.experiments.judge_check_rows import altered_chunk, check_rows
+from bench.experiments.judge_format import EQUATION, spelled_analysis, step_local_truth
+from bench.experiments.judge_trainings import joined_runs, judge_folder
+
+
+def test_an_altered_chunk_moves_its_claim_and_its_final_answer_together() -> None:
+    assert altered_chunk("Step 1: 45 - 7 = 38.\n\n", 3) == "Step 1: 45 - 7 = 41.\n\n"
+    last = "Step 2: 38 + 3 = 41.\nThe final answer is \\boxed{41}."
+    assert altered_chunk(last, -2) == "Step 2: 38 + 3 = 39.\nThe final answer is \\boxed{39}."
+    with pytest.raises(ValueError, match="not a step"):
+        altered_chunk("no step here", 1)
+
+
+def test_half_the_rows_claim_a_wrong_sum_and_their_truth_says_so() -> None:
+    rows = check_rows(3, 40)
+    assert len(rows) == 40 and sum(not r["local"] for r in rows) == 20
+    for r in rows:
+        a, op, b, claim = (EQUATION.search(r["chunk"]).group(k) for k in (1, 2, 3, 4))  # type: ignore[union-attr]
+        right = int(a) + int(b) if op == "+" else int(a) - int(b)
+        assert (int(claim) == right) == r["local"] == step_local_truth(r)  # the program's truth agrees
+        if not r["local"]:
+            assert 1 <= abs(int(claim) - right) <= 9
+        marks = spelled_analysis(r["chunk"]).split("\n")[1]
+        assert ("#" in marks) != r["local"]  # the marks say what the verdict is taught
+    taught = verdict_examples(rows, "local", "spelled")
+    assert [a.endswith("{Positive}") for _, a in taught] == [r["local"] for r in rows]
+
+
+def test_the_rows_are_the_seeds_own_and_skip_the_problems_taught_or_scored_elsewhere() -> None:
+    rows = check_rows(3, 10)
+    assert rows == check_rows(3, 10) and rows != check_rows(4, 10)
+    skipped = check_rows(3, 10, exclude={rows[0]["problem"], rows[4]["problem"]})
+    assert rows[0]["problem"] not in {r["problem"] for r in skipped}
+    assert rows[4]["problem"] not in {r["problem"] for r in skipped}
+
+
+def test_a_judge_taught_check_rows_is_named_apart() -> None:
+    plain = judge_folder(0, "spelled/first-dead/4/2000/8/abs-q/medium", "label", 1)
+    checked = judge_folder(0, "spelled/first-dead/4/2000/8/abs-q/medium", "label", 1, check_rows=2000)
+    assert checked == "seed0-spelled_first-dead_4_2000_8_abs-q_medium-check2000-label-t1" and checked != plain
+    t0 = {"training_seed": 0, "processbench_f1": 50.0, "thresholded_f1": 60.0, "step_accuracy": 70.0}
+    t1 = {**t0, "training_seed": 1000}
+    line = {"seed": 0, "cell": "c", "snapshot_rows": 10, "backbone_drill_accuracy": 97.0, "label_truth_agreement": 0.8}
+    apart = joined_runs([{**line, "label": t0}, {**line, "check_rows": 2000, "label": t1}])
+    assert sorted(r.get("check_rows", 0) for r in apart) == [0, 2000]  # two setups, not two trainings of one
+    assert len(joined_runs([{**line, "label": t0}, {**line, "label": t1}])) == 1
