@@ -9,6 +9,7 @@ from bench.experiments.judge_capacity import verdict_examples
 from bench.experiments.judge_check_rows import altered_chunk, check_rows
 from bench.experiments.judge_format import EQUATION, spelled_analysis, step_local_truth
 from bench.experiments.judge_trainings import joined_runs, judge_folder
+from bench.experiments.kept_judge import run_folder
 
 
 def test_an_altered_chunk_moves_its_claim_and_its_final_answer_together() -> None:
@@ -46,6 +47,8 @@ def test_a_judge_taught_check_rows_is_named_apart() -> None:
     plain = judge_folder(0, "spelled/first-dead/4/2000/8/abs-q/medium", "label", 1)
     checked = judge_folder(0, "spelled/first-dead/4/2000/8/abs-q/medium", "label", 1, check_rows=2000)
     assert checked == "seed0-spelled_first-dead_4_2000_8_abs-q_medium-check2000-label-t1" and checked != plain
+    run = {"seed": 0, "cell": "spelled/first-dead/4/2000/8/abs-q/medium", "check_rows": 2000}
+    assert run_folder(run, 1) == checked  # kept_judge finds its at-work log by that name
     t0 = {"training_seed": 0, "processbench_f1": 50.0, "thresholded_f1": 60.0, "step_accuracy": 70.0}
     t1 = {**t0, "training_seed": 1000}
     line = {"seed": 0, "cell": "c", "snapshot_rows": 10, "backbone_drill_accuracy": 97.0, "label_truth_agreement": 0.8}
