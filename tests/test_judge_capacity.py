@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.experiments.bench_judge_capacity import Cell, equal_rows, prepare, take_rows
+from bench.experiments.bench_judge_capacity import Cell
 from bench.experiments.judge_capacity import answer_room, verdict_examples
+from bench.experiments.judge_capacity_data import equal_rows, prepare, take_rows
 from bench.experiments.judge_format import (
     chained_analysis,
     drill_lines,
@@ -361,7 +362,8 @@ def test_a_neural_policy_cell_is_taught_that_policys_own_samples(tmp_path: Path,
     synthetic policy writes; such a step is taught as wrong, never dropped or crashed on. The
     neural cell's rows are kept unbalanced: whether a 0/100 build answers any rollout right by
     chance depends on the processor, and with none balancing would leave no row to read."""
-    from bench.experiments.bench_judge_capacity import parser, policy_dir, prepare_labels
+    from bench.experiments.bench_judge_capacity import parser
+    from bench.experiments.judge_capacity_data import policy_dir, prepare_labels
     from stepq.workers.backends.synthetic_policy import step_is_right
 
     args = parser().parse_args(["--quick", "--policy-cache", str(quick_policies)])

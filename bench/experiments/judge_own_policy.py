@@ -31,7 +31,7 @@ from typing import Any
 
 from bench.common import emit, saved_result
 from bench.experiments.bench_judge_at_work import accuracy_ci, load_judge, paired_gain, tiny_judge
-from bench.experiments.bench_judge_capacity import OP_ERROR_RATES
+from bench.experiments.judge_capacity_data import OP_ERROR_RATES
 from bench.experiments.stats import bootstrap
 
 SET = "own-policy"

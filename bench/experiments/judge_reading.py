@@ -209,8 +209,9 @@ def show(name: str, where: str, r: Mapping[str, Any]) -> None:
 
 def main() -> None:
     from bench.common import emit
-    from bench.experiments.bench_judge_capacity import Cell, _load
+    from bench.experiments.bench_judge_capacity import Cell
     from bench.experiments.judge_capacity import answer_room
+    from bench.experiments.judge_capacity_data import load_rows
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, required=True, help="bench_judge_capacity's --data folder.")
@@ -222,7 +223,7 @@ def main() -> None:
     if cell.analysis != "spelled":
         ap.error("only a spelled judge writes marks to follow")
     where = args.data / f"seed{args.seed}"
-    train, val = (_load(where / cell.data_key / f"{n}.json.gz") for n in ("train", "validation"))
+    train, val = (load_rows(where / cell.data_key / f"{n}.json.gz") for n in ("train", "validation"))
     heldout = heldout_steps(json.loads((where / "heldout.json").read_text()))
     max_new = answer_room(train, cell.analysis)
     out = []
