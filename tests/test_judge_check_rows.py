@@ -3,13 +3,21 @@ changed on half of them, taught with what the check's own marks say."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from sqlalchemy import select
 
 from bench.experiments.judge_capacity import verdict_examples
+from bench.experiments.judge_capacity_data import taught_elsewhere
 from bench.experiments.judge_check_rows import altered_chunk, check_rows
 from bench.experiments.judge_format import EQUATION, spelled_analysis, step_local_truth
+from bench.experiments.judge_own_policy import HELDOUT_SEED, own_policy_problems
 from bench.experiments.judge_trainings import joined_runs, judge_folder
 from bench.experiments.kept_judge import run_folder
+from stepq.models import Database
+from stepq.models.problems import Problem
+from stepq.workers.data.synthetic_set import synth_set
 
 
 def test_an_altered_chunk_moves_its_claim_and_its_final_answer_together() -> None:
@@ -55,3 +63,20 @@ def test_a_judge_taught_check_rows_is_named_apart() -> None:
     apart = joined_runs([{**line, "label": t0}, {**line, "check_rows": 2000, "label": t1}])
     assert sorted(r.get("check_rows", 0) for r in apart) == [0, 2000]  # two setups, not two trainings of one
     assert len(joined_runs([{**line, "label": t0}, {**line, "label": t1}])) == 1
+
+
+def test_the_own_policy_held_out_problems_are_drawn_as_the_set_holds_them_and_kept_out(
+    sqlite: Database, tmp_path: Path
+) -> None:
+    synth_set(sqlite, "own", problems=6, seed=HELDOUT_SEED + 2, numbers="small")
+    with sqlite.session() as s:
+        held = [p.question for p in s.scalars(select(Problem).order_by(Problem.external_id))]
+    drawn = own_policy_problems(6, 2)
+    assert sorted(drawn) == sorted(held) and drawn != own_policy_problems(6, 1)
+    for name in ("heldout", "tune", "heldout-kinds", "tune-kinds"):
+        (tmp_path / f"{name}.json").write_text("[]")
+    excluded = taught_elsewhere(tmp_path, 2, [], "synthetic")
+    assert set(own_policy_problems(1000, 2)) <= excluded  # chunk-reset's problems are never check rows
+    assert not excluded & {r["problem"] for r in check_rows(2, 200, excluded)}
+    # a neural policy's judge works on bench_judge_at_work's set: its rows stay as documented
+    assert not set(own_policy_problems(1000, 2)) & taught_elsewhere(tmp_path, 2, [], "medium")

@@ -188,7 +188,11 @@ def run_cell(
     if drills:  # a recorded build's last drills, under its numerics; a folder without a record is measured
         recorded = record["drills"]
         drilled = recorded[-1][1] if recorded else drill_accuracy(backbone, backbone_seed, device=device)
-    check = check_rows(seed, args.check_rows, taught_elsewhere(where, seed, snapshot + val)) if args.check_rows else []
+    check = (
+        check_rows(seed, args.check_rows, taught_elsewhere(where, seed, snapshot + val, cell.policy))
+        if args.check_rows
+        else []
+    )
     max_new = answer_room([*train, *check], cell.analysis)
     result: dict[str, Any] = {
         "seed": seed, "cell": cell.name, **asdict(cell), "snapshot_rows": len(snapshot), "train_rows": len(train),

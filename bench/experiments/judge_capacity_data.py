@@ -187,13 +187,18 @@ def take_rows(rows: list[dict[str, Any]], n: int | None, seed: int) -> list[dict
     return [rows[i] for i in kept]
 
 
-def taught_elsewhere(where: Path, seed: int, rows: list[dict[str, Any]]) -> frozenset[str]:
+def taught_elsewhere(where: Path, seed: int, rows: list[dict[str, Any]], policy: str) -> frozenset[str]:
     """The problems check rows must not come from: the snapshot's, the held-out and tuning
-    files', and those the judge is put to work on (``bench_judge_at_work``, its first 1,000)."""
+    files', and those the judge is put to work on (the first 1,000 of ``bench_judge_at_work``'s
+    held-out set; for the synthetic ``policy``, also of ``judge_own_policy``'s, which is added
+    only there so that the neural judges' documented rows are drawn as they were)."""
     from bench.experiments.bench_judge_at_work import held_out_problems
+    from bench.experiments.judge_own_policy import own_policy_problems
 
     seen = {r["problem"] for r in rows}
     for name in ("heldout", "tune", "heldout-kinds", "tune-kinds"):
         seen.update(s["problem"] for s in json.loads((where / f"{name}.json").read_text()))
     seen.update(q for q, _ in held_out_problems(1000, seed))
+    if policy == "synthetic":
+        seen.update(own_policy_problems(1000, seed))
     return frozenset(seen)

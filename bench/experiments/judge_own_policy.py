@@ -41,6 +41,14 @@ ERROR_RATE = 0.15
 """``bench_judge_capacity``'s policy (with its ``OP_ERROR_RATES`` and ``--recovery-rate``)."""
 
 
+def own_policy_problems(count: int, seed: int) -> list[str]:
+    """The questions of the held-out set's first ``count`` problems, as ``synth_set`` draws them
+    (``--seed``'s set; no database needed)."""
+    from stepq.workers.data.synthetic_set import set_problems
+
+    return [problem.question for _, problem in set_problems(HELDOUT_SEED + seed, count, "small")]
+
+
 def at_work(db: Any, judge_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Chunk-reset and Best-of-N on the set, through ``stepq eval``'s own functions."""
     from stepq.trainer.evaluation.judges import GenerativeScorer, SyntheticOracle

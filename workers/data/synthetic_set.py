@@ -13,6 +13,7 @@ from stepq.models.problems import Problem
 from stepq.workers.backends import SamplingParams, generator_id
 from stepq.workers.backends.synthetic import SyntheticBackend
 from stepq.workers.backends.synthetic_policy import (
+    ArithmeticProblem,
     DEFAULT_NUMBERS,
     PROMPT_TEMPLATE,
     SMALL_NUMBERS,
@@ -43,6 +44,15 @@ def _describe(backend: str, seed: int, config: Mapping[str, Any]) -> str:
 NUMBERS = {"default": DEFAULT_NUMBERS, "small": SMALL_NUMBERS}
 """``small``: one-digit additions and subtractions from a two-digit start, so one digit of
 arithmetic checks a step (``synthetic_policy.SMALL_NUMBERS``)."""
+
+
+def set_problems(seed: int, count: int, numbers: str = "default") -> list[tuple[str, ArithmeticProblem]]:
+    """The first ``count`` problems of a synthetic set of ``seed`` with their external ids: what
+    ``synth_set`` inserts, drawn without a database (a benchmark's exclusions read them)."""
+    drawn_from = NUMBERS[numbers]
+    return [
+        (f"synth-{seed}-{i}", make_problem(derive_seed("problem", seed, i), numbers=drawn_from)) for i in range(count)
+    ]
 
 
 def synth_set(
@@ -91,11 +101,7 @@ def synth_set(
                 f"'stepq synth' would add problems of {_describe('synthetic', seed, config)}: "
                 "use the same settings to grow it, or another --set"
             )
-        drawn_from = NUMBERS[numbers]
-        specs = [
-            (f"synth-{seed}-{i}", make_problem(derive_seed("problem", seed, i), numbers=drawn_from))
-            for i in range(problems)
-        ]
+        specs = set_problems(seed, problems, numbers)
         new_p = queries.insert_ignore(
             s,
             Problem,
