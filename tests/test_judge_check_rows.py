@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from bench.experiments.judge_capacity import verdict_examples
+from bench.experiments.judge_capacity import untaught_verdict, verdict_examples
 from bench.experiments.judge_capacity_data import taught_elsewhere
 from bench.experiments.judge_check_rows import altered_chunk, check_rows
 from bench.experiments.judge_format import EQUATION, spelled_analysis, step_local_truth
@@ -80,3 +80,21 @@ def test_the_own_policy_held_out_problems_are_drawn_as_the_set_holds_them_and_ke
     assert not excluded & {r["problem"] for r in check_rows(2, 200, excluded)}
     # a neural policy's judge works on bench_judge_at_work's set: its rows stay as documented
     assert not set(own_policy_problems(1000, 2)) & taught_elsewhere(tmp_path, 2, [], "medium")
+
+
+def test_untaught_check_verdicts_keep_the_analysis_taught_and_the_verdict_read() -> None:
+    (_, answer), (_, wrong) = verdict_examples(check_rows(3, 2), "local", "spelled")
+    record = untaught_verdict(wrong)
+    assert record == {"completion": wrong[: -len("\\boxed{Negative}")], "untaught": "\\boxed{Negative}"}
+    assert "#" in record["completion"]  # the marks are taught; what they mean is the labels' to teach
+    assert untaught_verdict(answer)["untaught"] == "\\boxed{Positive}"
+    cell = "spelled/first-dead/4/16000/8"
+    read = judge_folder(0, cell, "label", check_rows=2000, check_verdicts="untaught")
+    assert read == "seed0-spelled_first-dead_4_16000_8-check2000-untaught-label"
+    assert read != judge_folder(0, cell, "label", check_rows=2000)
+    run = {"seed": 0, "cell": cell, "check_rows": 2000, "check_verdicts": "untaught"}
+    assert run_folder(run, 0) == read
+    t0 = {"training_seed": 0, "processbench_f1": 50.0, "thresholded_f1": 60.0, "step_accuracy": 70.0}
+    line = {"seed": 0, "cell": cell, "snapshot_rows": 10, "check_rows": 2000, "label": t0}
+    apart = joined_runs([line, {**line, "check_verdicts": "untaught", "label": {**t0, "training_seed": 1000}}])
+    assert len(apart) == 2  # two setups, not two trainings of one

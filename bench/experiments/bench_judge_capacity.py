@@ -204,6 +204,7 @@ def run_cell(
         "truth_local_agreement": sum(r["truth"] == row_local_truth(r) for r in train) / max(1, len(train)),
         "random_guess_f1": random_guess_f1(heldout, seed), "random_guess_f1_kinds": random_guess_f1(kinds[0], seed),
         "pretrain_s": round(pretrain_s), "teach_steps": args.steps, "check_rows": len(check),
+        "check_verdicts": args.check_verdicts,
         "backbone_drill_accuracy": drilled,
         "backbone_seed": backbone_seed, "backbone_steps": record["steps"], "backbone_drills": record["drills"],
         # the same command on another processor builds another backbone (the data stay the same)
@@ -215,11 +216,14 @@ def run_cell(
         for k in range(args.skip_trainings, args.trainings):
             started = time.perf_counter()
             rows = len(train) if train_rows is not None else None
-            folder = models / judge_folder(seed, cell.name, target, k, rows, backbone_seed, len(check))
+            folder = models / judge_folder(
+                seed, cell.name, target, k, rows, backbone_seed, len(check), args.check_verdicts
+            )  # fmt: skip
             kept = kept_verdict(folder) if args.rescore else None
             judge, loss = kept or teach_verdict(
                 backbone, folder, train, target=target, analysis=cell.analysis, steps=args.steps,
                 batch=args.batch, lr=args.lr, seed=training_seed(seed, k), device=device, check=check,
+                check_untaught=args.check_verdicts == "untaught",
             )  # fmt: skip
             train_s = time.perf_counter() - started
             figures = evaluate_capacity(
@@ -261,6 +265,7 @@ def show(r: dict[str, Any]) -> None:
             else ""
         )
         + (f"; {r['check_rows']} check rows taught beside them" if r.get("check_rows") else "")
+        + (" (their verdicts read, not taught)" if r.get("check_verdicts") == "untaught" else "")
     )
     for target in (t for t in TARGETS if t in r):
         several = f"{target}_trainings" in r
@@ -349,6 +354,11 @@ def parser() -> argparse.ArgumentParser:
         help="Teach this many of judge_check_rows' rows beside the labels' (fresh steps, the claim changed on half, "
         "their verdict the check's own): a deviation from the label-taught recipe, named in the judges' folders "
         "(-checkN).",
+    )  # fmt: skip
+    ap.add_argument(
+        "--check-verdicts", choices=("taught", "untaught"), default="taught",
+        help="untaught: the check rows' verdicts are read but kept out of the loss, so that every verdict taught "
+        "is a label's (the rows teach the analysis alone; folders -checkN-untaught).",
     )  # fmt: skip
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-3)

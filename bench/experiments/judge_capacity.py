@@ -130,12 +130,14 @@ def teach_verdict(
     seed: int,
     device: Device = CPU,
     check: Sequence[Mapping[str, Any]] = (),
+    check_untaught: bool = False,
 ) -> tuple[Path, float]:
     """The verdict (after its analysis) taught by cross-entropy through stepq's supervised
     method (``stepq train --method sft``: TRL's SFT trainer, the loss on the answer only), as a
     training run recorded in a throwaway ``out/runs.db``; ``target`` one of
     ``TARGETS``.  ``check``: rows taught beside them with their ``local`` truth whatever the
-    target (``judge_check_rows``: the check taught where copying the claim does not pay).  The
+    target (``judge_check_rows``: the check taught where copying the claim does not pay);
+    ``check_untaught``: their verdicts read but not taught (``untaught_verdict``).  The
     judge is asked afterwards with the benchmark's prompt (``JUDGE_TEMPLATE``, kept beside it).
     Returns the judge's model folder and its last logged loss."""
     from stepq.migrations import upgrade
@@ -146,8 +148,11 @@ def teach_verdict(
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    examples = [*verdict_examples(rows, target, analysis), *verdict_examples(check, "local", analysis)]
-    records = [{"prompt": p, "completion": a} for p, a in examples]
+    records: list[dict[str, str]] = [
+        {"prompt": p, "completion": a} for p, a in verdict_examples(rows, target, analysis)
+    ]
+    for p, a in verdict_examples(check, "local", analysis):
+        records.append({"prompt": p, **(untaught_verdict(a) if check_untaught else {"completion": a})})
     upgrade(f"sqlite:///{out / 'runs.db'}")
     db = Database(f"sqlite:///{out / 'runs.db'}")
     try:
@@ -157,6 +162,13 @@ def teach_verdict(
     finally:
         db.dispose()
     return kept_verdict(out) or (result.final_model, float("nan"))
+
+
+def untaught_verdict(answer: str) -> dict[str, str]:
+    """An answer as a record whose analysis is taught and whose verdict (``\\boxed{...}`` to
+    the end) is read only (``stepq train --method sft``'s ``untaught`` text)."""
+    at = answer.rindex("\\boxed{")
+    return {"completion": answer[:at], "untaught": answer[at:]}
 
 
 def kept_verdict(out: Path) -> tuple[Path, float] | None:

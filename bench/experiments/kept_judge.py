@@ -40,8 +40,9 @@ def run_folder(run: dict[str, Any], k: int) -> str:
     """The k-th training's folder, as ``bench_judge_capacity --keep`` named it (cells taught on
     every row of their snapshot; an ``--equal-rows`` run names the rows too and is not matched)."""
     return judge_folder(
-        run["seed"], run["cell"], TARGET, k, backbone_seed=run.get("backbone_seed"), check_rows=run.get("check_rows", 0)
-    )
+        run["seed"], run["cell"], TARGET, k, backbone_seed=run.get("backbone_seed"),
+        check_rows=run.get("check_rows", 0), check_verdicts=run.get("check_verdicts", "taught"),
+    )  # fmt: skip
 
 
 def at_work_figures(work: dict[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,9 @@ from stepq.trainer.training.recipe import Recipe
 from stepq.trainer.training.runs import RunPlan, RunSpec, TrainOptions
 
 FIELDS = ("prompt", "completion")
+UNTAUGHT = "untaught"
+"""A record's optional text after its completion: in the sequence the judge reads, not in the
+loss (a verdict that is not the labels' own, shown so the analysis before it reads whole)."""
 
 
 def load_judge_records(folder: Path) -> tuple[list[dict[str, str]], str | None]:
@@ -46,7 +49,9 @@ def load_judge_records(folder: Path) -> tuple[list[dict[str, str]], str | None]:
             raise ConfigError(f"{path}:{n}: not JSON ({exc.msg})") from None
         if not all(isinstance(row.get(k), str) for k in FIELDS):
             raise ConfigError(f"{path}:{n}: a record needs text 'prompt' and 'completion'")
-        records.append({k: row[k] for k in FIELDS})
+        if not isinstance(row.get(UNTAUGHT, ""), str):
+            raise ConfigError(f"{path}:{n}: '{UNTAUGHT}' is text after the completion, not {row[UNTAUGHT]!r}")
+        records.append({k: row[k] for k in (*FIELDS, UNTAUGHT) if k in row})
     manifest = folder / MANIFEST
     template = json.loads(manifest.read_text(encoding="utf-8")).get("template") if manifest.is_file() else None
     return records, template
@@ -67,7 +72,8 @@ class SFT(Method):
             records, template = load_judge_records(data.data_dir)
             dataset = f"judge-records:{data.data_dir.resolve()}"
         else:
-            records, dataset = [{k: r[k] for k in FIELDS} for r in data.records or ()], data.source()
+            given = data.records or ()
+            records, dataset = [{k: r[k] for k in (*FIELDS, UNTAUGHT) if k in r} for r in given], data.source()
         if not records:
             raise ConfigError(f"{dataset} has no records to train on")
         from datasets import Dataset
@@ -84,7 +90,15 @@ class SFT(Method):
         prompting = JudgeSettings(
             template or named or JudgePrompt.load().template, recipe.conversational, answer_room(model, records)
         )
-        rows = [_record(r, recipe.conversational) for r in records]
+        if any(r.get(UNTAUGHT) for r in records):
+            if recipe.conversational:
+                raise ConfigError(f"{dataset}: '{UNTAUGHT}' text is taught without a chat template only")
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(model)
+            rows = [taught_tokens(tokenizer, r, config.eos_token or tokenizer.eos_token) for r in records]
+        else:
+            rows = [_record(r, recipe.conversational) for r in records]
         return RunPlan(
             RunSpec(self.name, recipe.text, model, output_dir, dataset=dataset),
             SFTTrainer,
@@ -101,8 +115,31 @@ def answer_room(model: str, records: list[dict[str, str]]) -> int:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
-    longest = max(len(tokenizer.encode(r["completion"], add_special_tokens=False)) for r in records)
+    answers = (r["completion"] + r.get(UNTAUGHT, "") for r in records)
+    longest = max(len(tokenizer.encode(a, add_special_tokens=False)) for a in answers)
     return longest + 1 + max(16, longest // 2)
+
+
+def taught_tokens(tokenizer: Any, record: dict[str, str], eos: str) -> dict[str, list[int]]:
+    """A record as the tokens the judge reads and the labels it is taught: the loss on the
+    completion and the end of text, as TRL's prompt-completion path takes it, except on the
+    record's ``untaught`` text (and the end of text after it), which the judge reads only.  TRL
+    leaves a dataset with ``input_ids`` and ``labels`` as given."""
+    prompt, taught, shown = record["prompt"], record["prompt"] + record["completion"], record.get(UNTAUGHT, "")
+    text = taught + shown
+    ids = tokenizer(text=text if text.endswith(eos) else text + eos)["input_ids"]
+    start = _shared(tokenizer(text=prompt)["input_ids"], ids)
+    end = _shared(tokenizer(text=taught)["input_ids"], ids) if shown else len(ids)
+    return {"input_ids": ids, "labels": [t if start <= i < end else -100 for i, t in enumerate(ids)]}
+
+
+def _shared(prefix: list[int], ids: list[int]) -> int:
+    """How many leading tokens ``prefix`` and ``ids`` share (where a text's tokens stop being
+    those of the longer text it begins)."""
+    n = 0
+    while n < min(len(prefix), len(ids)) and prefix[n] == ids[n]:
+        n += 1
+    return n
 
 
 def _record(record: dict[str, str], conversational: bool) -> dict[str, Any]:
