@@ -9,10 +9,9 @@ import pytest
 from sqlalchemy import select
 
 from bench.experiments.judge_capacity import untaught_verdict, verdict_examples
-from bench.experiments.judge_capacity_data import taught_elsewhere
+from bench.experiments.judge_capacity_data import OWN_POLICY_SEED, own_policy_problems, taught_elsewhere
 from bench.experiments.judge_check_rows import altered_chunk, check_rows
 from bench.experiments.judge_format import EQUATION, spelled_analysis, step_local_truth
-from bench.experiments.judge_own_policy import HELDOUT_SEED, own_policy_problems
 from bench.experiments.judge_trainings import joined_runs, judge_folder
 from bench.experiments.kept_judge import run_folder
 from stepq.models import Database
@@ -68,7 +67,7 @@ def test_a_judge_taught_check_rows_is_named_apart() -> None:
 def test_the_own_policy_held_out_problems_are_drawn_as_the_set_holds_them_and_kept_out(
     sqlite: Database, tmp_path: Path
 ) -> None:
-    synth_set(sqlite, "own", problems=6, seed=HELDOUT_SEED + 2, numbers="small")
+    synth_set(sqlite, "own", problems=6, seed=OWN_POLICY_SEED + 2, numbers="small")
     with sqlite.session() as s:
         held = [p.question for p in s.scalars(select(Problem).order_by(Problem.external_id))]
     drawn = own_policy_problems(6, 2)

@@ -187,13 +187,25 @@ def take_rows(rows: list[dict[str, Any]], n: int | None, seed: int) -> list[dict
     return [rows[i] for i in kept]
 
 
+OWN_POLICY_SEED = 10_000
+"""Added to a seed for the set ``judge_own_policy`` puts that seed's judge to work on (the
+training sets use seeds 0, 1, 2)."""
+
+
+def own_policy_problems(count: int, seed: int) -> list[str]:
+    """The questions of that set's first ``count`` problems, as ``synth_set`` draws them (no
+    database needed)."""
+    from stepq.workers.data.synthetic_set import set_problems
+
+    return [problem.question for _, problem in set_problems(OWN_POLICY_SEED + seed, count, "small")]
+
+
 def taught_elsewhere(where: Path, seed: int, rows: list[dict[str, Any]], policy: str) -> frozenset[str]:
     """The problems check rows must not come from: the snapshot's, the held-out and tuning
     files', and those the judge is put to work on (the first 1,000 of ``bench_judge_at_work``'s
     held-out set; for the synthetic ``policy``, also of ``judge_own_policy``'s, which is added
     only there so that the neural judges' documented rows are drawn as they were)."""
     from bench.experiments.bench_judge_at_work import held_out_problems
-    from bench.experiments.judge_own_policy import own_policy_problems
 
     seen = {r["problem"] for r in rows}
     for name in ("heldout", "tune", "heldout-kinds", "tune-kinds"):

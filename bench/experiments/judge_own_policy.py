@@ -31,22 +31,12 @@ from typing import Any
 
 from bench.common import emit, saved_result
 from bench.experiments.bench_judge_at_work import accuracy_ci, load_judge, paired_gain, tiny_judge
-from bench.experiments.judge_capacity_data import OP_ERROR_RATES
+from bench.experiments.judge_capacity_data import OP_ERROR_RATES, OWN_POLICY_SEED
 from bench.experiments.stats import bootstrap
 
 SET = "own-policy"
-HELDOUT_SEED = 10_000
-"""Added to ``--seed`` for the held-out set: the training sets use seeds 0, 1, 2."""
 ERROR_RATE = 0.15
 """``bench_judge_capacity``'s policy (with its ``OP_ERROR_RATES`` and ``--recovery-rate``)."""
-
-
-def own_policy_problems(count: int, seed: int) -> list[str]:
-    """The questions of the held-out set's first ``count`` problems, as ``synth_set`` draws them
-    (``--seed``'s set; no database needed)."""
-    from stepq.workers.data.synthetic_set import set_problems
-
-    return [problem.question for _, problem in set_problems(HELDOUT_SEED + seed, count, "small")]
 
 
 def at_work(db: Any, judge_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -189,7 +179,7 @@ def main() -> None:
         upgrade(url)
         db = Database(url)
         synth_set(
-            db, SET, problems=args.problems, seed=HELDOUT_SEED + args.seed, error_rate=ERROR_RATE,
+            db, SET, problems=args.problems, seed=OWN_POLICY_SEED + args.seed, error_rate=ERROR_RATE,
             recovery_rate=args.recovery_rate, op_error_rates=OP_ERROR_RATES, numbers="small",
             trajectories_per_problem=max(int(n) for n in args.n.split(",")),
         )  # fmt: skip
