@@ -65,6 +65,9 @@ def test_at_work_the_share_is_of_the_oracles_gain_and_best_of_n_is_paired_agains
     assert figures["share"] == pytest.approx(0.5)
     assert list(figures["best_of_n_over_majority"]) == ["4"]  # N = 1 has nothing to choose
     assert figures["best_of_n_over_majority"]["4"]["gain"] == pytest.approx(25.0)  # one problem of four
+    own = work("x", judge, plain, oracle_gain=100.0, majority=judge)  # judge_own_policy keeps the paired gain only
+    own["best_of_n"] = [{"n": 4, "judge_over_majority": {"gain": -25.0, "ci": [-50.0, 0.0]}}]
+    assert at_work_figures(own)["best_of_n_over_majority"] == {"4": {"gain": -25.0, "ci": [-50.0, 0.0]}}
 
 
 def test_a_runs_files_are_gathered_by_the_judges_folder(tmp_path: Path) -> None:

@@ -69,7 +69,7 @@ def at_work(db: Any, judge_dir: Path, args: argparse.Namespace) -> dict[str, Any
             for name, values in methods.items():
                 key = "judge P(Positive)" if name == "judge" else name
                 entry[key] = {"accuracy": 100.0 * sum(values) / max(1, len(values)), "ci": _ci(values, args.seed)}
-            entry["judge_over_majority"] = _paired(row.per_problem["majority"], row.per_problem["judge"], args.seed)
+            entry["judge_over_majority"] = paired_gain(row.per_problem["majority"], row.per_problem["judge"], args.seed)
             bon.append(entry)
         return {"chunk_reset": runs, "best_of_n": bon, "judge_outputs": built.judge.stats.as_dict()}
     finally:
@@ -78,15 +78,6 @@ def at_work(db: Any, judge_dir: Path, args: argparse.Namespace) -> dict[str, Any
 
 def _ci(values: list[float], seed: int) -> tuple[float, float]:
     return bootstrap(values, lambda v: 100.0 * sum(v) / max(1, len(v)), seed)
-
-
-def _paired(a: list[float], b: list[float], seed: int) -> dict[str, Any]:
-    pairs = list(zip(a, b, strict=True))
-
-    def gain(p: Any) -> float:
-        return 100.0 * sum(y - x for x, y in p) / max(1, len(p))
-
-    return {"gain": gain(pairs), "ci": bootstrap(pairs, gain, seed)}
 
 
 def show(result: dict[str, Any]) -> None:

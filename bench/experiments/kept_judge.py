@@ -47,11 +47,14 @@ def run_folder(run: dict[str, Any], k: int) -> str:
 
 def at_work_figures(work: dict[str, Any]) -> dict[str, Any]:
     """The judge's chunk-reset gain as a share of the oracle's, and Best-of-N by its
-    P(Positive) over majority vote per N (paired over the same problems)."""
+    P(Positive) over majority vote per N (paired over the same problems; a ``judge_own_policy``
+    log keeps the paired gain it measured, not the outcomes)."""
     cr = work["chunk_reset"]
     gain, oracle = cr["judge"]["gain_over_plain"], cr["oracle"]["gain_over_plain"]["gain"]
     bon = {
         str(row["n"]): paired_gain(row["outcomes"]["majority"], row["outcomes"]["judge P(Positive)"], 0)
+        if "outcomes" in row
+        else row["judge_over_majority"]
         for row in work["best_of_n"]
         if row["n"] > 1
     }
