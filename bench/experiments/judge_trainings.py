@@ -65,8 +65,8 @@ def joined_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     over all of them. Lines whose data or backbone differ (snapshot rows, rows taught, the
     backbone's hash, or its drills where a run has no hash) are not the same setup and are
     refused, as is a training taught in two runs (its figures would count twice). Lines that name
-    different backbone seeds (``--backbone-seed``) or check rows (``--check-rows``, ``--check-verdicts``) are different
-    setups by design: kept apart, neither joined nor refused."""
+    different backbone seeds (``--backbone-seed``) or check rows (``--check-rows``,
+    ``--check-verdicts``) are different setups by design: kept apart, neither joined nor refused."""
     joined: dict[tuple[int, str, int | None, int, int, str], dict[str, Any]] = {}
     for run in runs:
         key = (
