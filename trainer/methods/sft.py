@@ -87,15 +87,15 @@ class SFT(Method):
                 f"{dataset}: its prompts were rendered with another template than the recipe's judge_template "
                 "(the judge is asked as its records were written: drop judge_template)"
             )
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model)
         prompting = JudgeSettings(
-            template or named or JudgePrompt.load().template, recipe.conversational, answer_room(model, records)
+            template or named or JudgePrompt.load().template, recipe.conversational, answer_room(tokenizer, records)
         )
         if any(r.get(UNTAUGHT) for r in records):
             if recipe.conversational:
                 raise ConfigError(f"{dataset}: '{UNTAUGHT}' text is taught without a chat template only")
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(model)
             rows = [taught_tokens(tokenizer, r, config.eos_token or tokenizer.eos_token) for r in records]
         else:
             rows = [_record(r, recipe.conversational) for r in records]
@@ -108,13 +108,10 @@ class SFT(Method):
         )
 
 
-def answer_room(model: str, records: list[dict[str, str]]) -> int:
-    """How many tokens the judge may write when asked: the longest answer it was taught, in the
-    base model's tokens, with half as much again to spare (an analysis of a longer step runs
+def answer_room(tokenizer: Any, records: list[dict[str, str]]) -> int:
+    """How many tokens the judge may write when asked: the longest answer it was taught (with
+    any untaught text it read after it), in the base model's tokens, with half as much again to spare (an analysis of a longer step runs
     longer); a judge that never stops is cut there, not at the model's whole context."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model)
     answers = (r["completion"] + r.get(UNTAUGHT, "") for r in records)
     longest = max(len(tokenizer.encode(a, add_special_tokens=False)) for a in answers)
     return longest + 1 + max(16, longest // 2)
@@ -125,21 +122,14 @@ def taught_tokens(tokenizer: Any, record: dict[str, str], eos: str) -> dict[str,
     completion and the end of text, as TRL's prompt-completion path takes it, except on the
     record's ``untaught`` text (and the end of text after it), which the judge reads only.  TRL
     leaves a dataset with ``input_ids`` and ``labels`` as given."""
+    from trl.data_utils import common_prefix_length  # where TRL itself starts a completion
+
     prompt, taught, shown = record["prompt"], record["prompt"] + record["completion"], record.get(UNTAUGHT, "")
     text = taught + shown
     ids = tokenizer(text=text if text.endswith(eos) else text + eos)["input_ids"]
-    start = _shared(tokenizer(text=prompt)["input_ids"], ids)
-    end = _shared(tokenizer(text=taught)["input_ids"], ids) if shown else len(ids)
+    start = common_prefix_length(tokenizer(text=prompt)["input_ids"], ids)
+    end = common_prefix_length(tokenizer(text=taught)["input_ids"], ids) if shown else len(ids)
     return {"input_ids": ids, "labels": [t if start <= i < end else -100 for i, t in enumerate(ids)]}
-
-
-def _shared(prefix: list[int], ids: list[int]) -> int:
-    """How many leading tokens ``prefix`` and ``ids`` share (where a text's tokens stop being
-    those of the longer text it begins)."""
-    n = 0
-    while n < min(len(prefix), len(ids)) and prefix[n] == ids[n]:
-        n += 1
-    return n
 
 
 def _record(record: dict[str, str], conversational: bool) -> dict[str, Any]:
