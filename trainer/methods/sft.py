@@ -110,8 +110,9 @@ class SFT(Method):
 
 def answer_room(tokenizer: Any, records: list[dict[str, str]]) -> int:
     """How many tokens the judge may write when asked: the longest answer it was taught (with
-    any untaught text it read after it), in the base model's tokens, with half as much again to spare (an analysis of a longer step runs
-    longer); a judge that never stops is cut there, not at the model's whole context."""
+    any untaught text it read after it), in the base model's tokens, with half as much again to
+    spare (an analysis of a longer step runs longer); a judge that never stops is cut there, not
+    at the model's whole context."""
     answers = (r["completion"] + r.get(UNTAUGHT, "") for r in records)
     longest = max(len(tokenizer.encode(a, add_special_tokens=False)) for a in answers)
     return longest + 1 + max(16, longest // 2)

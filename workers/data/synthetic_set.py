@@ -13,10 +13,10 @@ from stepq.models.problems import Problem
 from stepq.workers.backends import SamplingParams, generator_id
 from stepq.workers.backends.synthetic import SyntheticBackend
 from stepq.workers.backends.synthetic_policy import (
-    ArithmeticProblem,
     DEFAULT_NUMBERS,
     PROMPT_TEMPLATE,
     SMALL_NUMBERS,
+    ArithmeticProblem,
     SyntheticPolicy,
     ground_truth,
     make_problem,
