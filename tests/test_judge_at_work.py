@@ -45,6 +45,49 @@ def test_best_of_n_picks_by_the_lowest_step_score_and_votes_by_answer() -> None:
     assert three["outcomes"]["good"] == [True, True]
 
 
+def _candidate(answer: str | None, correct: bool) -> Any:
+    from stepq.trainer.evaluation.best_of_n import Candidate
+
+    return Candidate(("step",), answer, correct)
+
+
+def test_a_wrong_pick_is_read_as_tied_saturated_missed_or_outscored() -> None:
+    from bench.experiments.best_of_n_reading import why_wrong
+
+    wrong, right = _candidate("4", False), _candidate("5", True)
+    clean, slipped = [1.0, 1.0], [1.0, 0.0]  # the truth: every step right; the second step wrong
+    assert why_wrong([right, wrong], [[0.9, 0.8], [0.9, 0.7]], [clean, slipped]) is None
+    # level with a right sample that comes later: lost on the tie rule, not on the scores
+    assert why_wrong([wrong, right], [[0.9, 0.8], [0.8, 0.9]], [slipped, clean]) == "tied"
+    # the wrong pick's probability has run out of digits; the right one has not
+    assert why_wrong([right, wrong], [[1.0, 0.99], [1.0, 1.0]], [clean, slipped]) == "saturated"
+    # the judge accepts the step the truth rejects
+    assert why_wrong([right, wrong], [[0.9, 0.6], [0.9, 0.7]], [clean, slipped]) == "missed"
+    # the judge rejects the wrong step, but rejects a step of the right sample harder
+    assert why_wrong([right, wrong], [[0.9, 0.1], [0.9, 0.3]], [clean, slipped]) == "outscored"
+
+
+def test_the_weighted_vote_sums_scores_by_answer_and_first_accepted_takes_the_earliest_whole() -> None:
+    from bench.experiments.best_of_n_reading import first_accepted, read_picks, weighted_vote
+
+    # two wrong samples agreeing on 4 (0.4 + 0.4) outvote one right sample at 0.7 ...
+    three = [_candidate("4", False), _candidate("4", False), _candidate("5", True)]
+    assert weighted_vote(three, [0.4, 0.4, 0.7]) is False
+    # ... and not at 0.9; a sample with no answer carries no vote
+    assert weighted_vote(three, [0.4, 0.4, 0.9]) is True
+    assert weighted_vote([_candidate(None, False), _candidate("5", True)], [1.0, 0.1]) is True
+    # the first sample whose every step is accepted (>= 0.5), whatever comes after it
+    assert first_accepted(three, [[0.9, 0.4], [0.6, 0.5], [1.0, 1.0]]) is False
+    # none accepted whole: the one accepted longest before its first rejection
+    assert first_accepted(three, [[0.9, 0.4], [0.1, 0.9], [0.9, 0.9, 0.2]]) is True
+    truth = [[[1.0, 0.0], [1.0, 0.0], [1.0, 1.0]]]
+    read = read_picks([three], [[[0.9, 0.4], [0.6, 0.5], [1.0, 1.0]]], truth, 3)
+    assert read["accuracy"] == {"lowest step P(Positive)": 100.0, "first accepted": 0.0, "weighted vote": 100.0}
+    assert read["wrong_samples"] == {"saturated": 0.0, "accepted": 50.0}
+    assert read["right_samples"] == {"saturated": 100.0, "accepted": 100.0}
+    assert read_picks([three], [[[0.9, 0.4], [0.6, 0.5], [1.0, 1.0]]], truth, 4)["problems"] == 0
+
+
 def test_paired_gain_counts_problems_won_and_lost() -> None:
     plain = [False, False, True, True]
     judged = [True, False, True, False]
@@ -96,6 +139,11 @@ def test_the_judge_at_work_on_its_own_policy_runs_through_stepq_evals_functions(
     assert [row["n"] for row in result["best_of_n"]] == [1, 2]
     first = result["best_of_n"][0]
     assert first["judge P(Positive)"]["accuracy"] == first["random"]["accuracy"] == first["majority"]["accuracy"]
+    for row in result["best_of_n"]:  # the reading is of the same scores as the pick
+        reading = row["reading"]
+        wrong = 100.0 - row["judge P(Positive)"]["accuracy"]
+        assert reading["accuracy"]["lowest step P(Positive)"] == row["judge P(Positive)"]["accuracy"]
+        assert sum(reading["wrong_picks"].values()) == round(wrong * row["problems"] / 100)
 
 
 def test_the_own_policy_goal_needs_half_the_oracles_gain_clear_of_zero_on_every_seed() -> None:

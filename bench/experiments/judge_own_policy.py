@@ -11,7 +11,8 @@ runs, through the same functions:
   and with the synthetic truth as the judge (the oracle), final-answer accuracy with 95%
   intervals over problems, the paired gain over plain sampling, and the tokens each spent;
 - ``stepq eval best-of-n --set S --score-by logprob``: the sample with the highest lowest step
-  P(Positive), against majority vote, random choice and the oracle's pick.
+  P(Positive), against majority vote, random choice and the oracle's pick; from the same
+  scores, why the pick is wrong where it is and two other picks (``best_of_n_reading``).
 
     python -m bench.experiments.bench_judge_capacity --seeds 0 --cells spelled/first-dead/2/16000/8 \\
         --targets label --keep runs
@@ -31,6 +32,7 @@ from typing import Any
 
 from bench.common import emit, saved_result
 from bench.experiments.bench_judge_at_work import accuracy_ci, load_judge, paired_gain, tiny_judge
+from bench.experiments.best_of_n_reading import read_picks
 from bench.experiments.judge_capacity_data import OP_ERROR_RATES, OWN_POLICY_SEED
 from bench.experiments.stats import bootstrap
 
@@ -41,8 +43,9 @@ ERROR_RATE = 0.15
 
 def at_work(db: Any, judge_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Chunk-reset and Best-of-N on the set, through ``stepq eval``'s own functions."""
+    from stepq.trainer.evaluation.best_of_n import best_of_n
     from stepq.trainer.evaluation.judges import GenerativeScorer, SyntheticOracle
-    from stepq.trainer.evaluation.validation import set_best_of_n, set_chunk_reset
+    from stepq.trainer.evaluation.validation import set_chunk_reset, set_step_scores
 
     built = load_judge(judge_dir, args.judge_tokens)
     try:
@@ -59,9 +62,10 @@ def at_work(db: Any, judge_dir: Path, args: argparse.Namespace) -> dict[str, Any
                 run["tokens_over_plain"] = run["tokens"] / max(1, runs["plain"]["tokens"])
         runs["judge"]["seconds"] = round(judged_s)
         ns = sorted({int(n) for n in args.n.split(",")})
-        scorer = GenerativeScorer(built.judge, "logprob")
-        by_judge = set_best_of_n(db, SET, scorer, ns, "min")
-        by_oracle = set_best_of_n(db, SET, SyntheticOracle(), ns, "min")
+        # what `stepq eval best-of-n --score-by logprob` scores, scored once and read several ways
+        candidates, scores = set_step_scores(db, SET, GenerativeScorer(built.judge, "logprob"))
+        _, truth = set_step_scores(db, SET, SyntheticOracle())
+        by_judge, by_oracle = best_of_n(candidates, scores, ns, "min"), best_of_n(candidates, truth, ns, "min")
         bon = []
         for row, oracle_row in zip(by_judge, by_oracle, strict=True):
             methods = {**row.per_problem, "oracle": oracle_row.per_problem["judge"]}
@@ -70,6 +74,16 @@ def at_work(db: Any, judge_dir: Path, args: argparse.Namespace) -> dict[str, Any
                 key = "judge P(Positive)" if name == "judge" else name
                 entry[key] = {"accuracy": 100.0 * sum(values) / max(1, len(values)), "ci": _ci(values, args.seed)}
             entry["judge_over_majority"] = paired_gain(row.per_problem["majority"], row.per_problem["judge"], args.seed)
+            reading = read_picks(candidates, scores, truth, row.n)
+            assert reading["per_problem"]["lowest step P(Positive)"] == [bool(v) for v in row.per_problem["judge"]]
+            entry["reading"] = {
+                **{k: v for k, v in reading.items() if k != "per_problem"},
+                "over_majority": {
+                    name: paired_gain(row.per_problem["majority"], values, args.seed)
+                    for name, values in reading["per_problem"].items()
+                    if name != "lowest step P(Positive)"
+                },
+            }
             bon.append(entry)
         return {"chunk_reset": runs, "best_of_n": bon, "judge_outputs": built.judge.stats.as_dict()}
     finally:
@@ -101,6 +115,18 @@ def show(result: dict[str, Any]) -> None:
     for row in result["best_of_n"]:
         cells = " ".join(f"{ci(row[k]):>22}" for k in names)
         print("  " + f"{row['n']:>3} " + cells + f" {gain(row['judge_over_majority']):>24}")
+    for row in result["best_of_n"]:
+        read = row.get("reading")
+        if read is None:  # a log from before the reading
+            continue
+        others = ", ".join(f"{name} {gain(g)}" for name, g in read["over_majority"].items())
+        why = ", ".join(f"{k} {v}" for k, v in read["wrong_picks"].items())
+        print(f"  N={row['n']}: other picks - majority: {others}; wrong picks: {why}")
+        print(
+            f"        lowest step P(Positive) exactly 1.0: right samples {read['right_samples']['saturated']:.1f}%, "
+            f"wrong {read['wrong_samples']['saturated']:.1f}%; accepted whole: right "
+            f"{read['right_samples']['accepted']:.1f}%, wrong {read['wrong_samples']['accepted']:.1f}%"
+        )
 
 
 def summary(results: list[dict[str, Any]]) -> dict[str, Any]:

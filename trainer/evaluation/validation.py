@@ -52,10 +52,10 @@ def _set(db: Database, name: str) -> tuple[Any, dict[int, list[dict[str, Any]]]]
         return pset, queries.set_solutions(session, pset.id)
 
 
-def set_best_of_n(db: Database, name: str, judge: StepJudge, ns: Sequence[int], how: str) -> list[BestOfNRow]:
-    """Best-of-N over the set's trajectories (the first N per problem), each scored by its
-    step scores aggregated with ``how``: a scoring judge's (a PRM's) probabilities, or a
-    judge's verdicts as 1 (accepted) and 0 (not)."""
+def set_step_scores(db: Database, name: str, judge: StepJudge) -> tuple[list[list[Candidate]], list[list[list[float]]]]:
+    """Every trajectory of the set as a Best-of-N candidate, grouped by problem, and each of its
+    steps' scores: a scoring judge's (a PRM's) probabilities, or a judge's verdicts as 1
+    (accepted) and 0 (not).  Scored once, so several picks can be read off the same scores."""
     _, solutions = _set(db, name)
     trajs = [t for ts in solutions.values() for t in ts]
     if not trajs:
@@ -79,6 +79,13 @@ def set_best_of_n(db: Database, name: str, judge: StepJudge, ns: Sequence[int], 
         [Candidate(tuple(t["chunks"]), t["answer"], bool(t["outcome"])) for t in ts] for ts in solutions.values()
     ]
     scores = [[next(per_traj) for _ in ts] for ts in solutions.values()]
+    return problems, scores
+
+
+def set_best_of_n(db: Database, name: str, judge: StepJudge, ns: Sequence[int], how: str) -> list[BestOfNRow]:
+    """Best-of-N over the set's trajectories (the first N per problem), each scored by its
+    step scores (``set_step_scores``) aggregated with ``how``."""
+    problems, scores = set_step_scores(db, name, judge)
     return best_of_n(problems, scores, ns, how)
 
 
