@@ -63,6 +63,10 @@ def test_a_wrong_pick_is_read_as_tied_saturated_missed_or_outscored() -> None:
     assert why_wrong([right, wrong], [[1.0, 0.99], [1.0, 1.0]], [clean, slipped]) == "saturated"
     # the judge accepts the step the truth rejects
     assert why_wrong([right, wrong], [[0.9, 0.6], [0.9, 0.7]], [clean, slipped]) == "missed"
+    # after the first wrong step the truth rejects every step: only the first one is a miss
+    early, dead = [1.0, 0.0, 0.0], [0.9, 0.3, 0.9]
+    assert why_wrong([right, wrong], [[0.9, 0.2], dead], [clean, early]) == "outscored"
+    assert why_wrong([right, wrong], [[0.9, 0.2], [0.9, 0.9, 0.3]], [clean, early]) == "missed"
     # the judge rejects the wrong step, but rejects a step of the right sample harder
     assert why_wrong([right, wrong], [[0.9, 0.1], [0.9, 0.3]], [clean, slipped]) == "outscored"
 
@@ -86,6 +90,21 @@ def test_the_weighted_vote_sums_scores_by_answer_and_first_accepted_takes_the_ea
     assert read["wrong_samples"] == {"saturated": 0.0, "accepted": 50.0}
     assert read["right_samples"] == {"saturated": 100.0, "accepted": 100.0}
     assert read_picks([three], [[[0.9, 0.4], [0.6, 0.5], [1.0, 1.0]]], truth, 4)["problems"] == 0
+
+
+def test_kept_scores_read_again_as_when_they_were_scored(tmp_path: Path) -> None:
+    from bench.experiments.best_of_n_reading import load_scores, read_rows, save_scores
+
+    problems = [[_candidate("4", False), _candidate("5", True)], [_candidate("7", True), _candidate("6", False)]]
+    scores = [[[0.9, 0.8], [0.7]], [[0.2], [0.6, 0.9]]]
+    truth = [[[1.0, 0.0], [1.0]], [[1.0], [0.0, 0.0]]]
+    save_scores(tmp_path / "scores.json", problems, scores, truth)
+    again = read_rows(*load_scores(tmp_path / "scores.json"), [2], 0)
+    assert again == read_rows(problems, scores, truth, [2], 0)
+    # both picks are wrong, each on a wrong step the judge accepts; majority vote (the first
+    # answer on a tie) is wrong on the first problem and right on the second
+    assert again[0]["wrong_picks"] == {"tied": 0, "saturated": 0, "missed": 2, "outscored": 0}
+    assert again[0]["over_majority"]["lowest step P(Positive)"]["gain"] == -50.0
 
 
 def test_paired_gain_counts_problems_won_and_lost() -> None:

@@ -7,19 +7,27 @@
 - **tied**: a right sample scored as high as the pick, which won on the tie rule (the earliest);
 - **saturated**: the pick's lowest step P(Positive) is exactly 1.0 (the judge's probability has
   run out of digits, so the ranking among such samples is the tie rule's);
-- **missed**: the pick has a step the truth rejects and the judge accepts (P(Positive) >= 0.5);
-- **outscored**: otherwise, every right sample has a step scored lower than the pick's lowest.
+- **missed**: the judge accepts (P(Positive) >= 0.5) the pick's first wrong step (the truth
+  rejects every step from there on; a later step the judge rejects does not undo the miss);
+- **outscored**: the judge rejects that step, yet every right sample has a step it scores
+  lower still (a right sample's weakest step, not the wrong sample's error, decides).
 
 Beside the pick by the lowest step P(Positive) (the method the issue measures), two other picks
 from the same scores, named as readings, not as the method: the first sample whose every step
 the judge accepts (its verdicts, read as P(Positive) >= 0.5), and a vote weighted by each
-sample's lowest step P(Positive) (answers summed).  Pure functions: no model, no database.
+sample's lowest step P(Positive) (answers summed).  Pure functions: no model, no database;
+``--scores`` reads again the scores ``judge_own_policy --save-scores`` kept:
+
+    python -m bench.experiments.best_of_n_reading --scores runs/scores0.json --n 4,16
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 ACCEPTED = 0.5
@@ -72,7 +80,8 @@ def why_wrong(
         return "tied"
     if top == 1.0:
         return "saturated"
-    if any(t < ACCEPTED <= x for x, t in zip(scores[chosen], truth[chosen], strict=True)):
+    first_wrong = next((k for k, t in enumerate(truth[chosen]) if t < ACCEPTED), None)
+    if first_wrong is not None and scores[chosen][first_wrong] >= ACCEPTED:
         return "missed"
     return "outscored"
 
@@ -121,3 +130,62 @@ def read_picks(
         "right_samples": {"saturated": share(kinds[True], "saturated"), "accepted": share(kinds[True], "accepted")},
         "wrong_samples": {"saturated": share(kinds[False], "saturated"), "accepted": share(kinds[False], "accepted")},
     }
+
+
+def read_rows(
+    problems: Sequence[Sequence[Any]],
+    scores: Sequence[Sequence[Sequence[float]]],
+    truth: Sequence[Sequence[Sequence[float]]],
+    ns: Sequence[int],
+    seed: int,
+) -> list[dict[str, Any]]:
+    """``read_picks`` at each N, with each other pick's paired gain over majority vote (the
+    vote ``stepq eval best-of-n`` reports, on the same problems)."""
+    from bench.experiments.bench_judge_at_work import paired_gain
+    from stepq.trainer.evaluation.best_of_n import best_of_n
+
+    rows = []
+    for row in best_of_n(problems, scores, ns, "min"):
+        reading = read_picks(problems, scores, truth, row.n)
+        assert reading["per_problem"]["lowest step P(Positive)"] == [bool(v) for v in row.per_problem["judge"]]
+        majority = row.per_problem["majority"]
+        rows.append(
+            {
+                **{k: v for k, v in reading.items() if k != "per_problem"},
+                "over_majority": {
+                    name: paired_gain(majority, values, seed) for name, values in reading["per_problem"].items()
+                },
+            }
+        )
+    return rows
+
+
+def save_scores(path: Path, problems: Sequence[Sequence[Any]], scores: Any, truth: Any) -> None:
+    """The samples (answer, right or not) with the judge's and the truth's step scores: what
+    ``read_rows`` reads, kept so a reading can be redone without the judge (``--scores``)."""
+    samples = [[{"answer": c.answer, "correct": c.correct} for c in cands] for cands in problems]
+    path.write_text(json.dumps({"samples": samples, "scores": scores, "truth": truth}))
+
+
+def load_scores(path: Path) -> tuple[list[list[Any]], list[Any], list[Any]]:
+    from stepq.trainer.evaluation.best_of_n import Candidate
+
+    saved = json.loads(path.read_text())
+    problems = [[Candidate((), s["answer"], s["correct"]) for s in cands] for cands in saved["samples"]]
+    return problems, saved["scores"], saved["truth"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scores", type=Path, nargs="+", required=True, help="judge_own_policy --save-scores files.")
+    ap.add_argument("--n", default="4,16", help="Best-of-N sizes.")
+    ap.add_argument("--seed", type=int, default=0, help="The bootstrap's seed.")
+    args = ap.parse_args()
+    ns = sorted({int(n) for n in args.n.split(",")})
+    for path in args.scores:
+        for row in read_rows(*load_scores(path), ns, args.seed):
+            print(f"{path}: {json.dumps(row)}")
+
+
+if __name__ == "__main__":
+    main()

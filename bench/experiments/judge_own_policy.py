@@ -32,7 +32,7 @@ from typing import Any
 
 from bench.common import emit, saved_result
 from bench.experiments.bench_judge_at_work import accuracy_ci, load_judge, paired_gain, tiny_judge
-from bench.experiments.best_of_n_reading import read_picks
+from bench.experiments.best_of_n_reading import read_rows, save_scores
 from bench.experiments.judge_capacity_data import OP_ERROR_RATES, OWN_POLICY_SEED
 from bench.experiments.stats import bootstrap
 
@@ -66,24 +66,18 @@ def at_work(db: Any, judge_dir: Path, args: argparse.Namespace) -> dict[str, Any
         candidates, scores = set_step_scores(db, SET, GenerativeScorer(built.judge, "logprob"))
         _, truth = set_step_scores(db, SET, SyntheticOracle())
         by_judge, by_oracle = best_of_n(candidates, scores, ns, "min"), best_of_n(candidates, truth, ns, "min")
+        if args.save_scores:
+            save_scores(args.save_scores, candidates, scores, truth)
         bon = []
-        for row, oracle_row in zip(by_judge, by_oracle, strict=True):
+        readings = read_rows(candidates, scores, truth, ns, args.seed)
+        for row, oracle_row, reading in zip(by_judge, by_oracle, readings, strict=True):
             methods = {**row.per_problem, "oracle": oracle_row.per_problem["judge"]}
             entry: dict[str, Any] = {"n": row.n, "problems": row.problems}
             for name, values in methods.items():
                 key = "judge P(Positive)" if name == "judge" else name
                 entry[key] = {"accuracy": 100.0 * sum(values) / max(1, len(values)), "ci": _ci(values, args.seed)}
             entry["judge_over_majority"] = paired_gain(row.per_problem["majority"], row.per_problem["judge"], args.seed)
-            reading = read_picks(candidates, scores, truth, row.n)
-            assert reading["per_problem"]["lowest step P(Positive)"] == [bool(v) for v in row.per_problem["judge"]]
-            entry["reading"] = {
-                **{k: v for k, v in reading.items() if k != "per_problem"},
-                "over_majority": {
-                    name: paired_gain(row.per_problem["majority"], values, args.seed)
-                    for name, values in reading["per_problem"].items()
-                    if name != "lowest step P(Positive)"
-                },
-            }
+            entry["reading"] = reading
             bon.append(entry)
         return {"chunk_reset": runs, "best_of_n": bon, "judge_outputs": built.judge.stats.as_dict()}
     finally:
@@ -119,7 +113,9 @@ def show(result: dict[str, Any]) -> None:
         read = row.get("reading")
         if read is None:  # a log from before the reading
             continue
-        others = ", ".join(f"{name} {gain(g)}" for name, g in read["over_majority"].items())
+        others = ", ".join(
+            f"{name} {gain(g)}" for name, g in read["over_majority"].items() if name != "lowest step P(Positive)"
+        )
         why = ", ".join(f"{k} {v}" for k, v in read["wrong_picks"].items())
         print(f"  N={row['n']}: other picks - majority: {others}; wrong picks: {why}")
         print(
@@ -176,6 +172,9 @@ def main() -> None:
     ap.add_argument("--recovery-rate", type=float, default=0.05, help="The policy's, as the judge's training set.")
     ap.add_argument("--judge-tokens", type=int, default=64, help="The judge's answer room, when it has no settings.")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--save-scores", type=Path, help="Keep the Best-of-N samples' step scores here (best_of_n_reading --scores)."
+    )
     ap.add_argument("--quick", action="store_true", help="A tiny judge and set: checks the chain, measures nothing.")
     args = ap.parse_args()
     if args.from_json:
