@@ -248,12 +248,20 @@ class Stepq:
         return evaluate_processbench(files, judge, **options)
 
     def evaluate_best_of_n(
-        self, set_name: str, ns: Sequence[int], judge: Any = None, *, aggregate: str | None = None, **judge_fields: Any
+        self,
+        set_name: str,
+        ns: Sequence[int],
+        judge: Any = None,
+        *,
+        aggregate: str | None = None,
+        choose: str = "best",
+        **judge_fields: Any,
     ) -> dict[str, Any]:
         """Best-of-N over the set's trajectories (the first N of each problem) by the judge's
         aggregated step scores, beside random choice and majority vote.  ``judge``: a
         ``JudgeSpec``, or its fields as keywords (``kind="prm", model=DIR``); ``aggregate``
-        None: a stepq PRM's own training aggregate, else ``min``."""
+        None: a stepq PRM's own training aggregate, else ``min``; ``choose``: ``best`` (the
+        highest-scoring sample) or ``weighted-vote`` (the answer whose scores sum highest)."""
         from stepq.trainer.evaluation.best_of_n import trained_aggregate
         from stepq.trainer.evaluation.judges import judge_stats
         from stepq.trainer.evaluation.validation import set_best_of_n
@@ -261,10 +269,11 @@ class Stepq:
         built = _built(judge, judge_fields)
         try:
             how, why = (aggregate, "--aggregate") if aggregate is not None else trained_aggregate(built.judge)
-            rows = set_best_of_n(self.db, set_name, built.judge, sorted(set(ns)), how)
+            rows = set_best_of_n(self.db, set_name, built.judge, sorted(set(ns)), how, choose)
             return {
                 **built.describe(),
                 "aggregate": how,
+                "choose": choose,
                 "aggregate_from": why,
                 **judge_stats(built.judge).as_dict(),
                 "outside_training_range": built.range_note(self.db, set_name),

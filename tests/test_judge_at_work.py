@@ -71,15 +71,10 @@ def test_a_wrong_pick_is_read_as_tied_saturated_missed_or_outscored() -> None:
     assert why_wrong([right, wrong], [[0.9, 0.1], [0.9, 0.3]], [clean, slipped]) == "outscored"
 
 
-def test_the_weighted_vote_sums_scores_by_answer_and_first_accepted_takes_the_earliest_whole() -> None:
-    from bench.experiments.best_of_n_reading import first_accepted, read_picks, weighted_vote
+def test_first_accepted_takes_the_earliest_sample_accepted_whole_and_the_reading_counts_each_pick() -> None:
+    from bench.experiments.best_of_n_reading import first_accepted, read_picks
 
-    # two wrong samples agreeing on 4 (0.4 + 0.4) outvote one right sample at 0.7 ...
     three = [_candidate("4", False), _candidate("4", False), _candidate("5", True)]
-    assert weighted_vote(three, [0.4, 0.4, 0.7]) is False
-    # ... and not at 0.9; a sample with no answer carries no vote
-    assert weighted_vote(three, [0.4, 0.4, 0.9]) is True
-    assert weighted_vote([_candidate(None, False), _candidate("5", True)], [1.0, 0.1]) is True
     # the first sample whose every step is accepted (>= 0.5), whatever comes after it
     assert first_accepted(three, [[0.9, 0.4], [0.6, 0.5], [1.0, 1.0]]) is False
     # none accepted whole: the one accepted longest before its first rejection

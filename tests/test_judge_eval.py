@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from stepq.trainer.evaluation import processbench as pb
-from stepq.trainer.evaluation.best_of_n import AGGREGATORS, Candidate, aggregate, best_of_n, majority, pick
+from stepq.trainer.evaluation.best_of_n import (
+    AGGREGATORS,
+    Candidate,
+    aggregate,
+    best_of_n,
+    majority,
+    pick,
+    weighted_vote,
+)
 from stepq.trainer.evaluation.chunk_reset import PolicyProblem, chunk_reset
 from stepq.trainer.evaluation.judges import AcceptAll, LabelOracle, StepItem, SyntheticOracle
 from stepq.trainer.generative_judge.prompt import JudgePrompt, parse_verdict, render_judge_prompt
@@ -162,6 +170,23 @@ def test_best_of_n_hand_computed() -> None:
     rows = {r.n: r for r in best_of_n(problems, scores, [1, 2], "min")}
     assert rows[1].judge == 50.0 and rows[1].random == 50.0
     assert rows[2].judge == 100.0 and rows[2].random == 50.0
+
+
+def test_a_weighted_vote_sums_the_judges_scores_by_answer() -> None:
+    right, wrong, blank = Candidate(("s",), "5", True), Candidate(("s",), "4", False), Candidate(("s",), None, False)
+    # two wrong samples agreeing (0.4 + 0.4) outvote one right sample the judge likes best (0.7)
+    three = [[wrong, wrong, right]]
+    assert weighted_vote(three[0], [0.4, 0.4, 0.7]) is False
+    assert weighted_vote(three[0], [0.4, 0.4, 0.9]) is True  # and not one it likes more than both
+    assert weighted_vote([blank, right], [1.0, 0.1]) is True  # no answer, no vote
+    assert weighted_vote([blank], [1.0]) is False  # nothing to vote on: the first sample
+    # the same scores, chosen the two ways: best takes the right sample, the vote the wrong answer
+    scores = [[[0.4, 0.9], [0.5], [0.7]]]
+    best = best_of_n(three, scores, [3], "min")[0]
+    voted = best_of_n(three, scores, [3], "min", "weighted-vote")[0]
+    assert (best.judge, voted.judge, voted.majority, voted.random) == (100.0, 0.0, 0.0, pytest.approx(100 / 3))
+    with pytest.raises(ValueError, match="unknown pick"):
+        best_of_n(three, scores, [3], "min", "vote")
 
 
 def test_oracle_judges_synthetic_steps_by_their_truth() -> None:

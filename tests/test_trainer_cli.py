@@ -156,7 +156,7 @@ def test_best_of_n_reports_every_n_asked(sqlite: Database, monkeypatch: pytest.M
     of one trajectory per problem printed N = 1 alone)."""
     synth_set(sqlite, "one", problems=6, seed=2)
     out = _run(monkeypatch, sqlite, "eval", "best-of-n", "--set", "one", "--n", "4,1,2", "--judge", "oracle")
-    assert out.splitlines()[0] == "aggregate: min (default)"
+    assert out.splitlines()[0] == "aggregate: min (default); pick: best"
     lines = [line.split() for line in out.splitlines()[1:]]
     assert [row[0] for row in lines[1:4]] == ["1", "2", "4"]
     assert lines[1][4] == "6" and "(no problem has 2 trajectories)" in out and "(no problem has 4" in out
@@ -165,3 +165,9 @@ def test_best_of_n_reports_every_n_asked(sqlite: Database, monkeypatch: pytest.M
         _run(monkeypatch, sqlite, "eval", "best-of-n", "--set", "one", "--n", "1,4", "--judge", "oracle", "--json")
     )["rows"]
     assert [(r["n"], r["problems"], r["judge"] is None) for r in rows] == [(1, 6, False), (4, 0, True)]
+    voted = json.loads(
+        _run(monkeypatch, sqlite, "eval", "best-of-n", "--set", "one", "--n", "1", "--judge", "oracle", "--json",
+             "--pick", "weighted-vote")
+    )  # fmt: skip
+    # one sample a problem: its answer is the only one, so the vote is that sample, as majority's
+    assert voted["choose"] == "weighted-vote" and voted["rows"][0]["judge"] == voted["rows"][0]["majority"]

@@ -15,8 +15,8 @@
 Beside the pick by the lowest step P(Positive) (the method the issue measures), two other picks
 from the same scores, named as readings, not as the method: the first sample whose every step
 the judge accepts (its verdicts, read as P(Positive) >= 0.5), and a vote weighted by each
-sample's lowest step P(Positive) (answers summed).  Pure functions: no model, no database;
-``--scores`` reads again the scores ``judge_own_policy --save-scores`` kept:
+sample's lowest step P(Positive) (``stepq eval best-of-n --pick weighted-vote``).  Pure
+functions: no model, no database; ``--scores`` reads again the scores ``judge_own_policy --save-scores`` kept:
 
     python -m bench.experiments.best_of_n_reading --scores runs/scores0.json --n 4,16
 """
@@ -25,31 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from stepq.trainer.evaluation.best_of_n import aggregate, weighted_vote
+
 ACCEPTED = 0.5
 """A step the judge accepts: P(Positive) at least this (its greedy verdict, between two words)."""
-
-
-def weighted_vote(candidates: Sequence[Any], lowest: Sequence[float]) -> bool:
-    """Whether the answer with the largest sum of its samples' lowest step P(Positive) is right
-    (ties: the answer seen first; no answer at all: the first sample)."""
-    totals: dict[str, float] = defaultdict(float)
-    order: list[str] = []
-    for c, score in zip(candidates, lowest, strict=True):
-        if c.answer is None:
-            continue
-        if c.answer not in totals:
-            order.append(c.answer)
-        totals[c.answer] += score
-    if not order:
-        return bool(candidates[0].correct)
-    best = max(totals.values())
-    winner = next(a for a in order if totals[a] == best)
-    return next(bool(c.correct) for c in candidates if c.answer == winner)
 
 
 def first_accepted(candidates: Sequence[Any], scores: Sequence[Sequence[float]]) -> bool:
@@ -110,7 +93,7 @@ def read_picks(
         if reason is not None:
             reasons[reason] += 1
         picks["first accepted"].append(first_accepted(cands, sc))
-        picks["weighted vote"].append(weighted_vote(cands, [min(s) if s else 0.0 for s in sc]))
+        picks["weighted vote"].append(weighted_vote(cands, [aggregate(s, "min") for s in sc]))
         for c, s in zip(cands, sc, strict=True):
             kind = kinds[bool(c.correct)]
             kind["samples"] += 1

@@ -16,7 +16,7 @@ import click
 
 from stepq.commands.base import backend_config, client, friendly, load_settings, main, open_db
 from stepq.commands.search import SearchChoices, search_options
-from stepq.trainer.evaluation.best_of_n import AGGREGATORS
+from stepq.trainer.evaluation.best_of_n import AGGREGATORS, PICKS
 from stepq.workers.backends import BACKENDS as BACKEND_NAMES
 
 if TYPE_CHECKING:
@@ -308,10 +308,19 @@ def eval_snapshot(ref: str, as_json: bool, spec: JudgeSpec) -> None:
     help="How a solution's step scores rank it; default: a stepq PRM's own training aggregate (last for an "
     "ORM, min for asymmetric), min for other judges.  softmin: the step logits' softmin at tau 0.1.",
 )
+@click.option(
+    "--pick",
+    "choose",
+    type=click.Choice(list(PICKS)),
+    default="best",
+    show_default=True,
+    help="best: the sample whose aggregated score is highest (Best-of-N).  weighted-vote: the answer whose "
+    "samples' aggregated scores sum highest (majority vote weighted by the judge).",
+)
 @click.option("--json", "as_json", is_flag=True)
 @judge_options
 @friendly
-def eval_best_of_n(set_name: str, ns: str, how: str | None, as_json: bool, spec: JudgeSpec) -> None:
+def eval_best_of_n(set_name: str, ns: str, how: str | None, choose: str, as_json: bool, spec: JudgeSpec) -> None:
     """Pick one of N trajectories per problem by its aggregated step scores (a PRM's
     probabilities, or a generative judge's verdicts as 1/0)."""
     from stepq.trainer.evaluation.best_of_n import BestOfNRow
@@ -322,13 +331,13 @@ def eval_best_of_n(set_name: str, ns: str, how: str | None, as_json: bool, spec:
         raise click.BadParameter(f"'{ns}' is not a comma-separated list of whole numbers", param_hint="--n") from None
     if not wanted or wanted[0] < 1:
         raise click.BadParameter("every N must be at least 1", param_hint="--n")
-    report = client().evaluate_best_of_n(set_name, wanted, spec, aggregate=how)
+    report = client().evaluate_best_of_n(set_name, wanted, spec, aggregate=how, choose=choose)
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
     if note := report["outside_training_range"]:
         click.echo(f"note: {note}")
-    click.echo(f"aggregate: {report['aggregate']} ({report['aggregate_from']})")
+    click.echo(f"aggregate: {report['aggregate']} ({report['aggregate_from']}); pick: {report['choose']}")
     click.echo(f"{'N':>4} {'judge':>7} {'random':>7} {'majority':>8} {'problems':>8}")
     rows = [BestOfNRow(**r) for r in report["rows"]]
     for r in rows:

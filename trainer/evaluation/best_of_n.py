@@ -71,6 +71,27 @@ def pick(scores: Sequence[Sequence[float]], how: str) -> int:
     return values.index(max(values))
 
 
+PICKS = ("best", "weighted-vote")
+"""How Best-of-N chooses among the N: ``best``, the sample whose aggregated step score is the
+highest (the method Best-of-N names); ``weighted-vote``, the answer whose samples' aggregated
+scores sum highest (majority vote with each sample weighted by the judge), a named option."""
+
+
+def weighted_vote(candidates: Sequence[Candidate], values: Sequence[float]) -> bool:
+    """Whether the answer with the largest sum of its samples' aggregated scores is right (ties:
+    the answer seen first; no sample with an answer: the first sample).  A judge that misses
+    an error now and then lets one wrong sample outscore the right ones, and the more samples
+    the likelier; a vote needs several of them to agree."""
+    totals: dict[str, float] = {}
+    for c, value in zip(candidates, values, strict=True):
+        if c.answer is not None:
+            totals[c.answer] = totals.get(c.answer, 0.0) + value
+    if not totals:
+        return candidates[0].correct
+    winner = next(a for a, total in totals.items() if total == max(totals.values()))
+    return next(c.correct for c in candidates if c.answer == winner)
+
+
 def majority(candidates: Sequence[Candidate]) -> bool:
     """Whether the most common final answer is right (ties: the answer seen first)."""
     answers = [c.answer for c in candidates if c.answer is not None]
@@ -98,12 +119,25 @@ class BestOfNRow:
 
 
 def best_of_n(
-    problems: Sequence[Sequence[Candidate]], scores: Sequence[Sequence[Sequence[float]]], ns: Sequence[int], how: str
+    problems: Sequence[Sequence[Candidate]],
+    scores: Sequence[Sequence[Sequence[float]]],
+    ns: Sequence[int],
+    how: str,
+    choose: str = "best",
 ) -> list[BestOfNRow]:
-    """Accuracy (%) at each N of: the judge's pick among the first N samples, random choice
-    (its exact expectation: the share of right samples), and majority vote."""
+    """Accuracy (%) at each N of: the judge's choice among the first N samples (``choose``, one
+    of ``PICKS``), random choice (its exact expectation: the share of right samples), and
+    majority vote."""
     if how not in AGGREGATORS:
         raise ValueError(f"unknown aggregation {how!r} (one of: {', '.join(AGGREGATORS)})")
+    if choose not in PICKS:
+        raise ValueError(f"unknown pick {choose!r} (one of: {', '.join(PICKS)})")
+
+    def judged(c: Sequence[Candidate], s: Sequence[Sequence[float]]) -> bool:
+        if choose == "weighted-vote":
+            return weighted_vote(c, [aggregate(x, how) for x in s])
+        return c[pick(s, how)].correct
+
     rows = []
     for n in ns:
         usable = [(c[:n], s[:n]) for c, s in zip(problems, scores, strict=True) if len(c) >= n]
@@ -111,7 +145,7 @@ def best_of_n(
             rows.append(BestOfNRow(n, None, None, None, 0))
             continue
         per = {
-            "judge": [float(c[pick(s, how)].correct) for c, s in usable],
+            "judge": [float(judged(c, s)) for c, s in usable],
             "random": [sum(x.correct for x in c) / n for c, _ in usable],
             "majority": [float(majority(c)) for c, _ in usable],
         }

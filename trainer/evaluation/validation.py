@@ -82,11 +82,13 @@ def set_step_scores(db: Database, name: str, judge: StepJudge) -> tuple[list[lis
     return problems, scores
 
 
-def set_best_of_n(db: Database, name: str, judge: StepJudge, ns: Sequence[int], how: str) -> list[BestOfNRow]:
+def set_best_of_n(
+    db: Database, name: str, judge: StepJudge, ns: Sequence[int], how: str, choose: str = "best"
+) -> list[BestOfNRow]:
     """Best-of-N over the set's trajectories (the first N per problem), each scored by its
-    step scores (``set_step_scores``) aggregated with ``how``."""
+    step scores (``set_step_scores``) aggregated with ``how``, chosen by ``choose``."""
     problems, scores = set_step_scores(db, name, judge)
-    return best_of_n(problems, scores, ns, how)
+    return best_of_n(problems, scores, ns, how, choose)
 
 
 def _policy_problems(db: Database, name: str) -> tuple[Any, list[PolicyProblem]]:
