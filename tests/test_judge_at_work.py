@@ -82,8 +82,8 @@ def test_first_accepted_takes_the_earliest_sample_accepted_whole_and_the_reading
     truth = [[[1.0, 0.0], [1.0, 0.0], [1.0, 1.0]]]
     read = read_picks([three], [[[0.9, 0.4], [0.6, 0.5], [1.0, 1.0]]], truth, 3)
     assert read["accuracy"] == {"lowest step P(Positive)": 100.0, "first accepted": 0.0, "weighted vote": 100.0}
-    assert read["wrong_samples"] == {"saturated": 0.0, "accepted": 50.0}
-    assert read["right_samples"] == {"saturated": 100.0, "accepted": 100.0}
+    assert read["wrong_samples"] == {"saturated": 0.0, "accepted": 50.0, "lowest_quartiles": [0.4, 0.5, 0.5]}
+    assert read["right_samples"] == {"saturated": 100.0, "accepted": 100.0, "lowest_quartiles": [1.0, 1.0, 1.0]}
     assert read_picks([three], [[[0.9, 0.4], [0.6, 0.5], [1.0, 1.0]]], truth, 4)["problems"] == 0
 
 

@@ -78,7 +78,8 @@ def read_picks(
     """Over the problems with at least ``n`` samples (the first ``n`` of each): the share (%)
     right by the lowest-score pick, by first-accepted and by the weighted vote; why the
     lowest-score pick is wrong where it is (counts); and how the judge scores right and wrong
-    samples (the share whose lowest step score is exactly 1.0, the share it accepts whole).
+    samples (the share whose lowest step score is exactly 1.0, the share it accepts whole, the
+    quartiles of their lowest step scores: where the two overlap, the top of N is drawn).
     ``per_problem``: each pick's result on each usable problem, in ``best_of_n``'s order, so
     that it pairs with majority vote's."""
     usable = [
@@ -87,6 +88,7 @@ def read_picks(
     reasons: dict[str, int] = {"tied": 0, "saturated": 0, "missed": 0, "outscored": 0}
     picks: dict[str, list[bool]] = {"lowest step P(Positive)": [], "first accepted": [], "weighted vote": []}
     kinds: dict[bool, dict[str, int]] = {flag: {"samples": 0, "saturated": 0, "accepted": 0} for flag in (True, False)}
+    lowest: dict[bool, list[float]] = {True: [], False: []}
     for cands, sc, tr in usable:
         reason = why_wrong(cands, sc, tr)
         picks["lowest step P(Positive)"].append(reason is None)
@@ -99,10 +101,22 @@ def read_picks(
             kind["samples"] += 1
             kind["saturated"] += bool(s) and min(s) == 1.0
             kind["accepted"] += all(x >= ACCEPTED for x in s)
+            lowest[bool(c.correct)].append(aggregate(s, "min"))
     count = max(1, len(usable))
 
     def share(kind: dict[str, int], key: str) -> float:
         return 100.0 * kind[key] / max(1, kind["samples"])
+
+    def quartiles(values: list[float]) -> list[float] | None:
+        ordered = sorted(values)
+        return [ordered[int(len(ordered) * q)] for q in (0.25, 0.5, 0.75)] if ordered else None
+
+    def kind_of(flag: bool) -> dict[str, Any]:
+        return {
+            "saturated": share(kinds[flag], "saturated"),
+            "accepted": share(kinds[flag], "accepted"),
+            "lowest_quartiles": quartiles(lowest[flag]),
+        }
 
     return {
         "n": n,
@@ -110,8 +124,8 @@ def read_picks(
         "accuracy": {name: 100.0 * sum(v) / count for name, v in picks.items()},
         "per_problem": picks,
         "wrong_picks": reasons,
-        "right_samples": {"saturated": share(kinds[True], "saturated"), "accepted": share(kinds[True], "accepted")},
-        "wrong_samples": {"saturated": share(kinds[False], "saturated"), "accepted": share(kinds[False], "accepted")},
+        "right_samples": kind_of(True),
+        "wrong_samples": kind_of(False),
     }
 
 

@@ -121,7 +121,9 @@ def show(result: dict[str, Any]) -> None:
         print(
             f"        lowest step P(Positive) exactly 1.0: right samples {read['right_samples']['saturated']:.1f}%, "
             f"wrong {read['wrong_samples']['saturated']:.1f}%; accepted whole: right "
-            f"{read['right_samples']['accepted']:.1f}%, wrong {read['wrong_samples']['accepted']:.1f}%"
+            f"{read['right_samples']['accepted']:.1f}%, wrong {read['wrong_samples']['accepted']:.1f}%; "
+            f"its quartiles: right {read['right_samples']['lowest_quartiles']}, "
+            f"wrong {read['wrong_samples']['lowest_quartiles']}"
         )
 
 
