@@ -16,7 +16,8 @@ Beside the pick by the lowest step P(Positive) (the method the issue measures), 
 from the same scores, named as readings, not as the method: the first sample whose every step
 the judge accepts (its verdicts, read as P(Positive) >= 0.5), and a vote weighted by each
 sample's lowest step P(Positive) (``stepq eval best-of-n --pick weighted-vote``).  Pure
-functions: no model, no database; ``--scores`` reads again the scores ``judge_own_policy --save-scores`` kept:
+functions: no model, no database; ``--scores`` reads again the scores that
+``judge_own_policy --save-scores`` kept:
 
     python -m bench.experiments.best_of_n_reading --scores runs/scores0.json --n 4,16
 """
@@ -29,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stepq.trainer.evaluation.best_of_n import aggregate, weighted_vote
+from stepq.trainer.evaluation.best_of_n import aggregate, pick, weighted_vote
 
 ACCEPTED = 0.5
 """A step the judge accepts: P(Positive) at least this (its greedy verdict, between two words)."""
@@ -54,9 +55,9 @@ def why_wrong(
 ) -> str | None:
     """None where the pick (highest lowest step score, the earliest on ties) is right, else
     the first of: tied, saturated, missed, outscored (the module's docstring)."""
-    lowest = [min(s) if s else 0.0 for s in scores]
-    top = max(lowest)
-    chosen = lowest.index(top)
+    lowest = [aggregate(s, "min") for s in scores]
+    chosen = pick(scores, "min")  # stepq eval best-of-n's own pick
+    top = lowest[chosen]
     if candidates[chosen].correct:
         return None
     if any(c.correct and low == top for c, low in zip(candidates, lowest, strict=True)):
