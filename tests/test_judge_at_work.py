@@ -89,13 +89,15 @@ def test_first_accepted_takes_the_earliest_sample_accepted_whole_and_the_reading
 
 def test_kept_scores_read_again_as_when_they_were_scored(tmp_path: Path) -> None:
     from bench.experiments.best_of_n_reading import load_scores, read_rows, save_scores
+    from stepq.trainer.evaluation.best_of_n import best_of_n
 
     problems = [[_candidate("4", False), _candidate("5", True)], [_candidate("7", True), _candidate("6", False)]]
     scores = [[[0.9, 0.8], [0.7]], [[0.2], [0.6, 0.9]]]
     truth = [[[1.0, 0.0], [1.0]], [[1.0], [0.0, 0.0]]]
     save_scores(tmp_path / "scores.json", problems, scores, truth)
-    again = read_rows(*load_scores(tmp_path / "scores.json"), [2], 0)
-    assert again == read_rows(problems, scores, truth, [2], 0)
+    kept, kept_scores, kept_truth = load_scores(tmp_path / "scores.json")
+    again = read_rows(kept, kept_scores, kept_truth, best_of_n(kept, kept_scores, [2], "min"), 0)
+    assert again == read_rows(problems, scores, truth, best_of_n(problems, scores, [2], "min"), 0)
     # both picks are wrong, each on a wrong step the judge accepts; majority vote (the first
     # answer on a tie) is wrong on the first problem and right on the second
     assert again[0]["wrong_picks"] == {"tied": 0, "saturated": 0, "missed": 2, "outscored": 0}

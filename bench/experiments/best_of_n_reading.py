@@ -30,10 +30,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stepq.trainer.evaluation.best_of_n import aggregate, pick, weighted_vote
+from stepq.trainer.evaluation.best_of_n import BestOfNRow, aggregate, best_of_n, pick, weighted_vote
 
 ACCEPTED = 0.5
-"""A step the judge accepts: P(Positive) at least this (its greedy verdict, between two words)."""
+"""A step the judge accepts: P(Positive) at least this (the verdict it writes if only the two
+verdict words could follow its analysis)."""
 
 
 def first_accepted(candidates: Sequence[Any], scores: Sequence[Sequence[float]]) -> bool:
@@ -96,13 +97,14 @@ def read_picks(
         if reason is not None:
             reasons[reason] += 1
         picks["first accepted"].append(first_accepted(cands, sc))
-        picks["weighted vote"].append(weighted_vote(cands, [aggregate(s, "min") for s in sc]))
-        for c, s in zip(cands, sc, strict=True):
+        low = [aggregate(s, "min") for s in sc]
+        picks["weighted vote"].append(weighted_vote(cands, low))
+        for c, s, value in zip(cands, sc, low, strict=True):
             kind = kinds[bool(c.correct)]
             kind["samples"] += 1
-            kind["saturated"] += bool(s) and min(s) == 1.0
+            kind["saturated"] += value == 1.0
             kind["accepted"] += all(x >= ACCEPTED for x in s)
-            lowest[bool(c.correct)].append(aggregate(s, "min"))
+            lowest[bool(c.correct)].append(value)
     count = max(1, len(usable))
 
     def share(kind: dict[str, int], key: str) -> float:
@@ -134,16 +136,16 @@ def read_rows(
     problems: Sequence[Sequence[Any]],
     scores: Sequence[Sequence[Sequence[float]]],
     truth: Sequence[Sequence[Sequence[float]]],
-    ns: Sequence[int],
+    by_judge: Sequence[BestOfNRow],
     seed: int,
 ) -> list[dict[str, Any]]:
-    """``read_picks`` at each N, with each other pick's paired gain over majority vote (the
-    vote ``stepq eval best-of-n`` reports, on the same problems)."""
+    """``read_picks`` at each N of ``by_judge`` (``best_of_n`` on these scores by ``min``),
+    with each pick's paired gain over majority vote (the vote ``stepq eval best-of-n``
+    reports, on the same problems)."""
     from bench.experiments.bench_judge_at_work import paired_gain
-    from stepq.trainer.evaluation.best_of_n import best_of_n
 
     rows = []
-    for row in best_of_n(problems, scores, ns, "min"):
+    for row in by_judge:
         reading = read_picks(problems, scores, truth, row.n)
         assert reading["per_problem"]["lowest step P(Positive)"] == [bool(v) for v in row.per_problem["judge"]]
         majority = row.per_problem["majority"]
@@ -181,7 +183,8 @@ def main() -> None:
     args = ap.parse_args()
     ns = sorted({int(n) for n in args.n.split(",")})
     for path in args.scores:
-        for row in read_rows(*load_scores(path), ns, args.seed):
+        problems, scores, truth = load_scores(path)
+        for row in read_rows(problems, scores, truth, best_of_n(problems, scores, ns, "min"), args.seed):
             print(f"{path}: {json.dumps(row)}")
 
 

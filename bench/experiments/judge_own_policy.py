@@ -69,7 +69,7 @@ def at_work(db: Any, judge_dir: Path, args: argparse.Namespace) -> dict[str, Any
         if args.save_scores:
             save_scores(args.save_scores, candidates, scores, truth)
         bon = []
-        readings = read_rows(candidates, scores, truth, ns, args.seed)
+        readings = read_rows(candidates, scores, truth, by_judge, args.seed)
         for row, oracle_row, reading in zip(by_judge, by_oracle, readings, strict=True):
             methods = {**row.per_problem, "oracle": oracle_row.per_problem["judge"]}
             entry: dict[str, Any] = {"n": row.n, "problems": row.problems}

@@ -88,7 +88,8 @@ def weighted_vote(candidates: Sequence[Candidate], values: Sequence[float]) -> b
             totals[c.answer] = totals.get(c.answer, 0.0) + value
     if not totals:
         return candidates[0].correct
-    winner = next(a for a, total in totals.items() if total == max(totals.values()))
+    best = max(totals.values())
+    winner = next(a for a, total in totals.items() if total == best)
     return next(c.correct for c in candidates if c.answer == winner)
 
 
