@@ -33,6 +33,12 @@ def test_an_announcement_is_heard_only_once_its_transaction_commits(pg: Database
         listener.close()
 
 
+def _listening(pg: Database) -> int:
+    with pg.engine.connect() as conn:
+        query = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND pid <> pg_backend_pid()"
+        return int(conn.execute(text(query)).scalar_one())
+
+
 def test_a_dropped_listening_connection_sleeps_the_interval_then_listens_again(pg: Database) -> None:
     listener = WorkListener(pg.engine)
     try:
@@ -44,6 +50,9 @@ def test_a_dropped_listening_connection_sleeps_the_interval_then_listens_again(p
                     "WHERE query LIKE 'LISTEN%' AND pid <> pg_backend_pid()"
                 )
             )
+        # The drop lands before the listener next waits: one noticed late (a loaded machine)
+        # would sleep through the second wait instead, and miss the announcement below.
+        wait_for(lambda: _listening(pg) == 0, 10, "the listening connection to be gone")
         started = time.monotonic()
         assert listener.wait(0.5) is False, "the error is a sleep, not a crash"
         assert time.monotonic() - started >= 0.45
