@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from bench.experiments.bench_judge_capacity import Cell
 
 OP_ERROR_RATES = {"Add": 0.05, "Subtract": 0.25}  # bench_judge_grpo's --numbers small
+ERROR_RATE = 0.15
+"""The synthetic policy's error rate on the operations ``OP_ERROR_RATES`` does not name."""
 
 
 def dump_rows(path: Path, rows: Any) -> None:
@@ -77,7 +79,7 @@ def prepare_labels(
                 "judge",
                 problems=first.problems,
                 seed=seed,
-                error_rate=0.15,
+                error_rate=ERROR_RATE,
                 recovery_rate=recovery_rate,
                 op_error_rates=OP_ERROR_RATES,
                 numbers="small",
@@ -150,7 +152,9 @@ def prepare_heldout(out: Path, seed: int, samples: int, recovery_rate: float, ex
         if (out / f"heldout{suffix}.json").exists():
             continue
         rates = tuple(OP_ERROR_RATES.items())
-        policy = SyntheticPolicy(error_rate=0.15, recovery_rate=recovery_rate, op_error_rates=rates, error_kinds=kinds)
+        policy = SyntheticPolicy(
+            error_rate=ERROR_RATE, recovery_rate=recovery_rate, op_error_rates=rates, error_kinds=kinds
+        )
         base = seed + 2000 * k
         write_processbench(out / f"heldout{suffix}.json", samples, base, policy, exclude, "small")
         write_processbench(out / f"tune{suffix}.json", samples // 2, base + 1000, policy, exclude, "small")

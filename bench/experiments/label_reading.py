@@ -126,7 +126,7 @@ def label_reading(
 def main() -> None:
     from bench.common import emit
     from bench.experiments.bench_judge_capacity import Cell
-    from bench.experiments.judge_capacity_data import OP_ERROR_RATES, load_rows
+    from bench.experiments.judge_capacity_data import ERROR_RATE, OP_ERROR_RATES, load_rows
     from bench.experiments.judge_check_rows import check_rows
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -142,7 +142,7 @@ def main() -> None:
     out = []
     for seed in args.seeds:
         rows = load_rows(args.data / f"seed{seed}" / cell.data_key / "train.json.gz")
-        q = [true_q_after(r, 0.15, args.recovery_rate, OP_ERROR_RATES) for r in rows]
+        q = [true_q_after(r, ERROR_RATE, args.recovery_rate, OP_ERROR_RATES) for r in rows]
         found = {"seed": seed, **label_reading(rows, q, check_rows(seed, args.check_rows) if args.check_rows else ())}
         after = found["after_an_error"]
         pct = {k: v["positive"] for k, v in found.items() if isinstance(v, dict) and "positive" in v}
