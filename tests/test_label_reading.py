@@ -11,10 +11,8 @@ PROBLEM = "Start with 45. Subtract 7. Add 3. What is the result?"
 RIGHT = "Step 1: 45 - 7 = 38.\n\n"
 WRONG = "Step 1: 45 - 7 = 37.\n\n"  # its own arithmetic off by one
 LAST = "Step 2: 38 + 3 = 41. So the answer is \\boxed{41}."
-RATES = {"Add": 0.05, "Subtract": 0.25}
-
-
 CARRIED = "Step 2: 37 + 3 = 40. So the answer is \\boxed{40}."  # right arithmetic on the wrong value
+RATES = {"Add": 0.05, "Subtract": 0.25}
 
 
 def row(chunk: str, label: str, history: tuple[str, ...] = (), truth: bool | None = None) -> dict:
