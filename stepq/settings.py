@@ -11,7 +11,7 @@ from typing import Any
 
 from stepq.models.db import SessionGuards
 from stepq.models.errors import ConfigError, masked
-from stepq.workers.celery_app import DEFAULT_QUEUE, CeleryOptions
+from stepq.workers.celery_options import DEFAULT_QUEUE, CeleryOptions
 from stepq.workers.jobqueue.dispatcher import DispatchOptions
 from stepq.workers.jobqueue.job_kind import JobKind, RetryPolicy, with_retry
 from stepq.workers.jobqueue.runtime import WorkerOptions

@@ -11,7 +11,8 @@ import pytest
 import redis
 
 from stepq.settings import Settings
-from stepq.workers.celery_app import TASK_NAME, CeleryOptions, create_app, publisher, run_worker
+from stepq.workers.celery_app import TASK_NAME, create_app, publisher, run_worker
+from stepq.workers.celery_options import CeleryOptions
 from stepq.workers.jobqueue.broker_contents import redis_queue_depth
 from stepq.workers.kinds import SEARCHES
 from tests.helpers import REDIS_URL

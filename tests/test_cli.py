@@ -6,6 +6,7 @@ import json
 import re
 import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -304,3 +305,14 @@ def test_retry_counts_every_kind_of_job(tmp_path: Path) -> None:
     assert proc.returncode == 0 and f"{scorings} failed priority scoring jobs are pending again" in proc.stdout
     with sqlite3.connect(tmp_path / "stepq.db") as conn:
         assert conn.execute("SELECT DISTINCT state FROM priority_scorings").fetchall() == [("pending",)]
+
+
+def test_a_command_starts_without_celery_or_the_training_libraries() -> None:
+    """Every command parses its arguments after importing the CLI: Celery and kombu (a third
+    of that start-up, 2026-12-07) and torch, transformers and TRL (seconds) are imported by the
+    commands that use them, when they run."""
+    heavy = ("celery", "kombu", "torch", "transformers", "trl")
+    code = f"import sys, stepq.cli; print(' '.join(m for m in {heavy!r} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env())
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == []

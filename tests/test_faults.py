@@ -332,7 +332,8 @@ def test_a_publish_that_fails_part_way_sends_no_message_twice(pg: Database, priv
     the rest go back to pending, so once Redis has room every job has exactly one message (853
     messages for 600 jobs before: the sent ones were put back and published again)."""
     from stepq.workers.annotation_plans import configure_annotation
-    from stepq.workers.celery_app import CeleryOptions, create_app, outlets
+    from stepq.workers.celery_app import create_app, outlets
+    from stepq.workers.celery_options import CeleryOptions
     from stepq.workers.data.synthetic_set import synth_set
     from stepq.workers.jobqueue.dispatcher import Dispatcher, DispatchOptions
 

@@ -23,7 +23,8 @@ from stepq.models import Database, jobs
 from stepq.models.errors import ConfigError, LeaseLost
 from stepq.models.jobs import JobTable, LeasedJob
 from stepq.models.problems import ProblemSet
-from stepq.workers.celery_app import CeleryOptions, create_app
+from stepq.workers.celery_app import create_app
+from stepq.workers.celery_options import CeleryOptions
 from stepq.workers.in_process import run_in_process
 from stepq.workers.jobqueue.job_kind import JobKind, RetryPolicy
 from stepq.workers.jobqueue.runner import Claimed, run_jobs

@@ -23,12 +23,12 @@ import logging
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery, signals
 
 from stepq.workers import kinds as work_kinds
+from stepq.workers.celery_options import CeleryOptions
 from stepq.workers.full_broker import transport_for
 from stepq.workers.jobqueue.job_kind import JobKind, Outlet, PartlyPublished
 from stepq.workers.jobqueue.runner import run_jobs
@@ -36,14 +36,6 @@ from stepq.workers.jobqueue.runtime import WorkerRuntime
 from stepq.workers.kinds import KINDS, ROLLOUTS
 
 TASK_NAME = ROLLOUTS.task_name
-DEFAULT_QUEUE = "stepq.rollouts"
-
-
-@dataclass(frozen=True)
-class CeleryOptions:
-    broker_url: str
-    queue: str = DEFAULT_QUEUE
-    visibility_timeout_s: int = 12 * 3600
 
 
 def create_app(
