@@ -119,7 +119,7 @@ def sqlite(tmp_path: Path) -> Iterator[Database]:
 
 @pytest.fixture(scope="session")
 def quick_policies(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where the benchmarks' ``--quick`` policy (``neural_policy.QUICK``, 90 s alone to
+    """Where the benchmarks' ``--quick`` policy (``neural_policy.QUICK``, 55 s alone to
     build) is kept for the session: the first test builds it, the others verify it."""
     return tmp_path_factory.mktemp("quick-policies")
 
