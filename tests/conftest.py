@@ -12,6 +12,7 @@ fail (never skip) when it does not answer: CI must prove the real thing.
 from __future__ import annotations
 
 import os
+import sqlite3
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,10 +109,27 @@ def pg(pg_url: str) -> Iterator[Database]:
     db.dispose()
 
 
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite database migrated to the head once a session (0.3 s of Alembic a test
+    otherwise, over about 150 tests); ``tests/test_migrations.py`` tests the migrations."""
+    path = tmp_path_factory.mktemp("migrated") / "stepq.db"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
 @pytest.fixture
-def sqlite(tmp_path: Path) -> Iterator[Database]:
-    url = f"sqlite:///{tmp_path / 'stepq.db'}"
-    upgrade(url)
+def sqlite(tmp_path: Path, migrated_sqlite: Path) -> Iterator[Database]:
+    """A migrated SQLite file of this test's own: a copy of the session's migrated one,
+    taken through SQLite's backup API (whole and consistent whatever its journal holds)."""
+    path = tmp_path / "stepq.db"
+    source, target = sqlite3.connect(migrated_sqlite), sqlite3.connect(path)
+    try:
+        source.backup(target)
+    finally:
+        source.close()
+        target.close()
+    url = f"sqlite:///{path}"
     db = Database(url)
     yield db
     db.dispose()
