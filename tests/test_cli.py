@@ -308,7 +308,7 @@ def test_retry_counts_every_kind_of_job(tmp_path: Path) -> None:
 
 
 def test_a_command_starts_without_celery_or_the_training_libraries() -> None:
-    """Every command parses its arguments after importing the CLI: Celery and kombu (a third
+    """Every command parses its arguments after importing the CLI: Celery and kombu (0.15 s
     of that start-up, 2026-12-07) and torch, transformers and TRL (seconds) are imported by the
     commands that use them, when they run."""
     heavy = ("celery", "kombu", "torch", "transformers", "trl")
