@@ -10,6 +10,8 @@ import pytest
 from bench.experiments.judge_format import judge_answer
 from bench.experiments.judge_reading import (
     check_parts,
+    checked_truth,
+    expected_check,
     heldout_steps,
     marks_verdict,
     reading,
@@ -91,6 +93,31 @@ def test_against_the_labels_a_clean_check_can_still_be_a_negative_step() -> None
         "clean marks": {"n": 1, "percent": 0.0},
         "a # mark": {"n": 1, "percent": 100.0},
     }
+
+
+def test_a_chain_check_sees_an_earlier_error_a_one_step_check_cannot() -> None:
+    """Right arithmetic on a value an earlier step got wrong, read as each analysis: the spelled
+    check redoes 37 + 3 and writes clean marks (the step alone is right, and that is the truth
+    it is scored by); the chain recomputes 45 - 7 + 3 from the problem and marks the claim 40
+    against 41 (the step leaves the solution wrong, its truth).  A verdict following its marks is
+    right by each one's truth, and only the chain's agrees with the Negative label."""
+    after = {"problem": PROBLEM, "history": [WRONG], "chunk": "Step 2: 37 + 3 = 40.\n\n", "label": "Negative"}
+    assert expected_check(after, "spelled") == "37+3=40 vs 40\n4=4 0=0"
+    assert expected_check(after, "chain") == "45-7=38\n38+3=41 vs 40\n4=4 1#0"
+    assert checked_truth(after, "spelled") is True and checked_truth(after, "chain") is False
+    for analysis, verdict in (("spelled", True), ("chain", False)):
+        answer = judge_answer(after, "Positive" if verdict else "Negative", analysis)
+        r = reading([after], [answer], [verdict], analysis)
+        assert r["check_right"]["percent"] == 100.0 and r["verdict_follows_marks"]["percent"] == 100.0
+        assert r["verdict_right_where_check_right"] == {"n": 1, "percent": 100.0}
+        assert r["verdict_agrees_with_label"] == (
+            {"clean marks": {"n": 1, "percent": 0.0}} if verdict else {"a # mark": {"n": 1, "percent": 100.0}}
+        )
+    # a chain's truth is the row's stored one where its preparation kept it
+    assert checked_truth({**after, "truth": True}, "chain") is True
+    assert reading([after], [""], [None], "chain")["check_parts_right"]["sum"]["n"] == 0  # a chain's parts unread
+    with pytest.raises(ValueError, match="marks"):
+        reading([after], [""], [None], "compact")
 
 
 def test_the_heldout_steps_stop_at_each_solutions_first_wrong_step() -> None:

@@ -1,5 +1,5 @@
-"""What a spelled judge reads: whether it writes the check right, and whether its verdict follows
-the marks it wrote.
+"""What a spelled (or chain) judge reads: whether it writes the check right, and whether its verdict
+follows the marks it wrote.
 
 A ``spelled`` judge (``judge_format.py``) writes the judged step's arithmetic redone, the step's
 claim beside it, the two numbers digit by digit with each pair marked ``=`` or ``#``, then its
@@ -41,7 +41,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.experiments.judge_format import APPLY, judge_prompt, row_local_truth, spelled_analysis, spelled_digits
+from bench.experiments.judge_format import (
+    APPLY,
+    chained_analysis,
+    judge_prompt,
+    row_local_truth,
+    spelled_analysis,
+    spelled_digits,
+    step_truth,
+)
+
+READ = ("spelled", "chain")
+"""The analyses whose last line is a digit line of marks a verdict can follow: ``spelled`` (the
+step alone) and ``chain`` (the running value from the problem, every earlier step with it)."""
 
 _MARKS = re.compile(r"^\S[=#]\S( \S[=#]\S)*$")
 
@@ -107,12 +119,37 @@ def _share(hits: int, n: int) -> dict[str, Any]:
     return {"n": n, "percent": 100.0 * hits / n if n else float("nan")}
 
 
-def reading(rows: Sequence[Mapping[str, Any]], answers: Sequence[str], verdicts: Sequence[bool | None]) -> dict:
-    """Over the steps whose check the program can write (``spelled_analysis``): the check written
+def expected_check(row: Mapping[str, Any], analysis: str) -> str:
+    """The program's check of the row's step in ``analysis`` (one of ``READ``); empty where the
+    checker cannot read the step."""
+    if analysis == "chain":
+        return chained_analysis(row["problem"], row["chunk"])
+    return spelled_analysis(row["chunk"])
+
+
+def checked_truth(row: Mapping[str, Any], analysis: str) -> bool:
+    """The truth a verdict after this check is scored by: the step alone, from the value written
+    before it (``spelled``; what ProcessBench scores up to a solution's first wrong step), or the
+    step and every one before it (``chain``: its running value is the problem's, not the steps')."""
+    if analysis == "chain":
+        return bool(row["truth"]) if "truth" in row else step_truth(row)
+    return row_local_truth(row)
+
+
+def reading(
+    rows: Sequence[Mapping[str, Any]],
+    answers: Sequence[str],
+    verdicts: Sequence[bool | None],
+    analysis: str = "spelled",
+) -> dict:
+    """Over the steps whose check the program can write (``expected_check``): the check written
     right; the verdict following the judge's own marks (where it wrote marks and a verdict); the
-    verdict against the step's own truth where the check is right and where it is wrong; its sum
-    on right and on wrong steps, and how many wrong sums are the step's claim; and,
-    for rows with a Monte Carlo label, the verdict against the label by the judge's marks."""
+    verdict against the truth its check can see (``checked_truth``) where the check is right and
+    where it is wrong; for a one-step check, its sum on right and on wrong steps, and how many
+    wrong sums are the step's claim; and, for rows with a Monte Carlo label, the verdict against
+    the label by the judge's marks."""
+    if analysis not in READ:
+        raise ValueError(f"only a check with marks is read ({READ}), not {analysis!r}")
     right = follows = marked = 0
     truth_hits: dict[bool, list[int]] = {True: [0, 0], False: [0, 0]}
     label_hits: dict[str, list[int]] = {}
@@ -123,15 +160,15 @@ def reading(rows: Sequence[Mapping[str, Any]], answers: Sequence[str], verdicts:
     parts_right = dict.fromkeys(CHECK_PARTS, 0)
     parsed = 0
     for row, answer, verdict in zip(rows, answers, verdicts, strict=True):
-        expected = spelled_analysis(row["chunk"])
+        expected = expected_check(row, analysis)
         if not expected:  # a step the checker cannot read (a model's malformed step)
             continue
         checked += 1
-        local = row_local_truth(row)
+        local = checked_truth(row, analysis)
         written = written_check(answer)
         ok = written == expected
         right += ok
-        parts = check_parts(written, expected)
+        parts = check_parts(written, expected) if analysis == "spelled" else None
         if parts is not None:
             parsed += 1
             for name, good in parts.items():
@@ -177,31 +214,41 @@ def heldout_steps(samples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def read_judge(judge: Path, rows: Sequence[Mapping[str, Any]], max_new: int) -> dict[str, Any]:
+def read_judge(
+    judge: Path, rows: Sequence[Mapping[str, Any]], max_new: int, analysis: str = "spelled"
+) -> dict[str, Any]:
     from bench.experiments.judge_capacity import LocalJudge, kept_verdict
     from stepq.trainer.generative_judge.prompt import parse_verdict
 
     kept = kept_verdict(judge)
     model = LocalJudge(kept[0] if kept else judge)
     answers = model.answers([judge_prompt(r["problem"], r["history"], r["chunk"]) for r in rows], max_new)
-    return reading(rows, answers, [parse_verdict(a) for a in answers])
+    return reading(rows, answers, [parse_verdict(a) for a in answers], analysis)
 
 
 def show(name: str, where: str, r: Mapping[str, Any]) -> None:
+    parts = r["check_parts_right"]
+    in_form = parts["sum"]["n"]  # 0 for a chain's check: its parts are not read
     line = (
-        f"{name} on {where}: {r['steps']} steps, check right {r['check_right']['percent']:.1f}% ("
-        + ", ".join(f"{k} {v['percent']:.1f}%" for k, v in r["check_parts_right"].items())
-        + f" of {r['check_parts_right']['sum']['n']} in form), verdict follows "
-        f"its marks {r['verdict_follows_marks']['percent']:.1f}%, verdict right where the check is right "
+        f"{name} on {where}: {r['steps']} steps, check right {r['check_right']['percent']:.1f}%"
+        + (
+            " (" + ", ".join(f"{k} {v['percent']:.1f}%" for k, v in parts.items()) + f" of {in_form} in form)"
+            if in_form
+            else ""
+        )
+        + f", verdict follows its marks {r['verdict_follows_marks']['percent']:.1f}%, "
+        f"verdict right where the check is right "
         f"{r['verdict_right_where_check_right']['percent']:.1f}% / wrong "
         f"{r['verdict_right_where_check_wrong']['percent']:.1f}% (n {r['verdict_right_where_check_wrong']['n']})"
     )
     by_step, copied = r["sum_right_by_step"], r["wrong_sum_is_claim"]
-    line += (
-        f"; its sum right on right steps {by_step['right steps']['percent']:.1f}% (n {by_step['right steps']['n']}), "
-        f"on wrong ones {by_step['wrong steps']['percent']:.1f}% (n {by_step['wrong steps']['n']}); "
-        f"a wrong sum is the step's claim {copied['percent']:.1f}% (n {copied['n']})"
-    )
+    if in_form:
+        line += (
+            f"; its sum right on right steps {by_step['right steps']['percent']:.1f}% "
+            f"(n {by_step['right steps']['n']}), "
+            f"on wrong ones {by_step['wrong steps']['percent']:.1f}% (n {by_step['wrong steps']['n']}); "
+            f"a wrong sum is the step's claim {copied['percent']:.1f}% (n {copied['n']})"
+        )
     for key, v in r.get("verdict_agrees_with_label", {}).items():
         line += f"; agrees with the label where it wrote {key} {v['percent']:.1f}% (n {v['n']})"
     print(line, flush=True)
@@ -220,8 +267,8 @@ def main() -> None:
     ap.add_argument("--judges", nargs="+", type=Path, required=True, help="Judge folders (--keep's).")
     args = ap.parse_args()
     cell = Cell.parse(args.cell)
-    if cell.analysis != "spelled":
-        ap.error("only a spelled judge writes marks to follow")
+    if cell.analysis not in READ:
+        ap.error(f"only a judge whose check writes marks is read ({', '.join(READ)}), not {cell.analysis}")
     where = args.data / f"seed{args.seed}"
     train, val = (load_rows(where / cell.data_key / f"{n}.json.gz") for n in ("train", "validation"))
     heldout = heldout_steps(json.loads((where / "heldout.json").read_text()))
@@ -230,7 +277,7 @@ def main() -> None:
     for judge in args.judges:
         found = {"judge": str(judge)}
         for name, rows in (("heldout", heldout), ("validation", val), ("train", train)):
-            found[name] = read_judge(judge, rows, max_new)
+            found[name] = read_judge(judge, rows, max_new, cell.analysis)
             show(judge.name, f"seed {args.seed}'s {name} rows", found[name])
         out.append(found)
     emit({"benchmark": "judge_reading", "seed": args.seed, "cell": cell.name, "judges": out})
