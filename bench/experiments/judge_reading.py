@@ -265,8 +265,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, required=True, help="Whose held-out file and validation rows.")
     ap.add_argument("--cell", required=True, help="The cell whose rows taught the judges (its answer room).")
     ap.add_argument("--judges", nargs="+", type=Path, required=True, help="Judge folders (--keep's).")
+    ap.add_argument(
+        "--rows", default="heldout,validation,train",
+        help="Which rows to read, of heldout, validation, train (the training rows take longest).",
+    )  # fmt: skip
     args = ap.parse_args()
     cell = Cell.parse(args.cell)
+    if unknown := set(args.rows.split(",")) - {"heldout", "validation", "train"}:
+        ap.error(f"--rows takes heldout, validation, train; not {', '.join(sorted(unknown))}")
     if cell.analysis not in READ:
         ap.error(f"only a judge whose check writes marks is read ({', '.join(READ)}), not {cell.analysis}")
     where = args.data / f"seed{args.seed}"
@@ -277,6 +283,8 @@ def main() -> None:
     for judge in args.judges:
         found = {"judge": str(judge)}
         for name, rows in (("heldout", heldout), ("validation", val), ("train", train)):
+            if name not in args.rows.split(","):
+                continue
             found[name] = read_judge(judge, rows, max_new, cell.analysis)
             show(judge.name, f"seed {args.seed}'s {name} rows", found[name])
         out.append(found)
