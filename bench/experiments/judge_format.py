@@ -32,7 +32,10 @@ Analyses (StepWiser's judge writes "1. Analysis ... 2. Final Judgment", here in 
   from a wrong value leaves the solution wrong).  Measured 2026-11-27: a quarter of the
   first-dead rows come after a wrong step, where the one-step analyses and the labels disagree
   by construction.  Its judge (2 layers) wrote its own last value as the claim (``65+4=69 vs
-  69`` for a step claiming 71), so its marks never differed: not a working analysis yet.
+  69`` for a step claiming 71), so its marks never differed.  Measured 2026-12-07: 4 layers
+  deep and taught check rows beside the labels (``judge_check_rows``), its judges write the
+  chain right on 93-100% of held-out steps and their verdicts follow their marks
+  (docs/experiments/judge_at_work.md, "A check that reads the history").
 
 The analysis is always the correct computation; it carries no verdict.
 """
