@@ -144,7 +144,7 @@ def reading(
 ) -> dict:
     """Over the steps whose check the program can write (``expected_check``): the check written
     right; the verdict following the judge's own marks (where it wrote marks and a verdict); the
-    verdict against the truth its check can see (``checked_truth``) where the check is right and
+    verdict against the truth it is scored by (``checked_truth``) where the check is right and
     where it is wrong; for a one-step check, its sum on right and on wrong steps, and how many
     wrong sums are the step's claim; and, for rows with a Monte Carlo label, the verdict against
     the label by the judge's marks."""
