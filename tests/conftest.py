@@ -137,8 +137,8 @@ def sqlite(tmp_path: Path, migrated_sqlite: Path) -> Iterator[Database]:
 
 @pytest.fixture(scope="session")
 def quick_policies(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where the benchmarks' ``--quick`` policy (``neural_policy.QUICK``, most of a
-    minute to build) is kept for the session: the first test builds it, the others verify it."""
+    """Where the benchmarks' ``--quick`` policy (``neural_policy.QUICK``) is kept for the
+    session: the first test builds it (most of that test's time), the others verify it."""
     return tmp_path_factory.mktemp("quick-policies")
 
 

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.experiments.judge_format import judge_answer
+from bench.experiments.judge_format import analysis_text, judge_answer
 from bench.experiments.judge_reading import (
     check_parts,
     checked_truth,
-    expected_check,
     heldout_steps,
     marks_verdict,
     reading,
@@ -102,8 +101,8 @@ def test_a_chain_check_sees_an_earlier_error_a_one_step_check_cannot() -> None:
     against 41 (the step leaves the solution wrong, its truth).  A verdict following its marks is
     right by each one's truth, and only the chain's agrees with the Negative label."""
     after = {"problem": PROBLEM, "history": [WRONG], "chunk": "Step 2: 37 + 3 = 40.\n\n", "label": "Negative"}
-    assert expected_check(after, "spelled") == "37+3=40 vs 40\n4=4 0=0"
-    assert expected_check(after, "chain") == "45-7=38\n38+3=41 vs 40\n4=4 1#0"
+    assert analysis_text(after, "spelled") == "37+3=40 vs 40\n4=4 0=0"
+    assert analysis_text(after, "chain") == "45-7=38\n38+3=41 vs 40\n4=4 1#0"
     assert checked_truth(after, "spelled") is True and checked_truth(after, "chain") is False
     for analysis, verdict in (("spelled", True), ("chain", False)):
         answer = judge_answer(after, "Positive" if verdict else "Negative", analysis)

@@ -43,10 +43,9 @@ from typing import Any
 
 from bench.experiments.judge_format import (
     APPLY,
-    chained_analysis,
+    analysis_text,
     judge_prompt,
     row_local_truth,
-    spelled_analysis,
     spelled_digits,
     step_truth,
 )
@@ -119,14 +118,6 @@ def _share(hits: int, n: int) -> dict[str, Any]:
     return {"n": n, "percent": 100.0 * hits / n if n else float("nan")}
 
 
-def expected_check(row: Mapping[str, Any], analysis: str) -> str:
-    """The program's check of the row's step in ``analysis`` (one of ``READ``); empty where the
-    checker cannot read the step."""
-    if analysis == "chain":
-        return chained_analysis(row["problem"], row["chunk"])
-    return spelled_analysis(row["chunk"])
-
-
 def checked_truth(row: Mapping[str, Any], analysis: str) -> bool:
     """The truth a verdict after this check is scored by: the step alone, from the value written
     before it (``spelled``; what ProcessBench scores up to a solution's first wrong step), or the
@@ -142,7 +133,7 @@ def reading(
     verdicts: Sequence[bool | None],
     analysis: str = "spelled",
 ) -> dict:
-    """Over the steps whose check the program can write (``expected_check``): the check written
+    """Over the steps whose check the program can write (``analysis_text``): the check written
     right; the verdict following the judge's own marks (where it wrote marks and a verdict); the
     verdict against the truth it is scored by (``checked_truth``) where the check is right and
     where it is wrong; for a one-step check, its sum on right and on wrong steps, and how many
@@ -160,7 +151,7 @@ def reading(
     parts_right = dict.fromkeys(CHECK_PARTS, 0)
     parsed = 0
     for row, answer, verdict in zip(rows, answers, verdicts, strict=True):
-        expected = expected_check(row, analysis)
+        expected = analysis_text(row, analysis)
         if not expected:  # a step the checker cannot read (a model's malformed step)
             continue
         checked += 1
