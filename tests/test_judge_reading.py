@@ -9,6 +9,8 @@ import pytest
 
 from bench.experiments.judge_format import analysis_text, judge_answer
 from bench.experiments.judge_reading import (
+    chain_departure,
+    chain_ends_right,
     check_parts,
     checked_truth,
     heldout_steps,
@@ -144,3 +146,40 @@ def test_a_kept_judge_is_read_through_its_greedy_answers(tmp_path: Path) -> None
     r = read_judge(tmp_path / "judge", [*rows, row("Step 1: forty five.\n\n")], max_new=40)
     assert r["steps"] == 2
     assert r["verdict_right_where_check_right"]["n"] + r["verdict_right_where_check_wrong"]["n"] == 2
+
+
+def test_a_wrong_chain_is_read_by_where_it_first_departs() -> None:
+    """Hand-written chains for step 2 of 45 - 7 + 3 (claim 40): a slip in the first line that the
+    judge carries on with, a slip on the judged step's own line, a wrong digit line, one line
+    missing, and no analysis; each counted where it departs, with its verdict scored by the
+    chain's truth (the step is wrong: 41, not 40)."""
+    after = {"problem": PROBLEM, "history": [RIGHT], "chunk": "Step 2: 38 + 3 = 40.\n\n"}
+    expected = "45-7=38\n38+3=41 vs 40\n4=4 1#0"
+    assert analysis_text(after, "chain") == expected and checked_truth(after, "chain") is False
+    early_carried = "45-7=37\n37+3=40 vs 40\n4=4 0=0"  # the earlier slip carried: clean marks
+    early_mended = "45-7=37\n38+3=41 vs 40\n4=4 1#0"  # an earlier slip, the last two lines right
+    own_line = "45-7=38\n38+3=40 vs 40\n4=4 0=0"
+    digits = "45-7=38\n38+3=41 vs 40\n4=4 1=0"
+    short = "38+3=41 vs 40\n4=4 1#0"
+    assert chain_departure(expected, expected) is None
+    assert [chain_departure(w, expected) for w in (early_carried, own_line, digits, short, None)] == [
+        "an earlier step's line", "the judged step's line", "the digit line", "an earlier step's line", "no check"
+    ]  # fmt: skip
+    assert chain_departure(expected + "\n4=4", expected) == "the length"
+    assert chain_ends_right(early_mended, expected) and chain_ends_right(short, expected)
+    assert not chain_ends_right(early_carried, expected) and not chain_ends_right(None, expected)
+    answers = [f" Analysis:\n{w}\n\\boxed{{{v}}}" for w, v in (
+        (early_carried, "Positive"), (early_mended, "Negative"), (own_line, "Positive"), (digits, "Negative"),
+        (expected, "Negative"),
+    )] + [" \\boxed{Positive}"]  # fmt: skip
+    verdicts = [True, False, True, False, False, True]
+    r = reading([after] * 6, answers, verdicts, "chain")
+    assert r["check_right"] == {"n": 6, "percent": pytest.approx(100 / 6)}
+    assert r["wrong_chain_departs_at"] == {
+        "no check": {"n": 1, "percent": 0.0},
+        "an earlier step's line": {"n": 2, "percent": 50.0},  # the mended one's Negative is right
+        "the judged step's line": {"n": 1, "percent": 0.0},
+        "the digit line": {"n": 1, "percent": 100.0},
+    }
+    assert r["wrong_chain_ends_right"] == {"n": 5, "percent": 20.0}  # the mended one only
+    assert "wrong_chain_departs_at" not in reading([after], [answers[0]], [True], "spelled")

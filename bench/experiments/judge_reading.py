@@ -114,6 +114,32 @@ def _first_lines(written: str | None, expected: str) -> tuple[re.Match[str] | No
     return _FIRST_LINE.match((written or "").split("\n")[0]), _FIRST_LINE.match(expected.split("\n")[0])
 
 
+DEPARTURES = ("no check", "an earlier step's line", "the judged step's line", "the digit line", "the length")
+"""Where a written chain first departs from the program's: no analysis written, a line that
+recomputes an earlier step, the judged step's own line (its value and the claim beside it), the
+digit line, or every line right but too few or too many."""
+
+
+def chain_departure(written: str | None, expected: str) -> str | None:
+    """The first place a written chain differs from the program's (one of ``DEPARTURES``), None
+    when it is the program's.  The program's chain is one line a step up to the judged one, then
+    the digit line."""
+    if written is None:
+        return "no check"
+    ours, theirs = written.split("\n"), expected.split("\n")
+    for i, (a, b) in enumerate(zip(ours, theirs, strict=False)):
+        if a != b:
+            return DEPARTURES[1 + (i >= len(theirs) - 2) + (i == len(theirs) - 1)]
+    return None if len(ours) == len(theirs) else "the length"
+
+
+def chain_ends_right(written: str | None, expected: str) -> bool:
+    """Whether a written chain's last two lines (the judged step's value beside its claim, and
+    the digit line) are the program's: its marks then say what the program's say, whatever it
+    wrote before them."""
+    return written is not None and written.split("\n")[-2:] == expected.split("\n")[-2:]
+
+
 def _share(hits: int, n: int) -> dict[str, Any]:
     return {"n": n, "percent": 100.0 * hits / n if n else float("nan")}
 
@@ -137,8 +163,10 @@ def reading(
     right; the verdict following the judge's own marks (where it wrote marks and a verdict); the
     verdict against the truth it is scored by (``checked_truth``) where the check is right and
     where it is wrong; for a one-step check, its sum on right and on wrong steps, and how many
-    wrong sums are the step's claim; and, for rows with a Monte Carlo label, the verdict against
-    the label by the judge's marks."""
+    wrong sums are the step's claim; for a chain, where a wrong one first departs from the
+    program's (the verdict right there, by its truth) and how often it still ends on the program's
+    last two lines; and, for rows with a Monte Carlo label, the verdict against the label by the
+    judge's marks."""
     if analysis not in READ:
         raise ValueError(f"only a check with marks is read ({READ}), not {analysis!r}")
     right = follows = marked = 0
@@ -150,6 +178,9 @@ def reading(
     wrong_sum_claim = [0, 0]
     parts_right = dict.fromkeys(CHECK_PARTS, 0)
     parsed = 0
+    # a wrong chain, by where it departs: [verdicts right, wrong chains]; and [ending right, wrong chains]
+    departures: dict[str, list[int]] = {}
+    ends_right = [0, 0]
     for row, answer, verdict in zip(rows, answers, verdicts, strict=True):
         expected = analysis_text(row, analysis)
         if not expected:  # a step the checker cannot read (a model's malformed step)
@@ -169,6 +200,14 @@ def reading(
             if not parts["sum"]:
                 wrong_sum_claim[0] += bool(sum_is_claim(written, expected))
                 wrong_sum_claim[1] += 1
+        if analysis == "chain" and not ok:
+            departed = chain_departure(written, expected)
+            assert departed is not None  # a chain that is not the program's departs somewhere
+            where = departures.setdefault(departed, [0, 0])
+            where[0] += verdict is local
+            where[1] += 1
+            ends_right[0] += chain_ends_right(written, expected)
+            ends_right[1] += 1
         implied = marks_verdict(written)
         if implied is not None and verdict is not None:
             marked += 1
@@ -190,6 +229,14 @@ def reading(
         "verdict_right_where_check_right": _share(*truth_hits[True]),
         "verdict_right_where_check_wrong": _share(*truth_hits[False]),
         **({"verdict_agrees_with_label": {k: _share(*v) for k, v in label_hits.items()}} if label_hits else {}),
+        **(
+            {
+                "wrong_chain_departs_at": {k: _share(*departures[k]) for k in DEPARTURES if k in departures},
+                "wrong_chain_ends_right": _share(*ends_right),
+            }
+            if analysis == "chain"
+            else {}
+        ),
     }
 
 
@@ -239,6 +286,13 @@ def show(name: str, where: str, r: Mapping[str, Any]) -> None:
             f"(n {by_step['right steps']['n']}), "
             f"on wrong ones {by_step['wrong steps']['percent']:.1f}% (n {by_step['wrong steps']['n']}); "
             f"a wrong sum is the step's claim {copied['percent']:.1f}% (n {copied['n']})"
+        )
+    if "wrong_chain_departs_at" in r:
+        departs = r["wrong_chain_departs_at"].items()
+        line += (
+            "; a wrong chain departs at "
+            + ", ".join(f"{k} {v['n']} (verdict right {v['percent']:.0f}%)" for k, v in departs)
+            + f", and ends right {r['wrong_chain_ends_right']['percent']:.1f}%"
         )
     for key, v in r.get("verdict_agrees_with_label", {}).items():
         line += f"; agrees with the label where it wrote {key} {v['percent']:.1f}% (n {v['n']})"
