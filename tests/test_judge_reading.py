@@ -13,8 +13,10 @@ from bench.experiments.judge_reading import (
     chain_ends_right,
     check_parts,
     checked_truth,
+    copies_steps_term,
     heldout_steps,
     marks_verdict,
+    program_check_f1,
     reading,
     sum_is_claim,
     written_check,
@@ -183,3 +185,38 @@ def test_a_wrong_chain_is_read_by_where_it_first_departs() -> None:
     }
     assert r["wrong_chain_ends_right"] == {"n": 5, "percent": 20.0}  # the mended one only
     assert "wrong_chain_departs_at" not in reading([after], [answers[0]], [True], "spelled")
+
+
+def test_the_programs_own_check_followed_perfectly_is_the_ceiling_on_a_file() -> None:
+    """Three solutions: right throughout, wrong arithmetic at step 1, and a copied operand at step
+    0 (right arithmetic on a number the problem does not hold).  The chain flags each first
+    wrong step; the one-step check misses the copied operand (it calls that solution right)."""
+    samples = [
+        {"id": "right", "problem": PROBLEM, "steps": [RIGHT, "Step 2: 38 + 3 = 41.\n\n"], "label": -1},
+        {"id": "slip", "problem": PROBLEM, "steps": [RIGHT, "Step 2: 38 + 3 = 40.\n\n"], "label": 1},
+        {"id": "copied", "problem": PROBLEM, "steps": [COPIED, "Step 2: 36 + 3 = 39.\n\n"], "label": 0},
+    ]
+    assert program_check_f1(samples, "chain") == pytest.approx(100.0)
+    # spelled: right 1/1 and erroneous 1/2 (the copied one predicted right): F1 = 2 * 1 * 0.5 / 1.5
+    assert program_check_f1(samples, "spelled") == pytest.approx(200 / 3)
+
+
+def test_a_chain_that_computes_the_steps_own_term_is_counted() -> None:
+    """A copied operand at step 2 (the problem adds 3, the step adds 5): the program's chain
+    marks the claim; a judge that computes the step's own term from the right running value
+    writes clean marks; one that slips elsewhere is not counted as that."""
+    copied = {"problem": PROBLEM, "history": [RIGHT], "chunk": "Step 2: 38 + 5 = 43.\n\n"}
+    expected = analysis_text(copied, "chain")
+    assert expected == "45-7=38\n38+3=41 vs 43\n4=4 1#3"
+    took_steps = "45-7=38\n38+5=43 vs 43\n4=4 3=3"
+    assert copies_steps_term(took_steps, expected, copied["chunk"])
+    assert not copies_steps_term("45-7=38\n38+3=42 vs 43\n4=4 2#3", expected, copied["chunk"])  # a slip
+    assert not copies_steps_term("45-7=37\n37+5=42 vs 43\n4=4 2#3", expected, copied["chunk"])  # the value off
+    assert not copies_steps_term(None, expected, copied["chunk"])
+    # a step whose own term is the problem's is never counted, whatever the judge wrote
+    assert not copies_steps_term(
+        "45-7=38\n38+3=40 vs 40\n4=4 0=0", "45-7=38\n38+3=41 vs 40\n4=4 1#0", "Step 2: 38 + 3 = 40.\n\n"
+    )
+    r = reading([copied], [f" Analysis:\n{took_steps}\n\\boxed{{Positive}}"], [True], "chain")
+    assert r["wrong_chain_computes_steps_term"] == {"n": 1, "percent": 100.0}
+    assert r["verdict_right_where_check_wrong"] == {"n": 1, "percent": 0.0}

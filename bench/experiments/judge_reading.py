@@ -43,6 +43,7 @@ from typing import Any
 
 from bench.experiments.judge_format import (
     APPLY,
+    EQUATION,
     analysis_text,
     judge_prompt,
     row_local_truth,
@@ -140,6 +141,23 @@ def chain_ends_right(written: str | None, expected: str) -> bool:
     return written is not None and written.split("\n")[-2:] == expected.split("\n")[-2:]
 
 
+def copies_steps_term(written: str | None, expected: str, chunk: str) -> bool:
+    """Whether a written chain's judged-step line takes the step's own operation and operand where
+    the problem's differ, from the right running value (``65-4=61 vs 61`` where the program writes
+    ``65-2=63 vs 61``): the check computes what the step wrote instead of what the problem asks,
+    so a copied operand or a swapped operation leaves its marks clean."""
+    step = EQUATION.search(chunk)
+    ours = _CHAIN_LINE.match((written or "\n").split("\n")[-2])
+    theirs = _CHAIN_LINE.match(expected.split("\n")[-2])
+    if not (step and ours and theirs):
+        return False
+    term = (step.group(2), step.group(3))
+    return ours.group(1) == theirs.group(1) and ours.group(2, 3) == term != theirs.group(2, 3)
+
+
+_CHAIN_LINE = re.compile(r"^(-?\d+)([+*-])(\d+)=(-?\d+) vs (-?\d+)$")
+
+
 def _share(hits: int, n: int) -> dict[str, Any]:
     return {"n": n, "percent": 100.0 * hits / n if n else float("nan")}
 
@@ -164,9 +182,9 @@ def reading(
     verdict against the truth it is scored by (``checked_truth``) where the check is right and
     where it is wrong; for a one-step check, its sum on right and on wrong steps, and how many
     wrong sums are the step's claim; for a chain, where a wrong one first departs from the
-    program's (the verdict right there, by its truth) and how often it still ends on the program's
-    last two lines; and, for rows with a Monte Carlo label, the verdict against the label by the
-    judge's marks."""
+    program's (the verdict right there, by its truth), how often it still ends on the program's
+    last two lines and how often it computed the step's own term (``copies_steps_term``); and,
+    for rows with a Monte Carlo label, the verdict against the label by the judge's marks."""
     if analysis not in READ:
         raise ValueError(f"only a check with marks is read ({READ}), not {analysis!r}")
     right = follows = marked = 0
@@ -181,6 +199,7 @@ def reading(
     # a wrong chain, by where it departs: [verdicts right, wrong chains]; and [ending right, wrong chains]
     departures: dict[str, list[int]] = {}
     ends_right = [0, 0]
+    steps_term = 0  # wrong chains that computed the step's own term (copies_steps_term)
     for row, answer, verdict in zip(rows, answers, verdicts, strict=True):
         expected = analysis_text(row, analysis)
         if not expected:  # a step the checker cannot read (a model's malformed step)
@@ -208,6 +227,7 @@ def reading(
             where[1] += 1
             ends_right[0] += chain_ends_right(written, expected)
             ends_right[1] += 1
+            steps_term += copies_steps_term(written, expected, row["chunk"])
         implied = marks_verdict(written)
         if implied is not None and verdict is not None:
             marked += 1
@@ -233,6 +253,7 @@ def reading(
             {
                 "wrong_chain_departs_at": {k: _share(*departures[k]) for k in DEPARTURES if k in departures},
                 "wrong_chain_ends_right": _share(*ends_right),
+                "wrong_chain_computes_steps_term": _share(steps_term, ends_right[1]),
             }
             if analysis == "chain"
             else {}
@@ -250,6 +271,22 @@ def heldout_steps(samples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         for it in processbench_steps(samples)
         if first_wrong[it["sample"]] == -1 or it["k"] <= first_wrong[it["sample"]]
     ]
+
+
+def program_check_f1(samples: Sequence[Mapping[str, Any]], analysis: str) -> float:
+    """ProcessBench F1 of the program's own check followed perfectly: each solution's first wrong
+    step predicted at its first step whose program-written marks show a ``#`` (or a step the
+    checker cannot read).  The ceiling a judge that imitates this check and follows its marks can
+    reach on a file; below 100 where the check cannot see an error kind (a one-step check on a
+    copied operand)."""
+    from bench.experiments.judge_capacity import processbench_steps
+    from bench.experiments.stats import processbench_f1
+
+    first_flag: dict[str, int] = {}
+    for it in processbench_steps(samples):
+        if it["sample"] not in first_flag and marks_verdict(analysis_text(it, analysis) or None) is not True:
+            first_flag[it["sample"]] = it["k"]
+    return processbench_f1([(s["label"], first_flag.get(s["id"], -1)) for s in samples])
 
 
 def read_judge(
@@ -292,7 +329,8 @@ def show(name: str, where: str, r: Mapping[str, Any]) -> None:
         line += (
             "; a wrong chain departs at "
             + ", ".join(f"{k} {v['n']} (verdict right {v['percent']:.0f}%)" for k, v in departs)
-            + f", and ends right {r['wrong_chain_ends_right']['percent']:.1f}%"
+            + f", ends right {r['wrong_chain_ends_right']['percent']:.1f}%, computes the step's own term "
+            f"{r['wrong_chain_computes_steps_term']['percent']:.1f}%"
         )
     for key, v in r.get("verdict_agrees_with_label", {}).items():
         line += f"; agrees with the label where it wrote {key} {v['percent']:.1f}% (n {v['n']})"
@@ -312,28 +350,39 @@ def main() -> None:
     ap.add_argument("--judges", nargs="+", type=Path, required=True, help="Judge folders (--keep's).")
     ap.add_argument(
         "--rows", default="heldout,validation,train",
-        help="Which rows to read, of heldout, validation, train (the training rows take longest).",
+        help="Which rows to read, of heldout, heldout-kinds (the second held-out file: errors a step alone does not "
+        "show), validation, train (the training rows take longest).",
     )  # fmt: skip
     args = ap.parse_args()
     cell = Cell.parse(args.cell)
-    if unknown := set(args.rows.split(",")) - {"heldout", "validation", "train"}:
-        ap.error(f"--rows takes heldout, validation, train; not {', '.join(sorted(unknown))}")
+    if unknown := set(args.rows.split(",")) - {"heldout", "heldout-kinds", "validation", "train"}:
+        ap.error(f"--rows takes heldout, heldout-kinds, validation, train; not {', '.join(sorted(unknown))}")
     if cell.analysis not in READ:
         ap.error(f"only a judge whose check writes marks is read ({', '.join(READ)}), not {cell.analysis}")
     where = args.data / f"seed{args.seed}"
     train, val = (load_rows(where / cell.data_key / f"{n}.json.gz") for n in ("train", "validation"))
-    heldout = heldout_steps(json.loads((where / "heldout.json").read_text()))
+    files = {name: where / f"{name}.json" for name in ("heldout", "heldout-kinds")}  # the second: older runs lack it
+    samples = {name: json.loads(path.read_text()) for name, path in files.items() if path.exists()}
+    steps = {name: heldout_steps(found) for name, found in samples.items()}
     max_new = answer_room(train, cell.analysis)
+    ceiling = {name: program_check_f1(found, cell.analysis) for name, found in samples.items()}
+    print(
+        "the program's own check followed perfectly: ProcessBench F1 "
+        + ", ".join(f"{v:.1f} on {k}" for k, v in ceiling.items()),
+        flush=True,
+    )
     out = []
     for judge in args.judges:
         found = {"judge": str(judge)}
-        for name, rows in (("heldout", heldout), ("validation", val), ("train", train)):
+        for name, rows in (*steps.items(), ("validation", val), ("train", train)):
             if name not in args.rows.split(","):
                 continue
             found[name] = read_judge(judge, rows, max_new, cell.analysis)
             show(judge.name, f"seed {args.seed}'s {name} rows", found[name])
         out.append(found)
-    emit({"benchmark": "judge_reading", "seed": args.seed, "cell": cell.name, "judges": out})
+    emit(
+        {"benchmark": "judge_reading", "seed": args.seed, "cell": cell.name, "program_check_f1": ceiling, "judges": out}
+    )
 
 
 if __name__ == "__main__":
