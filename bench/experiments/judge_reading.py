@@ -23,7 +23,11 @@ wrong with right arithmetic: an operand copied wrong) it also says how the verdi
 labels where the marks are clean and where they are not; on its own training rows, whether a
 check it gets wrong on new steps was learnt at all (underfitting) or only not carried over.
 Pure counting beside one greedy pass of the judge (``judge_capacity.LocalJudge``, as
-``evaluate_capacity`` asks it).
+``evaluate_capacity`` asks it).  Beside the judges it scores the program's own check followed
+perfectly on each held-out file (``program_check_f1``): the ceiling a judge that imitates it can
+reach, and below 100 where the check cannot see an error kind.  A chain judge's wrong chains
+are read by where they first depart from the program's and by whether they computed the step's
+own term instead of the problem's (what lets a copied operand pass).
 
     python -m bench.experiments.judge_reading --data runs/data --seed 2 \\
         --cell spelled/first-dead/2/2000/8/abs-q/medium \\
