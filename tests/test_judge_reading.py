@@ -213,6 +213,7 @@ def test_a_chain_that_computes_the_steps_own_term_is_counted() -> None:
     assert not copies_steps_term("45-7=38\n38+3=42 vs 43\n4=4 2#3", expected, copied["chunk"])  # a slip
     assert not copies_steps_term("45-7=37\n37+5=42 vs 43\n4=4 2#3", expected, copied["chunk"])  # the value off
     assert not copies_steps_term(None, expected, copied["chunk"])
+    assert not copies_steps_term("38+5=43 vs 43", expected, copied["chunk"])  # one line: no digit line under it
     # a step whose own term is the problem's is never counted, whatever the judge wrote
     assert not copies_steps_term(
         "45-7=38\n38+3=40 vs 40\n4=4 0=0", "45-7=38\n38+3=41 vs 40\n4=4 1#0", "Step 2: 38 + 3 = 40.\n\n"

@@ -119,6 +119,9 @@ def _first_lines(written: str | None, expected: str) -> tuple[re.Match[str] | No
     return _FIRST_LINE.match((written or "").split("\n")[0]), _FIRST_LINE.match(expected.split("\n")[0])
 
 
+_CHAIN_LINE = re.compile(r"^(-?\d+)([+*-])(\d+)=(-?\d+) vs (-?\d+)$")
+"""A chain's judged-step line: the running value, the operation and operand, its result, the claim."""
+
 DEPARTURES = ("no check", "an earlier step's line", "the judged step's line", "the digit line", "the length")
 """Where a written chain first departs from the program's: no analysis written, a line that
 recomputes an earlier step, the judged step's own line (its value and the claim beside it), the
@@ -150,16 +153,13 @@ def copies_steps_term(written: str | None, expected: str, chunk: str) -> bool:
     the problem's differ, from the right running value (``65-4=61 vs 61`` where the program writes
     ``65-2=63 vs 61``): the check computes what the step wrote instead of what the problem asks,
     so a copied operand or a swapped operation leaves its marks clean."""
-    step = EQUATION.search(chunk)
-    ours = _CHAIN_LINE.match((written or "\n").split("\n")[-2])
-    theirs = _CHAIN_LINE.match(expected.split("\n")[-2])
+    lines, program = (written or "").split("\n"), expected.split("\n")
+    if len(lines) < 2 or len(program) < 2:  # no judged-step line above a digit line
+        return False
+    step, ours, theirs = EQUATION.search(chunk), _CHAIN_LINE.match(lines[-2]), _CHAIN_LINE.match(program[-2])
     if not (step and ours and theirs):
         return False
-    term = (step.group(2), step.group(3))
-    return ours.group(1) == theirs.group(1) and ours.group(2, 3) == term != theirs.group(2, 3)
-
-
-_CHAIN_LINE = re.compile(r"^(-?\d+)([+*-])(\d+)=(-?\d+) vs (-?\d+)$")
+    return ours.group(1) == theirs.group(1) and ours.group(2, 3) == step.group(2, 3) != theirs.group(2, 3)
 
 
 def _share(hits: int, n: int) -> dict[str, Any]:
