@@ -43,7 +43,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.experiments.judge_format import (
     APPLY,
@@ -54,6 +54,9 @@ from bench.experiments.judge_format import (
     spelled_digits,
     step_truth,
 )
+
+if TYPE_CHECKING:
+    from stepq.trainer.evaluation.judges import StepItem
 
 READ = ("spelled", "chain")
 """The analyses whose last line is a digit line of marks a verdict can follow: ``spelled`` (the
@@ -80,7 +83,11 @@ def marks_verdict(check: str | None) -> bool | None:
     return "#" not in last if _MARKS.match(last) else None
 
 
-_FIRST_LINE = re.compile(r"^(-?\d+)([+*-])(\d+)=(-?\d+) vs (-?\d+)$")
+_CLAIM_LINE = re.compile(r"^(-?\d+)([+*-])(\d+)=(-?\d+) vs (-?\d+)$")
+"""A check's line that computes the judged step and sets its claim beside it: the value it starts
+from, the operation and operand, its result, the claim (a spelled check's first line, a chain's
+last before the digit line)."""
+
 CHECK_PARTS = ("operands", "sum", "claim", "marks")
 """Where a written check can go wrong: the step's operands copied, the judge's own sum of what
 it copied, the step's claimed result copied, and the digit line spelled from the two numbers
@@ -116,11 +123,8 @@ def sum_is_claim(written: str | None, expected: str) -> bool | None:
 
 def _first_lines(written: str | None, expected: str) -> tuple[re.Match[str] | None, re.Match[str] | None]:
     """The equation-and-claim lines of a written check and of the program's, each parsed."""
-    return _FIRST_LINE.match((written or "").split("\n")[0]), _FIRST_LINE.match(expected.split("\n")[0])
+    return _CLAIM_LINE.match((written or "").split("\n")[0]), _CLAIM_LINE.match(expected.split("\n")[0])
 
-
-_CHAIN_LINE = re.compile(r"^(-?\d+)([+*-])(\d+)=(-?\d+) vs (-?\d+)$")
-"""A chain's judged-step line: the running value, the operation and operand, its result, the claim."""
 
 DEPARTURES = ("no check", "an earlier step's line", "the judged step's line", "the digit line", "the length")
 """Where a written chain first departs from the program's: no analysis written, a line that
@@ -156,7 +160,7 @@ def copies_steps_term(written: str | None, expected: str, chunk: str) -> bool:
     lines, program = (written or "").split("\n"), expected.split("\n")
     if len(lines) < 2 or len(program) < 2:  # no judged-step line above a digit line
         return False
-    step, ours, theirs = EQUATION.search(chunk), _CHAIN_LINE.match(lines[-2]), _CHAIN_LINE.match(program[-2])
+    step, ours, theirs = EQUATION.search(chunk), _CLAIM_LINE.match(lines[-2]), _CLAIM_LINE.match(program[-2])
     if not (step and ours and theirs):
         return False
     return ours.group(1) == theirs.group(1) and ours.group(2, 3) == step.group(2, 3) != theirs.group(2, 3)
@@ -200,10 +204,10 @@ def reading(
     wrong_sum_claim = [0, 0]
     parts_right = dict.fromkeys(CHECK_PARTS, 0)
     parsed = 0
-    # a wrong chain, by where it departs: [verdicts right, wrong chains]; and [ending right, wrong chains]
+    # a wrong chain, by where it departs: [verdicts right, wrong chains]; of all wrong chains, how
+    # many end on the program's last two lines and how many computed the step's own term
     departures: dict[str, list[int]] = {}
-    ends_right = [0, 0]
-    steps_term = 0  # wrong chains that computed the step's own term (copies_steps_term)
+    wrong_chains = ends_right = steps_term = 0
     for row, answer, verdict in zip(rows, answers, verdicts, strict=True):
         expected = analysis_text(row, analysis)
         if not expected:  # a step the checker cannot read (a model's malformed step)
@@ -229,8 +233,8 @@ def reading(
             where = departures.setdefault(departed, [0, 0])
             where[0] += verdict is local
             where[1] += 1
-            ends_right[0] += chain_ends_right(written, expected)
-            ends_right[1] += 1
+            wrong_chains += 1
+            ends_right += chain_ends_right(written, expected)
             steps_term += copies_steps_term(written, expected, row["chunk"])
         implied = marks_verdict(written)
         if implied is not None and verdict is not None:
@@ -256,8 +260,8 @@ def reading(
         **(
             {
                 "wrong_chain_departs_at": {k: _share(*departures[k]) for k in DEPARTURES if k in departures},
-                "wrong_chain_ends_right": _share(*ends_right),
-                "wrong_chain_computes_steps_term": _share(steps_term, ends_right[1]),
+                "wrong_chain_ends_right": _share(ends_right, wrong_chains),
+                "wrong_chain_computes_steps_term": _share(steps_term, wrong_chains),
             }
             if analysis == "chain"
             else {}
@@ -282,15 +286,24 @@ def program_check_f1(samples: Sequence[Mapping[str, Any]], analysis: str) -> flo
     step predicted at its first step whose program-written marks show a ``#`` (or a step the
     checker cannot read).  The ceiling a judge that imitates this check and follows its marks can
     reach on a file; below 100 where the check cannot see an error kind (a one-step check on a
-    copied operand)."""
-    from bench.experiments.judge_capacity import processbench_steps
-    from bench.experiments.stats import processbench_f1
+    copied operand).  Predicted and scored as ``stepq eval processbench`` does a judge's verdicts."""
+    from stepq.trainer.evaluation.processbench import predict, score
 
-    first_flag: dict[str, int] = {}
-    for it in processbench_steps(samples):
-        if it["sample"] not in first_flag and marks_verdict(analysis_text(it, analysis) or None) is not True:
-            first_flag[it["sample"]] = it["k"]
-    return processbench_f1([(s["label"], first_flag.get(s["id"], -1)) for s in samples])
+    predictions = predict(ProgramCheck(analysis), samples)
+    return score("program", {s["id"]: s["label"] for s in samples}, predictions).f1
+
+
+class ProgramCheck:
+    """The program's own check as a step judge: the verdict its marks imply (no verdict where the
+    checker cannot read the step)."""
+
+    def __init__(self, analysis: str) -> None:
+        self.analysis = analysis
+        self.name = f"program-{analysis}"
+
+    def judge(self, items: Sequence[StepItem]) -> list[bool | None]:
+        rows = ({"problem": it.problem, "history": list(it.history), "chunk": it.chunk} for it in items)
+        return [marks_verdict(analysis_text(row, self.analysis) or None) for row in rows]
 
 
 def read_judge(
