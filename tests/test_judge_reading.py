@@ -13,6 +13,7 @@ from bench.experiments.judge_reading import (
     chain_ends_right,
     check_parts,
     checked_truth,
+    claims_its_own_value,
     copies_steps_term,
     heldout_steps,
     marks_verdict,
@@ -220,4 +221,26 @@ def test_a_chain_that_computes_the_steps_own_term_is_counted() -> None:
     )
     r = reading([copied], [f" Analysis:\n{took_steps}\n\\boxed{{Positive}}"], [True], "chain")
     assert r["wrong_chain_computes_steps_term"] == {"n": 1, "percent": 100.0}
+    assert r["verdict_right_where_check_wrong"] == {"n": 1, "percent": 0.0}
+
+
+def test_a_chain_that_puts_its_own_value_where_the_claim_goes_is_counted() -> None:
+    """A slip in the tens digit at step 2 (38 + 3 claimed as 31): the program's chain marks the
+    claim's tens digit; a judge that writes its own value beside ``vs`` leaves clean marks and
+    accepts the step; a judge that reads the claim right but slips elsewhere is not counted."""
+    slipped = {"problem": PROBLEM, "history": [RIGHT], "chunk": "Step 2: 38 + 3 = 31.\n\n"}
+    expected = analysis_text(slipped, "chain")
+    assert expected == "45-7=38\n38+3=41 vs 31\n4#3 1=1"
+    own = "45-7=38\n38+3=41 vs 41\n4=4 1=1"
+    assert claims_its_own_value(own, expected)
+    assert not claims_its_own_value(expected, expected)  # the claim read right
+    assert not claims_its_own_value("45-7=38\n38+3=42 vs 31\n4#3 2#1", expected)  # a slip in its own value
+    assert not claims_its_own_value(None, expected) and not claims_its_own_value("38+3=41 vs 41", expected)
+    # a step whose claim is its value: writing that value beside vs is reading it right
+    right = analysis_text({**slipped, "chunk": "Step 2: 38 + 3 = 41.\n\n"}, "chain")
+    assert not claims_its_own_value("45-7=38\n38+3=41 vs 41\n4=4 1=1", right)
+    answers = [f" Analysis:\n{w}\n\\boxed{{{v}}}" for w, v in ((own, "Positive"), (expected, "Negative"))]
+    r = reading([slipped] * 2, answers, [True, False], "chain")
+    assert r["wrong_chain_claims_its_own_value"] == {"n": 1, "percent": 100.0}
+    assert r["wrong_chain_computes_steps_term"] == {"n": 1, "percent": 0.0}
     assert r["verdict_right_where_check_wrong"] == {"n": 1, "percent": 0.0}

@@ -166,6 +166,17 @@ def copies_steps_term(written: str | None, expected: str, chunk: str) -> bool:
     return ours.group(1) == theirs.group(1) and ours.group(2, 3) == step.group(2, 3) != theirs.group(2, 3)
 
 
+def claims_its_own_value(written: str | None, expected: str) -> bool:
+    """Whether a written chain's judged-step line puts its own value where the step's claim goes
+    (``49-8=41 vs 41`` where the program writes ``49-8=41 vs 31``): the check misreads the claim,
+    so a wrong result leaves its marks clean whatever the value it computed."""
+    lines, program = (written or "").split("\n"), expected.split("\n")
+    if len(lines) < 2 or len(program) < 2:  # no judged-step line above a digit line
+        return False
+    ours, theirs = _CLAIM_LINE.match(lines[-2]), _CLAIM_LINE.match(program[-2])
+    return bool(ours and theirs) and ours.group(5) == ours.group(4) and ours.group(5) != theirs.group(5)
+
+
 def _share(hits: int, n: int) -> dict[str, Any]:
     return {"n": n, "percent": 100.0 * hits / n if n else float("nan")}
 
@@ -191,7 +202,8 @@ def reading(
     where it is wrong; for a one-step check, its sum on right and on wrong steps, and how many
     wrong sums are the step's claim; for a chain, where a wrong one first departs from the
     program's (the verdict right there, by its truth), how often it still ends on the program's
-    last two lines and how often it computed the step's own term (``copies_steps_term``); and,
+    last two lines, how often it computed the step's own term (``copies_steps_term``) and how
+    often it put its own value where the step's claim goes (``claims_its_own_value``); and,
     for rows with a Monte Carlo label, the verdict against the label by the judge's marks."""
     if analysis not in READ:
         raise ValueError(f"only a check with marks is read ({READ}), not {analysis!r}")
@@ -207,7 +219,7 @@ def reading(
     # a wrong chain, by where it departs: [verdicts right, wrong chains]; of all wrong chains, how
     # many end on the program's last two lines and how many computed the step's own term
     departures: dict[str, list[int]] = {}
-    wrong_chains = ends_right = steps_term = 0
+    wrong_chains = ends_right = steps_term = own_claim = 0
     for row, answer, verdict in zip(rows, answers, verdicts, strict=True):
         expected = analysis_text(row, analysis)
         if not expected:  # a step the checker cannot read (a model's malformed step)
@@ -236,6 +248,7 @@ def reading(
             wrong_chains += 1
             ends_right += chain_ends_right(written, expected)
             steps_term += copies_steps_term(written, expected, row["chunk"])
+            own_claim += claims_its_own_value(written, expected)
         implied = marks_verdict(written)
         if implied is not None and verdict is not None:
             marked += 1
@@ -262,6 +275,7 @@ def reading(
                 "wrong_chain_departs_at": {k: _share(*departures[k]) for k in DEPARTURES if k in departures},
                 "wrong_chain_ends_right": _share(ends_right, wrong_chains),
                 "wrong_chain_computes_steps_term": _share(steps_term, wrong_chains),
+                "wrong_chain_claims_its_own_value": _share(own_claim, wrong_chains),
             }
             if analysis == "chain"
             else {}
@@ -349,6 +363,8 @@ def show(name: str, where: str, r: Mapping[str, Any]) -> None:
             + f", ends right {r['wrong_chain_ends_right']['percent']:.1f}%, computes the step's own term "
             f"{r['wrong_chain_computes_steps_term']['percent']:.1f}%"
         )
+        if "wrong_chain_claims_its_own_value" in r:  # read since 2026-12-07, evening
+            line += f", claims its own value {r['wrong_chain_claims_its_own_value']['percent']:.1f}%"
     for key, v in r.get("verdict_agrees_with_label", {}).items():
         line += f"; agrees with the label where it wrote {key} {v['percent']:.1f}% (n {v['n']})"
     print(line, flush=True)
