@@ -152,15 +152,22 @@ def chain_ends_right(written: str | None, expected: str) -> bool:
     return written is not None and written.split("\n")[-2:] == expected.split("\n")[-2:]
 
 
+def _judged_lines(written: str | None, expected: str) -> tuple[re.Match[str] | None, re.Match[str] | None]:
+    """The judged step's line (above the digit line) of a written chain and of the program's,
+    each parsed; (None, None) where either has no such line."""
+    lines, program = (written or "").split("\n"), expected.split("\n")
+    if len(lines) < 2 or len(program) < 2:
+        return None, None
+    return _CLAIM_LINE.match(lines[-2]), _CLAIM_LINE.match(program[-2])
+
+
 def copies_steps_term(written: str | None, expected: str, chunk: str) -> bool:
     """Whether a written chain's judged-step line takes the step's own operation and operand where
     the problem's differ, from the right running value (``65-4=61 vs 61`` where the program writes
     ``65-2=63 vs 61``): the check computes what the step wrote instead of what the problem asks,
     so a copied operand or a swapped operation leaves its marks clean."""
-    lines, program = (written or "").split("\n"), expected.split("\n")
-    if len(lines) < 2 or len(program) < 2:  # no judged-step line above a digit line
-        return False
-    step, ours, theirs = EQUATION.search(chunk), _CLAIM_LINE.match(lines[-2]), _CLAIM_LINE.match(program[-2])
+    ours, theirs = _judged_lines(written, expected)
+    step = EQUATION.search(chunk)
     if not (step and ours and theirs):
         return False
     return ours.group(1) == theirs.group(1) and ours.group(2, 3) == step.group(2, 3) != theirs.group(2, 3)
@@ -170,10 +177,7 @@ def claims_its_own_value(written: str | None, expected: str) -> bool:
     """Whether a written chain's judged-step line puts its own value where the step's claim goes
     (``49-8=41 vs 41`` where the program writes ``49-8=41 vs 31``): the check misreads the claim,
     so a wrong result leaves its marks clean whatever the value it computed."""
-    lines, program = (written or "").split("\n"), expected.split("\n")
-    if len(lines) < 2 or len(program) < 2:  # no judged-step line above a digit line
-        return False
-    ours, theirs = _CLAIM_LINE.match(lines[-2]), _CLAIM_LINE.match(program[-2])
+    ours, theirs = _judged_lines(written, expected)
     return bool(ours and theirs) and ours.group(5) == ours.group(4) and ours.group(5) != theirs.group(5)
 
 
