@@ -136,10 +136,21 @@ def sqlite(tmp_path: Path, migrated_sqlite: Path) -> Iterator[Database]:
 
 
 @pytest.fixture(scope="session")
-def quick_policies(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def quick_policies(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """Where the benchmarks' ``--quick`` policy (``neural_policy.QUICK``) is kept for the
-    session: the first test builds it (most of that test's time), the others verify it."""
-    return tmp_path_factory.mktemp("quick-policies")
+    session, built by the first test that asks (most of that test's time); the others verify it.
+    The suite's workers (pytest-xdist) share one folder and build it once, under a lock: two
+    benchmarks building into one cache at once would race on its files."""
+    from filelock import FileLock
+
+    from bench.experiments.neural_policy import QUICK, build
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base if worker_id == "master" else base.parent) / "quick-policies"
+    root.mkdir(exist_ok=True)
+    with FileLock(root.with_suffix(".lock")):
+        build(QUICK, root)
+    return root
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
