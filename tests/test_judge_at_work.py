@@ -128,7 +128,7 @@ def _quick(module: str, *args: str) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # 73 s alone on 2 cores, the quick build included (2026-12-07); slower when shared
+@pytest.mark.timeout(600)  # 107 s on two workers, ~90 s more where its fixture builds the quick policy (2026-12-07)
 def test_the_chain_runs_at_tiny_size(quick_policies: Path) -> None:
     result = _quick("bench_judge_at_work", "--policy-cache", str(quick_policies))
     runs = result["chunk_reset"]

@@ -354,7 +354,7 @@ def test_a_cell_names_the_policy_whose_labels_it_teaches() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # 25 s with the session's quick build kept; 190-440 s when this test builds it
+@pytest.mark.timeout(600)  # 25 s with the session's quick build kept; minutes more where its fixture builds it
 def test_a_neural_policy_cell_is_taught_that_policys_own_samples(tmp_path: Path, quick_policies: Path) -> None:
     """The neural branch samples the trajectories from the policy and rolls out with it (the hf
     backend), not the synthetic policy: a 200-step build writes the format without the
