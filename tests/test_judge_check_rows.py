@@ -42,6 +42,32 @@ def test_half_the_rows_claim_a_wrong_sum_and_their_truth_says_so() -> None:
     assert [a.endswith("{Positive}") for _, a in taught] == [r["local"] for r in rows]
 
 
+def test_tens_too_moves_every_other_altered_claim_by_ten_and_leaves_the_rest_as_they_were() -> None:
+    plain, tens = check_rows(3, 80), check_rows(3, 80, slips="tens-too")
+    assert [(r["problem"], r["history"], r["local"]) for r in tens] == [
+        (r["problem"], r["history"], r["local"]) for r in plain
+    ]
+    moved = 0
+    for p, t in zip(plain, tens, strict=True):
+        a, op, b, claim = (EQUATION.search(t["chunk"]).group(k) for k in (1, 2, 3, 4))  # type: ignore[union-attr]
+        right = int(a) + int(b) if op == "+" else int(a) - int(b)
+        if abs(int(claim) - right) == 10:
+            moved += 1
+            assert not t["local"] and int(claim) % 10 == right % 10  # wrong in the tens digit alone
+            assert ("#" in spelled_analysis(t["chunk"]).split("\n")[1]) and t["chunk"] != p["chunk"]
+        else:
+            assert t == p  # every other row is the 1-9 recipe's own
+    assert moved == 20  # half of the 40 altered rows
+    assert not any(abs(int(EQUATION.search(r["chunk"]).group(4)) - _right(r)) == 10 for r in plain)  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="slips"):
+        check_rows(3, 4, slips="tens")
+
+
+def _right(row: dict[str, object]) -> int:
+    a, op, b = (EQUATION.search(str(row["chunk"])).group(k) for k in (1, 2, 3))  # type: ignore[union-attr]
+    return int(a) + int(b) if op == "+" else int(a) - int(b)
+
+
 def test_the_rows_are_the_seeds_own_and_skip_the_problems_taught_or_scored_elsewhere() -> None:
     rows = check_rows(3, 10)
     assert rows == check_rows(3, 10) and rows != check_rows(4, 10)
@@ -61,6 +87,18 @@ def test_a_judge_taught_check_rows_is_named_apart() -> None:
     line = {"seed": 0, "cell": "c", "snapshot_rows": 10, "backbone_drill_accuracy": 97.0, "label_truth_agreement": 0.8}
     apart = joined_runs([{**line, "label": t0}, {**line, "check_rows": 2000, "label": t1}])
     assert sorted(r.get("check_rows", 0) for r in apart) == [0, 2000]  # two setups, not two trainings of one
+    tens = judge_folder(
+        0, "spelled/first-dead/4/2000/8/abs-q/medium", "label", 1, check_rows=2000, check_slips="tens-too"
+    )
+    assert tens == "seed0-spelled_first-dead_4_2000_8_abs-q_medium-check2000-tens-too-label-t1"
+    assert run_folder({**run, "check_slips": "tens-too"}, 1) == tens
+    slipped = joined_runs(
+        [
+            {**line, "check_rows": 2000, "label": t0},
+            {**line, "check_rows": 2000, "check_slips": "tens-too", "label": t1},
+        ]
+    )
+    assert sorted(r.get("check_slips", "1-9") for r in slipped) == ["1-9", "tens-too"]
     assert len(joined_runs([{**line, "label": t0}, {**line, "label": t1}])) == 1
 
 

@@ -81,7 +81,7 @@ from bench.experiments.judge_capacity_data import (
     take_rows,
     taught_elsewhere,
 )
-from bench.experiments.judge_check_rows import check_rows
+from bench.experiments.judge_check_rows import SLIPS, check_rows
 from bench.experiments.judge_format import ANALYSES, DRILLED, row_local_truth
 from bench.experiments.judge_trainings import judge_folder, selected_training, spread, training_seed
 from bench.experiments.neural_policy import POLICIES, add_policy_cache_option, processor_name
@@ -189,7 +189,7 @@ def run_cell(
         recorded = record["drills"]
         drilled = recorded[-1][1] if recorded else drill_accuracy(backbone, backbone_seed, device=device)
     check = (
-        check_rows(seed, args.check_rows, taught_elsewhere(where, seed, snapshot + val, cell.policy))
+        check_rows(seed, args.check_rows, taught_elsewhere(where, seed, snapshot + val, cell.policy), args.check_slips)
         if args.check_rows
         else []
     )
@@ -204,7 +204,7 @@ def run_cell(
         "truth_local_agreement": sum(r["truth"] == row_local_truth(r) for r in train) / max(1, len(train)),
         "random_guess_f1": random_guess_f1(heldout, seed), "random_guess_f1_kinds": random_guess_f1(kinds[0], seed),
         "pretrain_s": round(pretrain_s), "teach_steps": args.steps, "check_rows": len(check),
-        "check_verdicts": args.check_verdicts,
+        "check_verdicts": args.check_verdicts, "check_slips": args.check_slips,
         "backbone_drill_accuracy": drilled,
         "backbone_seed": backbone_seed, "backbone_steps": record["steps"], "backbone_drills": record["drills"],
         # the same command on another processor builds another backbone (the data stay the same)
@@ -217,7 +217,7 @@ def run_cell(
             started = time.perf_counter()
             rows = len(train) if train_rows is not None else None
             folder = models / judge_folder(
-                seed, cell.name, target, k, rows, backbone_seed, len(check), args.check_verdicts
+                seed, cell.name, target, k, rows, backbone_seed, len(check), args.check_verdicts, args.check_slips
             )  # fmt: skip
             kept = kept_verdict(folder) if args.rescore else None
             judge, loss = kept or teach_verdict(
@@ -266,6 +266,7 @@ def show(r: dict[str, Any]) -> None:
         )
         + (f"; {r['check_rows']} check rows taught beside them" if r.get("check_rows") else "")
         + (" (their verdicts read, not taught)" if r.get("check_verdicts") == "untaught" else "")
+        + (f" (claims moved: {r['check_slips']})" if r.get("check_rows") and r.get("check_slips") == "tens-too" else "")
     )
     for target in (t for t in TARGETS if t in r):
         several = f"{target}_trainings" in r
@@ -359,6 +360,11 @@ def parser() -> argparse.ArgumentParser:
         "--check-verdicts", choices=("taught", "untaught"), default="taught",
         help="untaught: the check rows' verdicts are read but kept out of the loss, so that every verdict taught "
         "is a label's (the rows teach the analysis alone; folders -checkN-untaught).",
+    )  # fmt: skip
+    ap.add_argument(
+        "--check-slips", choices=SLIPS, default="1-9",
+        help="tens-too: every other altered check row's claim moved by 10 instead of 1-9, so that it is wrong in "
+        "the tens digit alone, as the neural policy's commonest slip is (a deviation; folders -checkN-...-tens-too).",
     )  # fmt: skip
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=1e-3)

@@ -25,6 +25,12 @@ from bench.experiments.judge_format import EQUATION
 ROWS_TAG = "judge-check-rows"
 """The seed tag of the check rows' problems and draws: one no other set uses."""
 
+SLIPS = ("1-9", "tens-too")
+"""How the altered rows' claims are moved: ``1-9``, by 1-9 either sign (the recipe of every
+check-row run documented before the tens-digit test); ``tens-too``, every other altered row moved
+by 10 instead, so that its claim is wrong in the tens digit alone, the neural policy's commonest
+slip (``--check-slips``, a named deviation: no ``1-9`` row has such a claim)."""
+
 
 def altered_chunk(chunk: str, delta: int) -> str:
     """``chunk`` with its claimed result moved by ``delta`` (and its final answer, where the step
@@ -38,11 +44,21 @@ def altered_chunk(chunk: str, delta: int) -> str:
     return head.replace(f"\\boxed{{{claim}}}", f"\\boxed{{{new}}}")
 
 
-def check_rows(seed: int, count: int, exclude: Collection[str] = ()) -> list[dict[str, Any]]:
+def _claim(chunk: str) -> int:
+    """The result a step claims."""
+    m = EQUATION.search(chunk)
+    assert m is not None  # the synthetic policy's own steps
+    return int(m.group(4))
+
+
+def check_rows(seed: int, count: int, exclude: Collection[str] = (), slips: str = "1-9") -> list[dict[str, Any]]:
     """``count`` judged steps of fresh small-number problems (none of ``exclude``), each solved
     right up to a step drawn at random, whose claim is changed by 1-9 (either sign) on every
-    other row; each row carries ``local``: whether its step is right (``row_local_truth`` reads
-    it).  The same seed gives the same rows."""
+    other row (``slips``: see ``SLIPS``); each row carries ``local``: whether its step is right
+    (``row_local_truth`` reads it).  The same seed gives the same rows; ``tens-too`` gives the
+    same problems, steps and signs, with every other altered claim moved by 10 instead."""
+    if slips not in SLIPS:
+        raise ValueError(f"check-row slips {slips!r}: not one of {', '.join(SLIPS)}")
     from stepq.workers.backends.synthetic_policy import SyntheticPolicy, make_problem
     from stepq.workers.data.synthetic_set import NUMBERS
     from stepq.workers.seeds import derive_seed
@@ -59,6 +75,11 @@ def check_rows(seed: int, count: int, exclude: Collection[str] = ()) -> list[dic
         steps = [s.text for s in policy.solve(problem, i)]
         k = rng.randrange(len(steps))
         altered = len(rows) % 2 == 1
-        chunk = altered_chunk(steps[k], rng.choice([-1, 1]) * rng.randint(1, 9)) if altered else steps[k]
+        chunk = steps[k]
+        if altered:
+            delta = rng.choice([-1, 1]) * rng.randint(1, 9)  # drawn in every mode: one stream of draws
+            if slips == "tens-too" and len(rows) % 4 == 3:
+                delta = 10 if delta > 0 or _claim(chunk) < 10 else -10
+            chunk = altered_chunk(chunk, delta)
         rows.append({"problem": problem.question, "history": steps[:k], "chunk": chunk, "local": not altered})
     return rows

@@ -41,15 +41,23 @@ def judge_folder(
     backbone_seed: int | None = None,
     check_rows: int = 0,
     check_verdicts: str = "taught",
+    check_slips: str = "1-9",
 ) -> str:
     """The folder ``--keep`` gives the k-th training of a cell's judge (``rows``: taught on that
     many rows by ``--equal-rows``; ``backbone_seed``: on the backbone of another seed than the
     rows', ``--backbone-seed``; ``check_rows``: with that many of ``judge_check_rows``' rows
     beside its own, ``--check-rows``, their verdicts ``untaught`` where ``--check-verdicts``
-    says so); ``kept_judge`` finds the trainings' at-work logs by it."""
+    says so, their claims moved as ``--check-slips`` says where not by 1-9); ``kept_judge`` finds
+    the trainings' at-work logs by it."""
     sized = f"-rows{rows}" if rows is not None else ""
     crossed = f"-backbone{backbone_seed}" if backbone_seed is not None and backbone_seed != seed else ""
-    checked = f"-check{check_rows}" + ("" if check_verdicts == "taught" else f"-{check_verdicts}") if check_rows else ""
+    checked = (
+        f"-check{check_rows}"
+        + ("" if check_verdicts == "taught" else f"-{check_verdicts}")
+        + ("" if check_slips == "1-9" else f"-{check_slips}")
+        if check_rows
+        else ""
+    )
     return f"seed{seed}-{cell.replace('/', '_')}{sized}{crossed}{checked}-{target}" + (f"-t{k}" if k else "")
 
 
@@ -66,12 +74,12 @@ def joined_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     backbone's hash, or its drills where a run has no hash) are not the same setup and are
     refused, as is a training taught in two runs (its figures would count twice). Lines that name
     different backbone seeds (``--backbone-seed``) or check rows (``--check-rows``,
-    ``--check-verdicts``) are different setups by design: kept apart, neither joined nor refused."""
-    joined: dict[tuple[int, str, int | None, int, int, str], dict[str, Any]] = {}
+    ``--check-verdicts``, ``--check-slips``) are different setups by design: kept apart, neither joined nor refused."""
+    joined: dict[tuple[int, str, int | None, int, int, str, str], dict[str, Any]] = {}
     for run in runs:
         key = (
             run["seed"], run["cell"], run.get("train_rows"), run.get("backbone_seed", run["seed"]),
-            run.get("check_rows", 0), run.get("check_verdicts", "taught"),
+            run.get("check_rows", 0), run.get("check_verdicts", "taught"), run.get("check_slips", "1-9"),
         )  # fmt: skip
         if key not in joined:
             joined[key] = json.loads(json.dumps(run))  # a copy: the caller's lines stay as read

@@ -42,6 +42,7 @@ def run_folder(run: dict[str, Any], k: int) -> str:
     return judge_folder(
         run["seed"], run["cell"], TARGET, k, backbone_seed=run.get("backbone_seed"),
         check_rows=run.get("check_rows", 0), check_verdicts=run.get("check_verdicts", "taught"),
+        check_slips=run.get("check_slips", "1-9"),
     )  # fmt: skip
 
 
