@@ -49,11 +49,10 @@ def test_tens_too_moves_every_other_altered_claim_by_ten_and_leaves_the_rest_as_
     ]
     moved = 0
     for p, t in zip(plain, tens, strict=True):
-        a, op, b, claim = (EQUATION.search(t["chunk"]).group(k) for k in (1, 2, 3, 4))  # type: ignore[union-attr]
-        right = int(a) + int(b) if op == "+" else int(a) - int(b)
-        if abs(int(claim) - right) == 10:
+        claim, right = int(EQUATION.search(t["chunk"]).group(4)), _right(t)  # type: ignore[union-attr]
+        if abs(claim - right) == 10:
             moved += 1
-            assert not t["local"] and int(claim) % 10 == right % 10  # wrong in the tens digit alone
+            assert not t["local"] and claim % 10 == right % 10  # wrong in the tens digit alone
             assert ("#" in spelled_analysis(t["chunk"]).split("\n")[1]) and t["chunk"] != p["chunk"]
         else:
             assert t == p  # every other row is the 1-9 recipe's own
